@@ -1,0 +1,236 @@
+"""
+Causal attention functions: full, sliding-window (SWA), stochastic (SA) and MoBA.
+
+Every function takes q, k, v of shape (B, H, T, D) and returns (B, H, T, D).
+
+THE RULES (stated once; the dense references, the blocked torch path and the
+Triton kernel in kernel.py all follow them, and test_attention.py checks that):
+
+  sliding_window_attention(q, k, v, window, pos):
+      key j is visible to query i  iff  |i - j| < window  and  pos[j] <= pos[i].
+      pos is a LongTensor of shape (T,) or one broadcastable to (B, H, T); it
+      defaults to arange(T). With the default, that is plain causal SWA,
+      i - window < j <= i: `window` keys including itself (FlashAttention's
+      window_size=(window-1, 0)). With pos given, the band reaches window-1
+      slots on BOTH sides and causality acts on pos, not on the slot index.
+
+  stochastic_attention(q, k, v, window, perm):
+      perm is a permutation of range(T), shape (T,) or (B, H, T); slot s of the
+      permuted sequence holds original token perm[s]. Gather q, k, v by perm,
+      run sliding_window_attention(..., window, pos=perm) and scatter the output
+      back. So tokens a and b (a >= b) interact iff their slots are fewer than
+      `window` apart: no token ever sees its future, a query sees about
+      `window` keys on average, window >= T gives full attention for any perm,
+      and the identity perm gives SWA.
+
+  moba_attention(q, k, v, block_size, top_k):
+      keys are split into blocks of block_size. Query i always attends to its
+      own block (causally, j <= i) plus the top_k - 1 strictly-past blocks with
+      the largest q_i . mean(K_block). top_k * block_size >= T gives full attention.
+
+Every query sees at least itself, so no row is ever fully masked; masks still
+use a finite large negative so that padding rows can never produce NaN.
+"""
+import math
+
+import torch
+import torch.nn.functional as F
+
+# The one switch: which implementation the fast functions below run.
+#   "auto":      the Triton kernel (kernel.py) for CUDA tensors, the blocked torch path otherwise
+#   "torch":     the blocked torch path: O(T * window) time and memory, no T x T tensor
+#   "triton":    the Triton kernel (also runs on the CPU under TRITON_INTERPRET=1)
+#   "reference": the dense-mask O(T^2) oracle
+BACKEND = "auto"
+BACKENDS = ("auto", "torch", "triton", "reference")
+BLOCK = 64  # query rows per block in the blocked torch path
+
+
+def _check_window(window):
+    if not isinstance(window, int) or window < 1:
+        raise ValueError(f"window must be an integer >= 1, got {window!r}")
+
+
+def _check_perm(perm, B, H, T):
+    if perm.dtype != torch.long or perm.shape[-1] != T or perm.dim() not in (1, 3):
+        raise ValueError(f"perm must be a LongTensor of shape (T,) or (B, H, T) with T={T}, "
+                         f"got {perm.dtype} {tuple(perm.shape)}")
+    if perm.dim() == 3 and perm.shape[:2] not in ((B, H), (1, H), (B, 1), (1, 1)):
+        raise ValueError(f"perm of shape {tuple(perm.shape)} does not broadcast to (B, H, T)=({B}, {H}, {T})")
+
+
+def _backend(q):
+    if BACKEND not in BACKENDS:
+        raise ValueError(f"attention.BACKEND must be one of {BACKENDS}, got {BACKEND!r}")
+    if BACKEND == "auto":
+        return "triton" if q.is_cuda else "torch"
+    return BACKEND
+
+
+def _masked_softmax_av(scores, mask, v):
+    """softmax(scores where mask else -big) @ v, the softmax in fp32."""
+    scores = scores.float().masked_fill(~mask, torch.finfo(torch.float32).min)
+    return torch.softmax(scores, dim=-1).to(v.dtype) @ v
+
+
+# -----------------------------------------------------------------------------
+# Dense-mask references: obviously correct, O(T^2), the oracle for every test.
+
+def swa_mask(T, window, pos=None, device=None):
+    """The rule itself: (..., T, T) bool, True where query i may see key j."""
+    idx = torch.arange(T, device=device)
+    pos = idx if pos is None else pos
+    band = (idx[:, None] - idx[None, :]).abs() < window                  # (T, T)
+    return band & (pos[..., None, :] <= pos[..., :, None])               # (..., T, T)
+
+
+def sa_mask(window, perm):
+    """SA's mask in ORIGINAL token order: tokens a >= b interact iff their slots are < window apart."""
+    slot = torch.argsort(perm, dim=-1)                                   # slot[t]: where token t sits
+    idx = torch.arange(perm.shape[-1], device=perm.device)
+    near = (slot[..., :, None] - slot[..., None, :]).abs() < window      # (..., T, T)
+    return near & (idx[None, :] <= idx[:, None])
+
+
+def moba_select(q, k, block_size, top_k):
+    """MoBA's routing, shared by both MoBA paths so they pick identical blocks.
+    Returns (B, H, T, top_k-1) indices of the chosen strictly-past blocks and a
+    validity mask of the same shape (early queries have fewer past blocks)."""
+    B, H, T, D = q.shape
+    nblk = math.ceil(T / block_size)
+    kpad = F.pad(k, (0, 0, 0, nblk * block_size - T))                    # (B, H, nblk*bs, D)
+    counts = torch.full((nblk,), block_size, device=k.device)
+    counts[-1] = T - (nblk - 1) * block_size
+    kmean = kpad.view(B, H, nblk, block_size, D).sum(3) / counts[:, None]  # (B, H, nblk, D)
+    scores = (q @ kmean.transpose(-1, -2)).float()                       # (B, H, T, nblk)
+    past = torch.arange(nblk, device=q.device)[None, :] < (torch.arange(T, device=q.device) // block_size)[:, None]
+    scores = scores.masked_fill(~past, float("-inf"))
+    n = min(top_k - 1, nblk)
+    top, idx = scores.topk(n, dim=-1) if n > 0 else scores[..., :0].sort(-1)  # (B, H, T, n)
+    return idx, top > float("-inf")
+
+
+def full_attention(q, k, v):
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+def masked_attention(q, k, v, mask):
+    scores = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])          # (B, H, T, T)
+    return _masked_softmax_av(scores, mask, v)
+
+
+def swa_reference(q, k, v, window, pos=None):
+    return masked_attention(q, k, v, swa_mask(q.shape[2], window, pos, q.device))
+
+
+def sa_reference(q, k, v, window, perm):
+    return masked_attention(q, k, v, sa_mask(window, perm))
+
+
+def moba_reference(q, k, v, block_size, top_k):
+    T = q.shape[2]
+    idx, ok = moba_select(q, k, block_size, top_k)
+    nblk = math.ceil(T / block_size)
+    chosen = torch.zeros(*idx.shape[:3], nblk, dtype=torch.bool, device=q.device)
+    chosen.scatter_(-1, idx, ok)                                         # (B, H, T, nblk)
+    blk = torch.arange(T, device=q.device) // block_size
+    chosen[..., torch.arange(T), blk] = True                             # own block
+    causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
+    return masked_attention(q, k, v, chosen[..., blk] & causal)          # (B, H, T, T)
+
+
+# -----------------------------------------------------------------------------
+# Blocked torch path: O(T * window) time and memory.
+
+def _swa_blocked(q, k, v, window, pos=None):
+    """Query block b (BLOCK rows) attends to one contiguous key span of length
+    L = BLOCK + left + right around it, taken as an overlapping unfold view.
+    Padding slots get positions that make the rule mask them by itself: left
+    pads are 'in everyone's future', right pads only see themselves."""
+    B, H, T, D = q.shape
+    w = min(window, T)                                  # |i - j| < T always holds
+    C = min(BLOCK, 1 << (T - 1).bit_length())           # block rows; small T needs no 64-row block
+    nb = math.ceil(T / C)
+    Tp = nb * C
+    left, right = w - 1, (0 if pos is None else w - 1)  # the band's reach in slots
+    L = C + left + right
+    big = torch.iinfo(torch.long).max
+    pos = torch.arange(T, device=q.device) if pos is None else pos
+    lead = pos.shape[:-1]
+    pos = torch.cat([pos.new_full((*lead, left), big), pos,
+                     torch.arange(T, Tp + right, device=q.device).expand(*lead, -1)], -1)  # (..., left+Tp+right)
+    pos_q = pos[..., left:left + Tp].unflatten(-1, (nb, C))             # (..., nb, C)
+    pos_k = pos.unfold(-1, L, C)                                        # (..., nb, L)
+    r, c = torch.arange(C, device=q.device), torch.arange(L, device=q.device)
+    band = (r[:, None] + left - c[None, :]).abs() < w                   # (C, L): same for every block
+    mask = band & (pos_k[..., None, :] <= pos_q[..., :, None])          # (..., nb, C, L)
+
+    qb = F.pad(q, (0, 0, 0, Tp - T)).unflatten(2, (nb, C))              # (B, H, nb, C, D)
+    kw = F.pad(k, (0, 0, left, Tp - T + right)).unfold(2, L, C)         # (B, H, nb, D, L)
+    vw = F.pad(v, (0, 0, left, Tp - T + right)).unfold(2, L, C)         # (B, H, nb, D, L)
+    scores = (qb @ kw) / math.sqrt(D)                                   # (B, H, nb, C, L)
+    y = _masked_softmax_av(scores, mask, vw.transpose(-1, -2))          # (B, H, nb, C, D)
+    return y.flatten(2, 3)[:, :, :T]                                    # (B, H, T, D)
+
+
+def _moba_gathered(q, k, v, block_size, top_k):
+    """Each query's scores are its own block (causal) plus its chosen past
+    blocks, gathered by index; one softmax over both parts."""
+    B, H, T, D = q.shape
+    bs = block_size
+    nblk = math.ceil(T / bs)
+    Tp = nblk * bs
+    scale = 1 / math.sqrt(D)
+    kb = F.pad(k, (0, 0, 0, Tp - T)).unflatten(2, (nblk, bs))           # (B, H, nblk, bs, D)
+    vb = F.pad(v, (0, 0, 0, Tp - T)).unflatten(2, (nblk, bs))           # (B, H, nblk, bs, D)
+    qb = F.pad(q, (0, 0, 0, Tp - T)).unflatten(2, (nblk, bs))           # (B, H, nblk, bs, D)
+    own = (qb @ kb.transpose(-1, -2)) * scale                           # (B, H, nblk, bs, bs)
+    own_mask = torch.ones(bs, bs, dtype=torch.bool, device=q.device).tril().expand(nblk, bs, bs)
+
+    idx, ok = moba_select(q, k, bs, top_k)                              # (B, H, T, n)
+    n = idx.shape[-1]
+    idx = F.pad(idx, (0, 0, 0, Tp - T)).unflatten(2, (nblk, bs))        # (B, H, nblk, bs, n)
+    ok = F.pad(ok, (0, 0, 0, Tp - T)).unflatten(2, (nblk, bs))          # (B, H, nblk, bs, n)
+    bh = (torch.arange(B, device=q.device)[:, None, None, None, None],
+          torch.arange(H, device=q.device)[None, :, None, None, None])
+    ksel = kb[bh + (idx,)].flatten(-3, -2)                              # (B, H, nblk, bs, n*bs, D)
+    vsel = vb[bh + (idx,)].flatten(-3, -2)                              # (B, H, nblk, bs, n*bs, D)
+    past = (qb.unsqueeze(-2) @ ksel.transpose(-1, -2)).squeeze(-2) * scale  # (B, H, nblk, bs, n*bs)
+    past_mask = ok.repeat_interleave(bs, dim=-1)                        # (B, H, nblk, bs, n*bs)
+
+    scores = torch.cat([own, past], -1).float()                         # (B, H, nblk, bs, bs + n*bs)
+    mask = torch.cat([own_mask.expand_as(own), past_mask], -1)
+    p = torch.softmax(scores.masked_fill(~mask, torch.finfo(torch.float32).min), -1).to(v.dtype)
+    y = p[..., :bs] @ vb + (p[..., bs:].unsqueeze(-2) @ vsel).squeeze(-2)  # (B, H, nblk, bs, D)
+    return y.flatten(2, 3)[:, :, :T]                                    # (B, H, T, D)
+
+
+# -----------------------------------------------------------------------------
+# The functions the model calls.
+
+def sliding_window_attention(q, k, v, window, pos=None):
+    _check_window(window)
+    backend = _backend(q)
+    if backend == "reference":
+        return swa_reference(q, k, v, window, pos)
+    if backend == "triton":
+        from kernel import triton_swa
+        return triton_swa(q, k, v, window, pos)
+    return _swa_blocked(q, k, v, window, pos)
+
+
+def stochastic_attention(q, k, v, window, perm):
+    B, H, T, D = q.shape
+    _check_perm(perm, B, H, T)
+    idx = perm.expand(B, H, T).unsqueeze(-1).expand(B, H, T, D)         # (B, H, T, D)
+    qs, ks, vs = (t.gather(2, idx) for t in (q, k, v))                  # (B, H, T, D) in slot order
+    ys = sliding_window_attention(qs, ks, vs, window, pos=perm)        # (B, H, T, D) in slot order
+    return torch.empty_like(ys).scatter(2, idx, ys)                    # (B, H, T, D) in token order
+
+
+def moba_attention(q, k, v, block_size, top_k):
+    if not isinstance(block_size, int) or block_size < 1 or not isinstance(top_k, int) or top_k < 1:
+        raise ValueError(f"moba needs block_size >= 1 and top_k >= 1, got {block_size!r}, {top_k!r}")
+    if _backend(q) == "reference":
+        return moba_reference(q, k, v, block_size, top_k)
+    return _moba_gathered(q, k, v, block_size, top_k)

@@ -1,0 +1,269 @@
+"""
+A GPT language model with a switchable attention, after nanoGPT.
+
+  config: GPTConfig.attn picks the attention of every layer:
+    "full"   causal softmax attention, O(T^2)
+    "swa"    sliding-window attention, each token sees the previous `window` tokens
+    "sa"     stochastic attention: a fresh random permutation per layer and per
+             forward pass, SWA in permuted order, causal on original positions
+    "sa+swa" the paper's gated dual path: Y = sigmoid(x W_sa) * Y_sa + sigmoid(x W_swa) * Y_swa
+    "moba"   mixture of block attention (block top-k routing), the baseline
+  The exact visibility rules live in attention.py's docstring.
+"""
+import inspect
+import math
+from dataclasses import asdict, dataclass, replace
+
+import torch
+import torch.nn as nn
+from torch.nn import functional as F
+
+import attention
+
+ATTN_KINDS = ("full", "swa", "sa", "sa+swa", "moba")
+SA_PERM_MODES = ("layer", "head")
+POS_EMBS = ("rope", "learned")
+
+
+@dataclass
+class GPTConfig:
+    block_size: int = 1024     # maximum sequence length
+    vocab_size: int = 50304    # GPT-2's 50257 padded up to a multiple of 64
+    n_layer: int = 12
+    n_head: int = 12
+    n_embd: int = 768
+    dropout: float = 0.0       # residual and embedding dropout
+    bias: bool = False         # biases in Linears and LayerNorms (GPT-2 has them)
+    attn: str = "sa+swa"       # one of ATTN_KINDS
+    window: int = 256          # the SWA/SA window: keys per query, itself included
+    moba_block: int = 64       # MoBA key block size
+    moba_topk: int = 4         # MoBA blocks per query, its own included
+    sa_perm: str = "layer"     # "layer": one permutation per layer (the paper); "head": one per (batch row, head)
+    # RoPE is the default: it is applied to q and k BEFORE the permutation, so SA
+    # scores keep their true relative positions, as in the paper. "learned" is
+    # GPT-2's absolute embedding, needed to load GPT-2 weights.
+    pos_emb: str = "rope"
+    rope_base: float = 10000.0
+
+    def __post_init__(self):
+        def bad(field, allowed):
+            raise ValueError(f"GPTConfig.{field}={getattr(self, field)!r} is invalid: must be {allowed}")
+        if self.attn not in ATTN_KINDS:
+            bad("attn", f"one of {ATTN_KINDS}")
+        if self.sa_perm not in SA_PERM_MODES:
+            bad("sa_perm", f"one of {SA_PERM_MODES}")
+        if self.pos_emb not in POS_EMBS:
+            bad("pos_emb", f"one of {POS_EMBS}")
+        for field in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd", "window", "moba_block", "moba_topk"):
+            value = getattr(self, field)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                bad(field, "an integer >= 1")
+        if self.n_embd % self.n_head:
+            bad("n_embd", f"divisible by n_head={self.n_head}")
+        if self.pos_emb == "rope" and (self.n_embd // self.n_head) % 2:
+            bad("n_embd", "such that the head size n_embd // n_head is even (RoPE rotates pairs)")
+        if not 0.0 <= self.dropout < 1.0:
+            bad("dropout", "in [0, 1)")
+
+
+def rope_tables(config):
+    hs = config.n_embd // config.n_head
+    inv_freq = 1.0 / config.rope_base ** (torch.arange(0, hs, 2).float() / hs)   # (hs/2,)
+    angles = torch.outer(torch.arange(config.block_size).float(), inv_freq)       # (block_size, hs/2)
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x, cos, sin):
+    T = x.shape[2]
+    x1, x2 = x.float().chunk(2, dim=-1)                                          # (B, nh, T, hs/2) each
+    cos, sin = cos[:T], sin[:T]                                                  # (T, hs/2)
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], -1).type_as(x)  # (B, nh, T, hs)
+
+
+class CausalSelfAttention(nn.Module):
+
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+        self.resid_dropout = nn.Dropout(config.dropout)
+        if config.attn == "sa+swa":
+            # one sigmoid gate per head and path, from the block's input: 2 * n_embd * n_head parameters
+            self.gate = nn.Linear(config.n_embd, 2 * config.n_head, bias=False)
+
+    def forward(self, x, perm=None, rope=None):
+        B, T, C = x.size()
+        cfg, nh = self.config, self.config.n_head
+        q, k, v = self.c_attn(x).split(C, dim=2)
+        q = q.view(B, T, nh, C // nh).transpose(1, 2)                            # (B, nh, T, hs)
+        k = k.view(B, T, nh, C // nh).transpose(1, 2)                            # (B, nh, T, hs)
+        v = v.view(B, T, nh, C // nh).transpose(1, 2)                            # (B, nh, T, hs)
+        if rope is not None:
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+
+        if cfg.attn == "full":
+            y = attention.full_attention(q, k, v)
+        elif cfg.attn == "swa":
+            y = attention.sliding_window_attention(q, k, v, cfg.window)
+        elif cfg.attn == "sa":
+            y = attention.stochastic_attention(q, k, v, cfg.window, perm)
+        elif cfg.attn == "moba":
+            y = attention.moba_attention(q, k, v, cfg.moba_block, cfg.moba_topk)
+        else:  # "sa+swa": both paths share q, k, v
+            g = torch.sigmoid(self.gate(x)).transpose(1, 2).unsqueeze(-1)        # (B, 2*nh, T, 1)
+            y = (g[:, :nh] * attention.stochastic_attention(q, k, v, cfg.window, perm)
+                 + g[:, nh:] * attention.sliding_window_attention(q, k, v, cfg.window))
+        y = y.transpose(1, 2).contiguous().view(B, T, C)                         # (B, T, C)
+        return self.resid_dropout(self.c_proj(y))
+
+
+class MLP(nn.Module):
+
+    def __init__(self, config):
+        super().__init__()
+        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
+        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x):
+        return self.dropout(self.c_proj(F.gelu(self.c_fc(x))))
+
+
+class Block(nn.Module):
+
+    def __init__(self, config):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.attn = CausalSelfAttention(config)
+        self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.mlp = MLP(config)
+
+    def forward(self, x, perm=None, rope=None):
+        x = x + self.attn(self.ln_1(x), perm, rope)
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+
+    def __init__(self, config, sa_seed=0):
+        super().__init__()
+        self.config = config
+        self.transformer = nn.ModuleDict(dict(
+            wte=nn.Embedding(config.vocab_size, config.n_embd),
+            drop=nn.Dropout(config.dropout),
+            h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
+            ln_f=nn.LayerNorm(config.n_embd, bias=config.bias),
+        ))
+        if config.pos_emb == "learned":
+            self.transformer.wpe = nn.Embedding(config.block_size, config.n_embd)
+        else:
+            cos, sin = rope_tables(config)
+            self.register_buffer("rope_cos", cos, persistent=False)
+            self.register_buffer("rope_sin", sin, persistent=False)
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.transformer.wte.weight = self.lm_head.weight  # weight tying
+        # SA's permutations come from this generator, always on the CPU so that a
+        # seed gives the same permutations on every device. Its state is saved in
+        # checkpoints, so a resumed run draws exactly the permutations it would have.
+        self.sa_generator = torch.Generator().manual_seed(sa_seed)
+
+        self.apply(self._init_weights)
+        for name, p in self.named_parameters():
+            if name.endswith("c_proj.weight"):  # GPT-2's scaled init of residual projections
+                torch.nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+            if name.endswith("attn.gate.weight"):  # both gates start at sigmoid(0) = 0.5
+                torch.nn.init.zeros_(p)
+
+    def _init_weights(self, module):
+        if isinstance(module, nn.Linear):
+            torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if module.bias is not None:
+                torch.nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def get_num_params(self):
+        return sum(p.numel() for p in self.parameters())
+
+    def draw_perms(self, B, T, device):
+        """One fresh permutation per layer for SA, (T,) or (B, nh, T) per config.sa_perm."""
+        cfg = self.config
+        if cfg.attn not in ("sa", "sa+swa"):
+            return [None] * cfg.n_layer
+        g = self.sa_generator
+        if cfg.sa_perm == "layer":
+            perms = [torch.randperm(T, generator=g) for _ in range(cfg.n_layer)]                 # (T,) each
+        else:
+            perms = [torch.rand(B, cfg.n_head, T, generator=g).argsort(-1) for _ in range(cfg.n_layer)]  # (B, nh, T)
+        return [p.to(device) for p in perms]
+
+    def forward(self, idx, targets=None):
+        B, T = idx.size()
+        if T > self.config.block_size:
+            raise ValueError(f"sequence length {T} exceeds block_size {self.config.block_size}")
+        x = self.transformer.wte(idx)                                            # (B, T, C)
+        rope = None
+        if self.config.pos_emb == "learned":
+            x = x + self.transformer.wpe(torch.arange(T, device=idx.device))     # (B, T, C)
+        else:
+            rope = (self.rope_cos, self.rope_sin)
+        x = self.transformer.drop(x)
+        for block, perm in zip(self.transformer.h, self.draw_perms(B, T, idx.device)):
+            x = block(x, perm, rope)
+        logits = self.lm_head(self.transformer.ln_f(x))                          # (B, T, vocab)
+        loss = None
+        if targets is not None:  # targets of -1 are ignored (MQAR scores answers only)
+            loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.reshape(-1), ignore_index=-1)
+        return logits, loss
+
+    def swap_attention(self, **changes):
+        """Training-free swap: evaluate these weights with another attention kind or budget."""
+        new = replace(self.config, **changes)
+        if new.attn == "sa+swa" and self.config.attn != "sa+swa":
+            raise ValueError(f"cannot swap attn={self.config.attn!r} -> 'sa+swa' without training: "
+                             "its gates are learned parameters; choose full, swa, sa or moba")
+        if self.config.attn == "sa+swa" and new.attn != "sa+swa":
+            raise ValueError("an 'sa+swa' model's gates only make sense with both paths; keep attn='sa+swa'")
+        for fld in ("vocab_size", "n_layer", "n_head", "n_embd", "bias", "pos_emb", "block_size"):
+            if getattr(new, fld) != getattr(self.config, fld):
+                raise ValueError(f"swap_attention cannot change {fld}: it changes the weights")
+        self.config = new
+        for block in self.transformer.h:
+            block.attn.config = new
+        return self
+
+    def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
+        params = [p for p in self.parameters() if p.requires_grad]
+        decay = [p for p in params if p.dim() >= 2]    # matmul weights and embeddings
+        no_decay = [p for p in params if p.dim() < 2]  # biases and LayerNorm gains
+        groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+        fused = device_type == "cuda" and "fused" in inspect.signature(torch.optim.AdamW).parameters
+        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, **(dict(fused=True) if fused else {}))
+
+    def flops_per_token(self, T):
+        """Training FLOPs per token: 6N for the weights plus 12 * L * C * (keys a query attends)."""
+        cfg = self.config
+        keys = {"full": (T + 1) / 2, "swa": min(cfg.window, T), "sa": min(cfg.window, T),
+                "sa+swa": 2 * min(cfg.window, T), "moba": min(cfg.moba_block * cfg.moba_topk, T)}[cfg.attn]
+        return 6 * self.get_num_params() + 12 * cfg.n_layer * cfg.n_embd * keys
+
+    def estimate_mfu(self, tokens_per_iter, dt, T, peak_flops=312e12):
+        """Model FLOPs utilisation against an A100's bf16 peak."""
+        return self.flops_per_token(T) * tokens_per_iter / dt / peak_flops
+
+    @torch.no_grad()
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None):
+        for _ in range(max_new_tokens):
+            idx_cond = idx[:, -self.config.block_size:]
+            logits, _ = self(idx_cond)
+            logits = logits[:, -1, :] / temperature                              # (B, vocab)
+            if top_k is not None:
+                v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
+                logits[logits < v[:, [-1]]] = -float("inf")
+            probs = F.softmax(logits, dim=-1)
+            idx = torch.cat((idx, torch.multinomial(probs, num_samples=1)), dim=1)
+        return idx
+
+    def model_args(self):
+        return asdict(self.config)
