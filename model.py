@@ -127,7 +127,7 @@ class MLP(nn.Module):
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x):
-        return self.dropout(self.c_proj(F.gelu(self.c_fc(x))))
+        return self.dropout(self.c_proj(F.gelu(self.c_fc(x), approximate="tanh")))  # GPT-2's GELU
 
 
 class Block(nn.Module):
@@ -265,5 +265,88 @@ class GPT(nn.Module):
             idx = torch.cat((idx, torch.multinomial(probs, num_samples=1)), dim=1)
         return idx
 
+    @classmethod
+    def from_pretrained(cls, model_type, override_args=None):
+        """GPT-2's weights in our GPT, as nanoGPT does it. model_type is a size name
+        ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", downloaded through
+        transformers) or a transformers GPT2LMHeadModel already built. override_args
+        may set dropout and the attention fields that carry no weights (attn, window,
+        moba_block, moba_topk, sa_perm); attn="sa+swa" adds gates at their init."""
+        override_args = override_args or {}
+        allowed = {"dropout", "attn", "window", "moba_block", "moba_topk", "sa_perm"}
+        if set(override_args) - allowed:
+            raise ValueError(f"from_pretrained can override only {sorted(allowed)}, got {sorted(override_args)}")
+        if isinstance(model_type, nn.Module):
+            hf = model_type
+        else:
+            if model_type not in ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl"):
+                raise ValueError(f"unknown GPT-2 model_type {model_type!r}: use gpt2, gpt2-medium, gpt2-large or gpt2-xl")
+            try:
+                from transformers import GPT2LMHeadModel
+            except ImportError:
+                raise SystemExit("loading GPT-2 weights needs transformers: pip install transformers") from None
+            hf = GPT2LMHeadModel.from_pretrained(model_type)
+        c = hf.config
+        # our Block must compute exactly what GPT-2's does
+        for field, value, ours in (("activation_function", c.activation_function, ("gelu_new", "gelu_pytorch_tanh")),
+                                   ("layer_norm_epsilon", c.layer_norm_epsilon, (1e-5,)),
+                                   ("n_inner", c.n_inner, (None, 4 * c.n_embd))):
+            if value not in ours:
+                raise ValueError(f"GPT-2 config {field}={value!r} is not supported: our GPT needs one of {ours}")
+        config = GPTConfig(**{"block_size": c.n_positions, "vocab_size": c.vocab_size, "n_layer": c.n_layer,
+                              "n_head": c.n_head, "n_embd": c.n_embd, "bias": True, "pos_emb": "learned",
+                              "attn": "full", "dropout": 0.0, **override_args})
+        model = cls(config)
+        sd, sd_hf = model.state_dict(), hf.state_dict()
+        # GPT-2 stores these as Conv1D, (in, out): transpose into nn.Linear's (out, in)
+        conv1d = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+        with torch.no_grad():
+            for k, v in sd.items():
+                if k.endswith("attn.gate.weight"):
+                    continue
+                w = sd_hf[k].t() if k.endswith(conv1d) else sd_hf[k]
+                if w.shape != v.shape:
+                    raise ValueError(f"GPT-2 weight {k} has shape {tuple(w.shape)}, ours {tuple(v.shape)}")
+                v.copy_(w)
+        return model
+
     def model_args(self):
         return asdict(self.config)
+
+
+# -----------------------------------------------------------------------------
+# Checkpoints
+
+def save_checkpoint(obj, path):
+    """torch.save to a temporary file, then os.replace: a crash mid-write leaves the old checkpoint whole."""
+    import os
+    torch.save(obj, path + ".tmp")
+    os.replace(path + ".tmp", path)
+
+
+def load_checkpoint(path, device="cpu"):
+    """(model, ckpt) from a train.py checkpoint. Loaded with weights_only=True onto the CPU,
+    where the RNG states it holds must stay; the model is then moved to device.
+    A missing, corrupt or foreign file stops with a one-line SystemExit."""
+    import os
+    if not os.path.isfile(path):
+        raise SystemExit(f"checkpoint {path} not found: train one with train.py, which writes out_dir/ckpt.pt")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # truncated zips, random bytes and pickles of arbitrary classes all land here
+        raise SystemExit(f"checkpoint {path} is unreadable ({type(e).__name__}): it is corrupt, truncated, or holds "
+                         "more than tensors and plain Python values; restore it or train again")
+    args = ckpt.get("model_args") if isinstance(ckpt, dict) else None
+    if not isinstance(args, dict) or "model" not in ckpt or "attn" not in args or args.keys() - GPTConfig.__dataclass_fields__.keys():
+        raise SystemExit(f"{path} is not a checkpoint of this repo: it needs 'model' and 'model_args' with GPTConfig's fields")
+    try:
+        model = GPT(GPTConfig(**args))
+    except ValueError as e:
+        raise SystemExit(f"{path} has an incompatible config: {e}")
+    ours, theirs = model.state_dict(), ckpt["model"]
+    bad = sorted(ours.keys() ^ theirs.keys()) + sorted(k for k in ours.keys() & theirs.keys() if ours[k].shape != theirs[k].shape)
+    if bad:
+        raise SystemExit(f"{path}: its weights do not fit its model_args ({len(bad)} mismatched entries, e.g. {bad[:3]}): "
+                         "the file was edited or written by other code")
+    model.load_state_dict(theirs)
+    return model.to(device), ckpt
