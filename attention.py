@@ -31,13 +31,15 @@ Triton kernel in kernel.py all follow them, and test_attention.py checks that):
 Every query sees at least itself, so no row is ever fully masked; masks still
 use a finite large negative so that padding rows can never produce NaN.
 """
+import importlib.util
 import math
 
 import torch
 import torch.nn.functional as F
 
 # The one switch: which implementation the fast functions below run.
-#   "auto":      the Triton kernel (kernel.py) for CUDA tensors, the blocked torch path otherwise
+#   "auto":      the Triton kernel (kernel.py) for CUDA tensors with a head dim it supports,
+#                the blocked torch path otherwise
 #   "torch":     the blocked torch path: O(T * window) time and memory, no T x T tensor
 #   "triton":    the Triton kernel (also runs on the CPU under TRITON_INTERPRET=1)
 #   "reference": the dense-mask O(T^2) oracle
@@ -45,6 +47,7 @@ BACKEND = "auto"
 BACKENDS = ("auto", "torch", "triton", "reference")
 BLOCK = 64        # query rows per block in the blocked torch path
 CHUNK = 1 << 18   # score elements computed per step in the blocked torch path
+TRITON_HEAD_DIMS = (16, 32, 64, 128)  # what kernel.py compiles for
 
 
 def _check_window(window):
@@ -64,7 +67,8 @@ def _backend(q):
     if BACKEND not in BACKENDS:
         raise ValueError(f"attention.BACKEND must be one of {BACKENDS}, got {BACKEND!r}")
     if BACKEND == "auto":
-        return "triton" if q.is_cuda else "torch"
+        fits = q.shape[-1] in TRITON_HEAD_DIMS and importlib.util.find_spec("triton") is not None
+        return "triton" if q.is_cuda and fits else "torch"
     return BACKEND
 
 
@@ -250,10 +254,12 @@ def moba_attention(q, k, v, block_size, top_k):
 
 
 # -----------------------------------------------------------------------------
-# CPU benchmark of the torch paths: python attention.py
+# CPU benchmark of the torch paths against full attention:
+#   python attention.py [--sizes=1024,4096,16384] [--json=path]
 # Each case runs in a fresh process so that its peak resident memory can be read.
 
 if __name__ == "__main__":
+    import json
     import resource
     import statistics
     import subprocess
@@ -261,42 +267,50 @@ if __name__ == "__main__":
     import time
 
     B, H, D, W = 1, 8, 64, 256
+    args = dict(a[2:].split("=", 1) for a in sys.argv[1:])
 
-    def run_case(kind, T):
+    if "case" in args:  # one measurement, in this fresh process
+        kind, T = args["case"].split(","), None
+        kind, T = kind[0], int(kind[1])
         torch.manual_seed(0)
         q, k, v = torch.randn(3, B, H, T, D).unbind(0)
         perm = torch.randperm(T)
-        global BACKEND
-        BACKEND = "reference" if kind.endswith("ref") else "torch"
         fn = {"full": lambda: full_attention(q, k, v),
-              "swa": lambda: sliding_window_attention(q, k, v, W),
-              "swa-ref": lambda: sliding_window_attention(q, k, v, W),
-              "sa": lambda: stochastic_attention(q, k, v, W, perm),
-              "sa-ref": lambda: sa_reference(q, k, v, W, perm)}[kind]
+              "swa-ref": lambda: swa_reference(q, k, v, W),
+              "sa-ref": lambda: sa_reference(q, k, v, W, perm),
+              "swa": lambda: _swa_blocked(q, k, v, W),
+              "sa": lambda: stochastic_attention(q, k, v, W, perm)}[kind]
+        BACKEND = "torch"
         base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         times = []
         with torch.no_grad():
-            for _ in range(4):
+            for _ in range(6):
                 t0 = time.perf_counter()
                 fn()
                 times.append(time.perf_counter() - t0)
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base  # KiB above the inputs
         print(statistics.median(times[1:]), peak / 1024)
-
-    if len(sys.argv) == 3:
-        run_case(sys.argv[1], int(sys.argv[2]))
         sys.exit()
 
-    print(f"forward, fp32, B={B} H={H} D={D} window={W}, torch {torch.__version__}, "
-          f"{torch.get_num_threads()} threads; median of 3 after a warm-up, peak RSS above the inputs")
-    print(f"{'T':>6} {'kind':>8} {'ms':>9} {'peak MiB':>9}   {'full / this':>11}")
-    for T in (1024, 4096, 16384):
+    lines = [f"forward, fp32, B={B} H={H} D={D} window={W}, torch {torch.__version__}, {torch.get_num_threads()} "
+             "threads; median of 5 after a warm-up; peak RSS above the inputs",
+             f"{'T':>6} {'kind':>8} {'ms':>9} {'peak MiB':>9} {'full/this':>10}"]
+    print("\n".join(lines), flush=True)
+    rows = []
+    for T in map(int, args.get("sizes", "1024,4096,16384").split(",")):
         res = {}
         for kind in ("full", "swa-ref", "sa-ref", "swa", "sa"):
             if kind.endswith("ref") and T > 4096:
                 continue  # the dense reference would need ~3 * H * T^2 * 4 bytes (> 20 GB)
-            out = subprocess.run([sys.executable, __file__, kind, str(T)], capture_output=True, text=True, check=True)
-            res[kind] = [float(x) for x in out.stdout.split()]
-            ms, mib = res[kind]
-            print(f"{T:>6} {kind:>8} {1000 * ms:>9.1f} {mib:>9.0f}   {res['full'][0] / ms:>10.1f}x")
-        print(f"{'':>6} {'sa / swa':>8} {res['sa'][0] / res['swa'][0]:>9.2f}x  (geometric floor: 2x, the band is two-sided)")
+            out = subprocess.run([sys.executable, __file__, f"--case={kind},{T}"], capture_output=True, text=True,
+                                 check=True)
+            ms, mib = (float(x) for x in out.stdout.split())
+            res[kind] = ms
+            rows.append(dict(T=T, kind=kind, ms=1000 * ms, peak_mib=mib))
+            lines.append(f"{T:>6} {kind:>8} {1000 * ms:>9.1f} {mib:>9.0f} {res['full'] / ms:>9.1f}x")
+            print(lines[-1], flush=True)
+        lines.append(f"{'':>6} {'sa/swa':>8} {res['sa'] / res['swa']:>9.2f}x (the floor is 2x: SA's band is two-sided)")
+        print(lines[-1], flush=True)
+    if "json" in args:
+        with open(args["json"], "w") as f:
+            json.dump(dict(rows=rows, table="\n".join(lines)), f, indent=1)
