@@ -1,0 +1,394 @@
+"""
+Prepare a dataset: text -> tokens -> data/<dataset>/{train,val}.bin + meta.json
+
+  python prepare_data.py                                # pystdlib: the embedded default, offline
+  python prepare_data.py --dataset=mqar                 # synthetic associative recall, offline
+  python prepare_data.py --dataset=shakespeare_char     # downloads (~1 MB)
+  python prepare_data.py --dataset=fineweb-edu          # downloads via `datasets`; GPT-2 BPE
+  python prepare_data.py --dataset=wikitext-103         # downloads via `datasets`; GPT-2 BPE
+  python prepare_data.py --input=notes.txt [--tokenizer=gpt2] [--dataset=notes]
+
+Format, nanoGPT's: {train,val}.bin are flat arrays of token ids, uint16, or
+uint32 when the vocabulary is larger than 65535 (wikitext-103 also has test.bin).
+Documents are concatenated; BPE datasets put the end-of-text token after each
+document. meta.json is written last, so a dataset without it is incomplete:
+
+  {"vocab_size": 256, "tokenizer": "bytes", "dtype": "uint16", "source": "...",
+   "tokens": {"train": 10969872, "val": 1148769}, "eot": null, ...}
+
+  tokenizer "bytes": UTF-8 bytes, vocab 256; "chars": meta["chars"][i] is token i;
+  "ids": token ids written as decimal numbers (mqar); any other name is a
+  tiktoken encoding ("gpt2", vocab 50257). mqar adds meta["mqar"], below.
+  nanoGPT's data (train.bin/val.bin, uint16) is reused by writing a meta.json
+  for it: --adopt=True --dataset=NAME --tokenizer=gpt2.
+
+Helpers for train.py, sample.py and eval.py (import prepare_data; no side effects):
+  load_meta(data_dir) -> dict                   meta.json, checked
+  load_tokens(data_dir, split, meta) -> memmap  one split's tokens, checked against meta
+  get_tokenizer(meta) -> (encode, decode)       str -> list[int], list[int] -> str
+  mqar_targets(x, meta) -> y                    MQAR targets: the answers, -1 elsewhere
+Bad data stops with a one-line SystemExit naming the file and the fix.
+"""
+import json
+import os
+import pathlib
+import sys
+import sysconfig
+
+import numpy as np
+
+# -----------------------------------------------------------------------------
+dataset = ""             # pystdlib | mqar | shakespeare_char | fineweb-edu | wikitext-103; "" = pystdlib, or the --input file's name
+input = ""               # a local text file to turn into a dataset instead
+tokenizer = "bytes"      # for --input: bytes | chars | gpt2 (or another tiktoken encoding)
+data_root = "data"       # datasets go to data_root/<dataset>/
+val_fraction = 0.1       # share of files (pystdlib) or of the text (--input, shakespeare_char) held out
+adopt = False            # write a meta.json for existing nanoGPT train.bin/val.bin in data_root/<dataset>/
+# mqar: each sequence is num_pairs key-value pairs, filler, then num_queries queried keys, each followed by its value
+mqar_seq_len = 256       # tokens per sequence
+mqar_num_pairs = 8       # key-value pairs at the start of each sequence
+mqar_num_queries = 8     # queries at the end (a random subset of the keys, in random order)
+mqar_vocab = 128         # token 0 is filler, then keys, then values, half and half
+mqar_train_seqs = 20000  # sequences in train.bin
+mqar_val_seqs = 1000     # sequences in val.bin
+mqar_seed = 0            # the generator's seed (val uses its own stream)
+hf_max_docs = 0          # fineweb-edu: stop after this many documents (0: all of sample-10BT, ~10B tokens, ~20 GB)
+hf_val_docs = 5000       # fineweb-edu: the first documents of the stream are held out as val
+# -----------------------------------------------------------------------------
+
+EXCLUDED_DIRS = {"test", "tests", "idle_test", "site-packages", "dist-packages"}  # pystdlib leaves these out
+SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
+
+
+# -----------------------------------------------------------------------------
+# Loading, for the other scripts
+
+def load_meta(data_dir):
+    path = os.path.join(data_dir, "meta.json")
+    name = os.path.basename(os.path.normpath(data_dir))
+    if not os.path.isfile(path):
+        if os.path.isfile(os.path.join(data_dir, "train.bin")):
+            sys.exit(f"{path} not found, but train.bin is there (nanoGPT data?): describe it with "
+                     f"`python prepare_data.py --adopt=True --dataset={name} --tokenizer=gpt2`")
+        sys.exit(f"{path} not found: prepare the dataset first with `python prepare_data.py --dataset={name}`")
+    try:
+        with open(path) as f:
+            meta = json.load(f)
+        missing = {"vocab_size", "tokenizer", "dtype", "tokens"} - meta.keys()
+    except (ValueError, AttributeError) as e:
+        missing = f"unreadable: {type(e).__name__}"
+    if missing:
+        sys.exit(f"{path} is corrupt or not from this repo ({missing}): re-run `python prepare_data.py --dataset={name}`")
+    return meta
+
+
+def load_tokens(data_dir, split, meta):
+    """A read-only np.memmap of one split, after checking its size and a prefix of its ids against meta."""
+    path = os.path.join(data_dir, f"{split}.bin")
+    fix = f"re-run `python prepare_data.py --dataset={os.path.basename(os.path.normpath(data_dir))}`"
+    if split not in meta["tokens"]:
+        sys.exit(f"{data_dir} has no {split!r} split (it has {', '.join(meta['tokens'])})")
+    if not os.path.isfile(path):
+        sys.exit(f"{path} is missing: {fix}")
+    dtype, n = np.dtype(meta["dtype"]), meta["tokens"][split]
+    if os.path.getsize(path) != n * dtype.itemsize:
+        sys.exit(f"{path} holds {os.path.getsize(path)} bytes, but meta.json promises {n} {dtype} tokens "
+                 f"({n * dtype.itemsize} bytes): the file is truncated or corrupt; {fix}")
+    if n == 0:
+        sys.exit(f"{path} is empty: {fix} with more text")
+    tokens = np.memmap(path, dtype=dtype, mode="r")
+    if tokens[:1 << 20].max() >= meta["vocab_size"]:
+        sys.exit(f"{path} holds token ids >= vocab_size {meta['vocab_size']}: it does not belong to this meta.json; {fix}")
+    return tokens
+
+
+def get_tokenizer(meta):
+    """(encode, decode) for meta's tokenizer. decode drops ids past the vocabulary: models
+    pad vocab_size up to a multiple of 64, and those extra ids have no text."""
+    name, n = meta["tokenizer"], meta["vocab_size"]
+    if name == "bytes":
+        return (lambda s: list(s.encode("utf-8")),
+                lambda ids: bytes(i for i in ids if i < 256).decode("utf-8", errors="replace"))
+    if name == "chars":
+        chars = meta["chars"]
+        stoi = {c: i for i, c in enumerate(chars)}
+
+        def encode(s):
+            unknown = sorted(set(s) - stoi.keys())
+            if unknown:
+                sys.exit(f"characters {''.join(unknown)!r} are not in this dataset's vocabulary of {len(chars)}")
+            return [stoi[c] for c in s]
+        return encode, lambda ids: "".join(chars[i] for i in ids if i < len(chars))
+    if name == "ids":
+        def encode(s):
+            if not all(t.isdigit() for t in s.split()):
+                sys.exit(f"this dataset's tokens are numbers: write the prompt as e.g. '3 17 4', not {s[:40]!r}")
+            return [int(t) for t in s.split()]
+        return encode, lambda ids: " ".join(str(i) for i in ids)
+    enc = tiktoken_encoding(name)
+    return (lambda s: enc.encode(s, allowed_special={"<|endoftext|>"}),
+            lambda ids: enc.decode([i for i in ids if i < n]))
+
+
+def mqar_targets(x, meta):
+    """Targets for MQAR sequences x, an integer numpy array (..., seq_len): at each
+    query key the value that follows it, -1 (ignored) everywhere else."""
+    m = meta["mqar"]
+    pos = np.arange(m["seq_len"] - 2 * m["num_queries"], m["seq_len"], 2)  # the query keys
+    y = np.full_like(x, -1)
+    y[..., pos] = x[..., pos + 1]
+    return y
+
+
+# -----------------------------------------------------------------------------
+# Tokenise and write
+
+def tiktoken_encoding(name):
+    try:
+        import tiktoken
+        return tiktoken.get_encoding(name)
+    except ImportError:
+        sys.exit("the gpt2 tokenizer needs tiktoken: pip install tiktoken")
+    except Exception as e:  # offline first use: tiktoken downloads the rank table once, then caches it
+        sys.exit(f"tiktoken could not load the {name!r} encoding ({type(e).__name__}: {str(e)[:200]}); "
+                 "it downloads once and caches: go online once, or set TIKTOKEN_CACHE_DIR to a cache")
+
+
+def progress(iterable, **kwargs):
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        print("(pip install tqdm for a progress bar)")
+        return iterable
+    return tqdm(iterable, **kwargs)
+
+
+def text_tokenizer(name, text=None):
+    """For writing: (meta fields, encode_batch: list of str or bytes -> list of id arrays, eot id or None).
+    "chars" builds its vocabulary from `text`."""
+    if name == "bytes":
+        enc = lambda d: np.frombuffer(d if isinstance(d, bytes) else d.encode("utf-8"), np.uint8)
+        return {"tokenizer": "bytes", "vocab_size": 256}, lambda docs: [enc(d) for d in docs], None
+    if name == "chars":
+        chars = sorted(set(text))
+        lut = {c: i for i, c in enumerate(chars)}
+        return ({"tokenizer": "chars", "vocab_size": len(chars), "chars": "".join(chars)},
+                lambda docs: [np.array([lut[c] for c in d]) for d in docs], None)
+    enc = tiktoken_encoding(name)
+    return ({"tokenizer": name, "vocab_size": enc.n_vocab},
+            lambda docs: enc.encode_ordinary_batch(list(docs), num_threads=os.cpu_count() or 1), enc.eot_token)
+
+
+def token_dtype(vocab_size):
+    return np.uint16 if vocab_size <= 65535 else np.uint32
+
+
+def start_dataset(data_dir):
+    """Remove an old meta.json first: until the new one is written the dataset reads as incomplete."""
+    os.makedirs(data_dir, exist_ok=True)
+    if os.path.exists(os.path.join(data_dir, "meta.json")):
+        os.remove(os.path.join(data_dir, "meta.json"))
+
+
+def write_meta(data_dir, meta):
+    path = os.path.join(data_dir, "meta.json")
+    with open(path + ".tmp", "w") as f:
+        json.dump(meta, f, indent=1)
+    os.replace(path + ".tmp", path)
+    counts = ", ".join(f"{n:,} {split}" for split, n in meta["tokens"].items())
+    print(f"wrote {data_dir}: {counts} tokens, vocab {meta['vocab_size']} ({meta['tokenizer']}), {meta['dtype']}")
+    return meta
+
+
+def write_dataset(data_dir, splits, tok, source, batch_docs=1024, **extra):
+    """Tokenise each split's documents (an iterable of str or bytes) in batches
+    with tok = text_tokenizer(...), append them to <split>.bin, then write meta.json."""
+    fields, encode_batch, eot = tok
+    dtype = token_dtype(fields["vocab_size"])
+    start_dataset(data_dir)
+    counts = {}
+    for split, docs in splits.items():
+        n = 0
+        with open(os.path.join(data_dir, f"{split}.bin"), "wb") as f:
+            batch = []
+            for doc in progress(docs, desc=split, unit=" docs", mininterval=2):
+                batch.append(doc)
+                if len(batch) == batch_docs:
+                    n += write_batch(f, encode_batch(batch), eot, dtype)
+                    batch = []
+            n += write_batch(f, encode_batch(batch), eot, dtype) if batch else 0
+        counts[split] = n
+    return write_meta(data_dir, {**fields, "dtype": np.dtype(dtype).name, "source": source,
+                                 "tokens": counts, "eot": eot, **extra})
+
+
+def write_batch(f, ids, eot, dtype):
+    arrays = [np.asarray(a, dtype) for a in ids]
+    if eot is not None:
+        arrays = [x for a in arrays for x in (a, np.array([eot], dtype))]
+    arr = np.concatenate(arrays) if arrays else np.zeros(0, dtype)
+    f.write(arr.tobytes())
+    return len(arr)
+
+
+def split_text(text, frac):
+    """The last `frac` of the text is val (nanoGPT's shakespeare split)."""
+    cut = int(len(text) * (1 - frac))
+    return {"train": [text[:cut]], "val": [text[cut:]]}
+
+
+# -----------------------------------------------------------------------------
+# Datasets
+
+def prepare_text(data_dir, path, tokenizer_name, frac):
+    """Any local text file, split like shakespeare_char."""
+    if not os.path.isfile(path):
+        sys.exit(f"--input={path}: no such file")
+    with open(path, "rb") as f:
+        raw = f.read()
+    text = raw if tokenizer_name == "bytes" else raw.decode("utf-8", errors="replace")  # bytes stay exact
+    return write_dataset(data_dir, split_text(text, frac), text_tokenizer(tokenizer_name, text), source=path)
+
+
+def pystdlib_files(root):
+    """The *.py files under root, in sorted order, skipping the test packages and site-packages."""
+    files = []
+    for dirpath, dirnames, filenames in os.walk(root):  # does not follow symlinks
+        dirnames[:] = [d for d in dirnames if d not in EXCLUDED_DIRS]  # prune: site-packages can be huge
+        files += [pathlib.Path(dirpath, f) for f in filenames if f.endswith(".py")]
+    return sorted(files, key=lambda p: p.relative_to(root).as_posix())
+
+
+def prepare_pystdlib(data_dir, frac, root=None):
+    """The running Python's standard library, byte-level. Split by file: file i is in val when
+    floor((i+1) * frac) > floor(i * frac), which spreads val evenly over the sorted list."""
+    root = root or sysconfig.get_paths()["stdlib"]
+    files = pystdlib_files(root)
+    if not files:
+        sys.exit(f"no *.py files found under {root}: build pystdlib on a Python with its standard library sources")
+    is_val = [int((i + 1) * frac) > int(i * frac) for i in range(len(files))]
+    splits = {s: [p.read_bytes() for p, v in zip(files, is_val) if v == (s == "val")] for s in ("train", "val")}
+    return write_dataset(data_dir, splits, text_tokenizer("bytes"), batch_docs=64,
+                         source=f"pystdlib: {len(files)} *.py files of Python {sys.version.split()[0]} under {root}",
+                         files={"train": is_val.count(False), "val": is_val.count(True)})
+
+
+def prepare_mqar(data_dir, seq_len, num_pairs, num_queries, vocab, train_seqs, val_seqs, seed):
+    """Multi-query associative recall (Zoology). Each sequence of seq_len tokens is
+
+        k1 v1 k2 v2 ... kP vP  0 0 ... 0  q1 a1 q2 a2 ... qQ aQ
+
+    P distinct keys from [1, K] with values from [K+1, vocab), filler 0, then Q of
+    the keys in random order, each followed by its value. Only the answers a_i are
+    scored (mqar_targets). Every query is at least min_gap tokens after the value
+    it asks for, so an SWA model of n_layer layers and window w, whose reach is
+    n_layer * (w - 1) tokens, cannot answer when that reach is < min_gap."""
+    K = (vocab - 1) // 2
+    min_gap = (seq_len - 2 * num_queries) - (2 * num_pairs - 1)
+    if not (1 <= num_queries <= num_pairs <= K and vocab - 1 - K >= 1 and min_gap >= 1):
+        sys.exit(f"mqar needs 1 <= num_queries ({num_queries}) <= num_pairs ({num_pairs}) <= (vocab-1)//2 ({K}) "
+                 f"and seq_len ({seq_len}) > 2 * (num_pairs + num_queries)")
+    start_dataset(data_dir)
+    counts = {}
+    for split, n, rng in zip(("train", "val"), (train_seqs, val_seqs), np.random.default_rng(seed).spawn(2)):
+        keys = rng.permuted(np.tile(np.arange(1, K + 1), (n, 1)), axis=1)[:, :num_pairs]        # (n, P) distinct per row
+        values = rng.integers(K + 1, vocab, (n, num_pairs))                                      # (n, P)
+        asked = rng.permuted(np.tile(np.arange(num_pairs), (n, 1)), axis=1)[:, :num_queries]    # (n, Q) pair indices
+        seqs = np.zeros((n, seq_len), token_dtype(vocab))                                        # (n, seq_len), filler 0
+        seqs[:, 0:2 * num_pairs:2], seqs[:, 1:2 * num_pairs:2] = keys, values
+        seqs[:, seq_len - 2 * num_queries::2] = np.take_along_axis(keys, asked, 1)               # (n, Q) query keys
+        seqs[:, seq_len - 2 * num_queries + 1::2] = np.take_along_axis(values, asked, 1)         # (n, Q) answers
+        seqs.tofile(os.path.join(data_dir, f"{split}.bin"))
+        counts[split] = seqs.size
+    mqar = dict(seq_len=seq_len, num_pairs=num_pairs, num_queries=num_queries, num_keys=K, min_gap=min_gap, seed=seed)
+    return write_meta(data_dir, {"vocab_size": vocab, "tokenizer": "ids", "dtype": np.dtype(token_dtype(vocab)).name,
+                                 "source": f"synthetic MQAR, seed {seed}", "tokens": counts, "eot": None, "mqar": mqar})
+
+
+def download_text(url):
+    import urllib.error
+    import urllib.request
+    try:
+        with urllib.request.urlopen(url, timeout=30) as r:
+            chunks = list(progress(iter(lambda: r.read(1 << 16), b""), desc="download", unit=" chunks"))
+    except (urllib.error.URLError, OSError) as e:
+        sys.exit(f"could not download {url} ({getattr(e, 'reason', e)}); offline? fetch it by hand, then "
+                 f"`python prepare_data.py --input=FILE --dataset=NAME --tokenizer=chars`")
+    return b"".join(chunks).decode("utf-8")
+
+
+def hf_dataset(path, name, split, streaming=False):
+    """datasets.load_dataset, with one-line errors when the package or the network is missing."""
+    try:
+        import datasets
+    except ImportError:
+        sys.exit(f"{path} is loaded with the `datasets` package: pip install datasets")
+    try:
+        return datasets.load_dataset(path, name, split=split, streaming=streaming)
+    except Exception as e:  # offline shows up as several exception types, depending on the cache state
+        first = (str(e).splitlines() or [""])[0][:200]
+        sys.exit(f"could not load {path} ({type(e).__name__}: {first}); check the network, "
+                 "or set HF_DATASETS_OFFLINE=1 to use a copy already in the Hugging Face cache")
+
+
+def prepare_shakespeare_char(data_dir, frac):
+    text = download_text(SHAKESPEARE_URL)
+    return write_dataset(data_dir, split_text(text, frac), text_tokenizer("chars", text), source=SHAKESPEARE_URL)
+
+
+def prepare_fineweb_edu(data_dir, max_docs, val_docs):
+    """FineWeb-Edu's sample-10BT, streamed: the first val_docs documents are val, the rest train."""
+    import itertools
+    stream = hf_dataset("HuggingFaceFW/fineweb-edu", "sample-10BT", "train", streaming=True)
+    texts = (row["text"] for row in (itertools.islice(stream, max_docs) if max_docs else stream))
+    val = [next(texts) for _ in range(val_docs)]  # a stream is read once: take val off its head
+    return write_dataset(data_dir, {"val": val, "train": texts}, text_tokenizer("gpt2"),
+                         source=f"HuggingFaceFW/fineweb-edu sample-10BT, first {val_docs} docs as val")
+
+
+def prepare_wikitext_103(data_dir):
+    """WikiText-103 (raw), its own train/validation/test splits. Rows are lines of the
+    articles, so they are concatenated as they are, with no end-of-text between them."""
+    splits = {ours: (row["text"] for row in hf_dataset("Salesforce/wikitext", "wikitext-103-raw-v1", theirs))
+              for ours, theirs in (("train", "train"), ("val", "validation"), ("test", "test"))}
+    fields, encode_batch, _ = text_tokenizer("gpt2")
+    return write_dataset(data_dir, splits, (fields, encode_batch, None), source="Salesforce/wikitext wikitext-103-raw-v1")
+
+
+def adopt_nanogpt(data_dir, tokenizer_name):
+    """meta.json for nanoGPT's train.bin/val.bin (uint16 token ids) already in data_dir."""
+    fields, _, eot = text_tokenizer(tokenizer_name)
+    if fields["tokenizer"] == "chars":
+        sys.exit("--adopt needs a tokenizer with a fixed vocabulary (bytes or a tiktoken encoding such as gpt2)")
+    counts = {}
+    for split in ("train", "val"):
+        path = os.path.join(data_dir, f"{split}.bin")
+        if not os.path.isfile(path) or os.path.getsize(path) % 2:
+            sys.exit(f"{path} is missing or not a uint16 token file")
+        counts[split] = os.path.getsize(path) // 2
+    return write_meta(data_dir, {**fields, "dtype": "uint16", "source": f"adopted nanoGPT data in {data_dir}",
+                                 "tokens": counts, "eot": eot})
+
+
+if __name__ == "__main__":
+    exec(open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "configurator.py")).read())
+    name = dataset or (pathlib.Path(input).stem if input else "pystdlib")
+    data_dir = os.path.join(data_root, name)
+    if adopt:
+        adopt_nanogpt(data_dir, tokenizer)
+    elif input:
+        prepare_text(data_dir, input, tokenizer, val_fraction)
+    elif name == "pystdlib":
+        prepare_pystdlib(data_dir, val_fraction)
+    elif name == "mqar":
+        prepare_mqar(data_dir, mqar_seq_len, mqar_num_pairs, mqar_num_queries, mqar_vocab,
+                     mqar_train_seqs, mqar_val_seqs, mqar_seed)
+    elif name == "shakespeare_char":
+        prepare_shakespeare_char(data_dir, val_fraction)
+    elif name == "fineweb-edu":
+        prepare_fineweb_edu(data_dir, hf_max_docs, hf_val_docs)
+    elif name == "wikitext-103":
+        prepare_wikitext_103(data_dir)
+    else:
+        sys.exit(f"unknown dataset {name!r}: choose pystdlib, mqar, shakespeare_char, fineweb-edu or "
+                 "wikitext-103, or turn a text file into one with --input=FILE")

@@ -1,0 +1,61 @@
+"""
+Sample from a checkpoint trained by train.py:
+
+  python sample.py --out_dir=out-quick
+  python sample.py --out_dir=out-quick --start="def main(" --num_samples=3 --max_new_tokens=300
+  python sample.py --out_dir=out-quick --start=FILE:prompt.txt --temperature=0.8 --top_k=50 --seed=1
+
+Text is encoded and decoded with the tokenizer the training data was prepared
+with (its meta.json, which the checkpoint carries). SA draws fresh permutations
+at every forward pass; --seed fixes them, together with the sampling itself.
+"""
+import os
+import sys
+from contextlib import nullcontext
+
+import torch
+
+from model import load_checkpoint
+from prepare_data import get_tokenizer
+
+# -----------------------------------------------------------------------------
+out_dir = "out"          # where train.py wrote ckpt.pt
+start = "\n"             # the prompt, or "FILE:path" to read it from a file
+num_samples = 2          # independent samples
+max_new_tokens = 500     # tokens generated per sample
+temperature = 0.8        # < 1 sharpens the distribution, > 1 flattens it
+top_k = 200              # sample among the top_k most likely tokens; 0: all
+seed = 1337              # seeds the sampling and the SA permutations
+device = "cuda" if torch.cuda.is_available() else "cpu"
+dtype = "bfloat16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "float32"
+# -----------------------------------------------------------------------------
+exec(open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "configurator.py")).read())
+# -----------------------------------------------------------------------------
+
+model, ckpt = load_checkpoint(os.path.join(out_dir, "ckpt.pt"), device)
+model.eval()
+meta = ckpt.get("meta")
+if meta is None:
+    sys.exit(f"{out_dir}/ckpt.pt carries no meta.json, so its tokenizer is unknown: re-save it with this repo's train.py")
+encode, decode = get_tokenizer(meta)
+if start.startswith("FILE:"):
+    path = start[len("FILE:"):]
+    if not os.path.isfile(path):
+        sys.exit(f"--start=FILE:{path}: no such file")
+    with open(path, encoding="utf-8") as f:
+        start = f.read()
+start_ids = encode(start)
+if not start_ids:
+    sys.exit("--start encodes to no tokens: give at least one character")
+if max(start_ids) >= model.config.vocab_size:
+    sys.exit(f"--start holds token ids >= the model's vocab_size {model.config.vocab_size}")
+torch.manual_seed(seed)
+model.sa_generator.manual_seed(seed)
+ctx = nullcontext() if dtype == "float32" else torch.autocast(device.split(":")[0], dtype=torch.bfloat16)
+
+x = torch.tensor(start_ids, dtype=torch.long, device=device)[None, :]  # (1, T)
+with ctx:
+    for _ in range(num_samples):
+        y = model.generate(x, max_new_tokens, temperature=temperature, top_k=top_k or None)
+        print(decode(y[0].tolist()))
+        print("---------------")

@@ -1,0 +1,312 @@
+"""Tests for prepare_data.py, train.py, sample.py, configurator.py and model.py's checkpoints.
+Run: python -m pytest -q test_train.py. The scripts run as subprocesses on tiny models."""
+import json
+import os
+import subprocess
+import sys
+import sysconfig
+
+import numpy as np
+import pytest
+import tiktoken
+import torch
+
+import prepare_data as P
+from model import load_checkpoint, save_checkpoint
+
+REPO = os.path.dirname(os.path.abspath(__file__))
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}  # tiny models; one thread each is fastest on a shared CPU
+TINY = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=64", "--window=8", "--batch_size=4",
+        "--gradient_accumulation_steps=2", "--eval_iters=2", "--log_interval=1", "--warmup_iters=2",
+        "--device=cpu", "--dtype=float32"]
+
+
+def run(*cmd, check=True):
+    """Run a repo script (or `-m module ...`) with this Python, from the repo root."""
+    cmd = [c if c.startswith("-") or not c.endswith(".py") else os.path.join(REPO, c) for c in map(str, cmd)]
+    r = subprocess.run([sys.executable, *cmd], capture_output=True, text=True, env=ENV, cwd=REPO, timeout=300)
+    if check:
+        assert r.returncode == 0, r.stderr[-3000:]
+    return r
+
+
+def assert_clean_error(r, message):
+    """Failed with a one-line message containing `message`, and no traceback."""
+    assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert message in r.stderr.strip().splitlines()[-1], r.stderr[-3000:]
+
+
+def tiny_encoding(eot):
+    """A byte-level BPE with a few merges, standing in for GPT-2's (which would be downloaded)."""
+    ranks = {bytes([i]): i for i in range(256)}
+    for merge in (b"th", b"the", b" the", b"in", b"ing"):
+        ranks[merge] = len(ranks)
+    return tiktoken.Encoding("tiny", pat_str=r" ?\w+| ?[^\w\s]+|\s+", mergeable_ranks=ranks,
+                             special_tokens={"<|endoftext|>": eot})
+
+
+def read_split(data_dir, split, meta):
+    return P.get_tokenizer(meta)[1](P.load_tokens(data_dir, split, meta).tolist())
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    """data_root with `text` (bytes, from this repo's sources) and a small `mqar`."""
+    root = tmp_path_factory.mktemp("data")
+    src = root / "src.txt"
+    src.write_bytes(b"".join(open(os.path.join(REPO, f), "rb").read() for f in ("attention.py", "configurator.py")))
+    P.prepare_text(str(root / "text"), str(src), "bytes", 0.1)
+    P.prepare_mqar(str(root / "mqar"), seq_len=64, num_pairs=8, num_queries=4, vocab=64,
+                   train_seqs=512, val_seqs=64, seed=0)
+    return root
+
+
+@pytest.fixture(scope="module")
+def train_args(root):
+    return [f"--data_root={root}", "--dataset=text", *TINY, "--dropout=0.1", "--attn=sa+swa",
+            "--eval_interval=3", "--lr_decay_iters=6"]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, train_args):
+    """out_dir of a 6-iteration SA+SWA run with dropout: every RNG stream is in use."""
+    out = tmp_path_factory.mktemp("out") / "full"
+    run("train.py", *train_args, "--max_iters=6", f"--out_dir={out}")
+    return out
+
+
+def load(out_dir):
+    return torch.load(os.path.join(out_dir, "ckpt.pt"), weights_only=True)
+
+
+# -----------------------------------------------------------------------------
+# prepare_data.py
+
+def test_prepare_input_file_bytes(tmp_path):
+    text = "def f(x):\n    return x  # naïve → ok\n" * 40
+    (tmp_path / "notes.txt").write_text(text, encoding="utf-8")
+    run("prepare_data.py", f"--input={tmp_path / 'notes.txt'}", f"--data_root={tmp_path}")
+    meta = P.load_meta(tmp_path / "notes")  # named after the file
+    raw = text.encode("utf-8")
+    assert (meta["tokenizer"], meta["vocab_size"], meta["dtype"]) == ("bytes", 256, "uint16")
+    assert meta["tokens"] == {"train": int(len(raw) * 0.9), "val": len(raw) - int(len(raw) * 0.9)}
+    train, val = (P.load_tokens(tmp_path / "notes", s, meta) for s in ("train", "val"))
+    assert bytes(np.concatenate([train, val]).astype(np.uint8)) == raw  # split at 90%, nothing lost
+    encode, decode = P.get_tokenizer(meta)
+    assert decode(encode("naïve → ok")) == "naïve → ok"
+
+
+@pytest.mark.parametrize("eot, dtype", [(50256, "uint16"), (70000, "uint32")])
+def test_downloadable_datasets_offline(tmp_path, monkeypatch, eot, dtype):
+    """shakespeare_char, fineweb-edu and wikitext-103 through their real code, with the
+    network calls and GPT-2's encoding replaced by local stand-ins."""
+    monkeypatch.setattr(tiktoken, "get_encoding", lambda name: tiny_encoding(eot))
+    play = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n" * 5
+    docs = [f"doc {i}: the thing is in the string" for i in range(12)]
+    monkeypatch.setattr(P, "download_text", lambda url: play)
+    monkeypatch.setattr(P, "hf_dataset", lambda path, name, split, streaming=False: (
+        ({"text": d} for d in docs) if "fineweb" in path else [{"text": f" = {split} =\n"}, {"text": " the line\n"}]))
+
+    meta = P.prepare_shakespeare_char(tmp_path / "sh", 0.1)
+    assert meta["vocab_size"] == len(set(play)) and meta["tokenizer"] == "chars"
+    assert read_split(tmp_path / "sh", "train", meta) + read_split(tmp_path / "sh", "val", meta) == play
+
+    meta = P.prepare_fineweb_edu(tmp_path / "fw", max_docs=10, val_docs=3)
+    assert (meta["vocab_size"], meta["dtype"], meta["eot"]) == (eot + 1, dtype, eot)
+    assert read_split(tmp_path / "fw", "val", meta) == "".join(d + "<|endoftext|>" for d in docs[:3])
+    assert read_split(tmp_path / "fw", "train", meta) == "".join(d + "<|endoftext|>" for d in docs[3:10])
+
+    meta = P.prepare_wikitext_103(tmp_path / "wt")
+    assert read_split(tmp_path / "wt", "test", meta) == " = test =\n the line\n"  # rows joined, no eot
+    assert meta["tokens"]["val"] < len(" = validation =\n the line\n")  # BPE merges happened
+
+
+def test_pystdlib_selection_and_split(tmp_path):
+    for f in ("b/a.py", "a.py", "test/t.py", "b/tests/t.py", "idlelib/idle_test/t.py", "site-packages/x/s.py", "b/n.txt"):
+        (tmp_path / "lib" / f).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "lib" / f).write_text(f"# {f}\n")
+    files = [p.relative_to(tmp_path / "lib").as_posix() for p in P.pystdlib_files(tmp_path / "lib")]
+    assert files == ["a.py", "b/a.py"]
+    meta = P.prepare_pystdlib(tmp_path / "ds", 0.5, root=tmp_path / "lib")
+    assert meta["files"] == {"train": 1, "val": 1}
+    assert read_split(tmp_path / "ds", "val", meta) == "# b/a.py\n"  # whole files
+
+    stdlib = P.pystdlib_files(sysconfig.get_paths()["stdlib"])  # the real one: sorted, no tests
+    names = [p.relative_to(sysconfig.get_paths()["stdlib"]).as_posix() for p in stdlib]
+    assert len(names) > 300 and names == sorted(names) and "os.py" in names
+    assert not any(set(n.split("/")[:-1]) & P.EXCLUDED_DIRS for n in names)
+
+
+def test_mqar_answers_come_from_the_earlier_pairs(root):
+    meta = P.load_meta(root / "mqar")
+    m = meta["mqar"]
+    T, Q = m["seq_len"], m["num_queries"]
+    x = np.asarray(P.load_tokens(root / "mqar", "train", meta), np.int64).reshape(-1, T)  # (N, T)
+    y = P.mqar_targets(x, meta)                                                           # (N, T)
+    answers = np.nonzero(y[0] != -1)[0]
+    assert len(answers) == Q and (y[:, answers] != -1).all() and ((y != -1).sum(1) == Q).all()
+    by_key = {}
+    for seq, tgt in zip(x, y):
+        pairs = dict(zip(seq[0:2 * m["num_pairs"]:2], seq[1:2 * m["num_pairs"]:2]))
+        where = {k: 2 * i + 1 for i, k in enumerate(seq[0:2 * m["num_pairs"]:2])}
+        for t in answers:
+            assert tgt[t] == pairs[seq[t]]  # the value paired with the queried key
+            assert t - where[seq[t]] >= m["min_gap"] > 2 * (8 - 1)  # beyond a 2-layer window-8 SWA's reach
+            by_key.setdefault(seq[t], []).append(tgt[t])
+    # the key alone says little: guessing each key's most frequent answer is near chance
+    key_only = sum(np.bincount(v).max() for v in by_key.values()) / sum(len(v) for v in by_key.values())
+    assert key_only < 0.2
+    val = np.asarray(P.load_tokens(root / "mqar", "val", meta)).reshape(-1, T)
+    assert not (val[:8] == x[:8]).all()  # val is its own stream
+
+
+# -----------------------------------------------------------------------------
+# train.py
+
+def test_resume_is_bitwise_exact(trained, train_args, tmp_path):
+    """6 iterations == 3 iterations, then resumed to 6 (dropout and SA permutations included)."""
+    run("train.py", *train_args, "--max_iters=3", f"--out_dir={tmp_path}")
+    half = load(tmp_path)
+    r = run("train.py", *train_args, "--max_iters=6", f"--out_dir={tmp_path}", "--init_from=resume")
+    a, b = load(tmp_path), load(trained)
+    assert a["iter_num"] == b["iter_num"] == 6 and half["iter_num"] == 3
+    assert any(not torch.equal(half["model"][k], b["model"][k]) for k in b["model"])
+    for k in b["model"]:
+        assert torch.equal(a["model"][k], b["model"][k]), k
+    for s, t in zip(a["optimizer"]["state"].values(), b["optimizer"]["state"].values()):
+        assert torch.equal(s["exp_avg_sq"], t["exp_avg_sq"])
+    for key in ("torch", "sampler", "sa"):
+        assert torch.equal(a["rng"][0][key], b["rng"][0][key])
+    assert "step 3: train loss" in r.stdout  # the resumed run re-evaluates where it left off
+
+
+def test_checkpoint_contents(trained, root):
+    ckpt = load(trained)
+    assert ckpt["config"]["data_dir"] == str(root / "text") and ckpt["config"]["attn"] == "sa+swa"
+    assert ckpt["meta"] == P.load_meta(root / "text") and ckpt["model_args"]["vocab_size"] == 256
+    log = [json.loads(line) for line in open(trained / "log.jsonl")]
+    evals = [r for r in log if "val_loss" in r]
+    assert [r["iter"] for r in evals] == [0, 3, 6]
+    assert all({"loss", "lr", "tok_per_s", "elapsed_s"} <= r.keys() for r in log if "val_loss" not in r)
+
+
+def test_ddp_two_processes_gloo(root, tmp_path):
+    r = run("-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py",
+            f"--data_root={root}", "--dataset=text", *TINY, "--max_iters=2", "--eval_interval=2",
+            f"--out_dir={tmp_path}")
+    assert "(2 x 1 x 4 x 64)" in r.stdout  # the 2 accumulation steps are split over the 2 ranks
+    ckpt = load(tmp_path)
+    assert ckpt["iter_num"] == 2 and len(ckpt["rng"]) == 2
+    for key in ("sampler", "sa"):  # each rank samples its own data and its own SA permutations
+        assert not torch.equal(ckpt["rng"][0][key], ckpt["rng"][1][key])
+
+
+def test_mqar_training_reports_answer_accuracy(root, tmp_path):
+    r = run("train.py", f"--data_root={root}", "--dataset=mqar", *TINY, "--attn=swa", "--max_iters=2",
+            "--eval_interval=2", f"--out_dir={tmp_path}")
+    assert "SWA's reach 2 x (8 - 1) < min_gap" in r.stdout and "acc train" in r.stdout
+    evals = [json.loads(line) for line in open(tmp_path / "log.jsonl") if "val_acc" in line]
+    assert len(evals) == 2 and all(0 <= e["val_acc"] <= 1 for e in evals)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--block_size=100000"], "is larger than the data"),
+    (["--init_from=resume", "--dataset=mqar"], "has vocab_size 256, but"),
+    (["--init_from=resume", "--n_layer=3"], "was trained with n_layer=2, but this run asks for n_layer=3"),
+    (["--attn=dense"], "GPTConfig.attn='dense' is invalid"),
+])
+def test_train_errors(trained, train_args, args, message):
+    assert_clean_error(run("train.py", *train_args, f"--out_dir={trained}", *args, check=False), message)
+
+
+# -----------------------------------------------------------------------------
+# sample.py
+
+def test_sample_is_seeded(trained):
+    args = ["sample.py", f"--out_dir={trained}", "--start=def ", "--num_samples=2", "--max_new_tokens=24"]
+    a, b = (run(*args, "--seed=1").stdout for _ in range(2))
+    samples = a.split("---------------\n")
+    assert len(samples) == 3 and samples[-1] == "" and all(s.startswith("def ") for s in samples[:2])
+    assert samples[0] != samples[1] and a == b  # fresh randomness per sample, the same per seed
+
+
+# -----------------------------------------------------------------------------
+# clear errors: data, checkpoints, configurator
+
+def test_data_errors(root, tmp_path):
+    meta = P.load_meta(root / "text")
+    (tmp_path / "cut").mkdir()
+    (tmp_path / "cut" / "meta.json").write_text(json.dumps(meta))
+    (tmp_path / "cut" / "train.bin").write_bytes((root / "text" / "train.bin").read_bytes()[:-2])
+    with pytest.raises(SystemExit, match="truncated or corrupt"):
+        P.load_tokens(tmp_path / "cut", "train", meta)
+    with pytest.raises(SystemExit, match="val.bin is missing"):
+        P.load_tokens(tmp_path / "cut", "val", meta)
+    with pytest.raises(SystemExit, match="token ids >= vocab_size"):
+        P.load_tokens(root / "text", "train", {**meta, "vocab_size": 10})
+    with pytest.raises(SystemExit, match="has no 'test' split"):
+        P.load_tokens(root / "text", "test", meta)
+    (tmp_path / "cut" / "meta.json").write_text("{not json")
+    with pytest.raises(SystemExit, match="corrupt or not from this repo"):
+        P.load_meta(tmp_path / "cut")
+    os.remove(tmp_path / "cut" / "meta.json")
+    with pytest.raises(SystemExit, match="nanoGPT data"):
+        P.load_meta(tmp_path / "cut")
+    with pytest.raises(SystemExit, match="meta.json not found: prepare the dataset first"):
+        P.load_meta(tmp_path / "nope")
+
+
+def test_load_checkpoint_errors(trained, tmp_path):
+    good = load(trained)
+    path = str(tmp_path / "ckpt.pt")
+    with pytest.raises(SystemExit, match="not found"):
+        load_checkpoint(path)
+    raw = open(os.path.join(trained, "ckpt.pt"), "rb").read()
+    cases = [(raw[:len(raw) // 2], "unreadable"), (b"garbage", "unreadable"),
+             ({"model": {}, "model_args": {"n_layer": 2, "n_embd": 32}}, "not a checkpoint of this repo"),
+             ({**good, "model_args": {**good["model_args"], "n_embd": 33}}, "incompatible config"),
+             ({**good, "model": {k: v for k, v in good["model"].items() if "mlp" not in k}}, "weights do not fit")]
+    for content, message in cases:
+        if isinstance(content, bytes):
+            open(path, "wb").write(content)
+        else:
+            torch.save(content, path)
+        with pytest.raises(SystemExit, match=message):
+            load_checkpoint(path)
+    model, ckpt = load_checkpoint(os.path.join(trained, "ckpt.pt"))
+    assert all(torch.equal(v, good["model"][k]) for k, v in model.state_dict().items())
+
+
+def test_save_checkpoint_is_atomic(tmp_path):
+    path = str(tmp_path / "ckpt.pt")
+    save_checkpoint({"w": torch.ones(3)}, path)
+    with pytest.raises(Exception):
+        save_checkpoint({"w": lambda: 0}, path)  # fails while writing
+    assert torch.equal(torch.load(path, weights_only=True)["w"], torch.ones(3))
+
+
+def configure(monkeypatch, *argv):
+    """Run configurator.py as a script would, on a few globals."""
+    monkeypatch.setattr(sys, "argv", ["script.py", *argv])
+    g = dict(n=1, lr=0.1, flag=False, name="a", opt=None, CONSTANT="x")
+    exec(open(os.path.join(REPO, "configurator.py")).read(), g)
+    return g
+
+
+def test_configurator(monkeypatch, tmp_path):
+    cfg = tmp_path / "c.py"
+    cfg.write_text("import math\nn = 5\nname = 'b'\n_scratch = math.pi\n")
+    g = configure(monkeypatch, str(cfg), "--n=7", "--lr=1", "--flag=True", "--name=hello world", "--opt=(1, 2)")
+    assert g["config"] == dict(n=7, lr=1.0, flag=True, name="hello world", opt=(1, 2))
+    assert type(g["lr"]) is float and configure(monkeypatch, str(cfg))["n"] == 5
+    for argv, message in [(["--m=1"], "unknown config key 'm'"), (["--CONSTANT=y"], "unknown config key"),
+                          (["--n=abc"], "n must be of type int"), (["--n=1.5"], "n must be of type int"),
+                          (["--flag=1"], "flag must be of type bool"), (["--lr=True"], "lr must be of type float"),
+                          (["nope.py"], "config file nope.py not found"), (["n=1"], "unexpected argument")]:
+        with pytest.raises(SystemExit, match=message):
+            configure(monkeypatch, *argv)
+
+
+def test_script_errors_are_one_line():
+    assert_clean_error(run("prepare_data.py", "--mqar_seq_len=ten", check=False), "mqar_seq_len must be of type int")
+    assert_clean_error(run("prepare_data.py", "--dataset=nope", check=False), "unknown dataset 'nope'")

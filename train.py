@@ -1,0 +1,327 @@
+"""
+Train a GPT with full / SWA / SA / SA+SWA / MoBA attention, after nanoGPT.
+
+One process (a CPU, or one GPU):
+  python prepare_data.py && python train.py config/quick.py
+  python train.py config/quick.py --attn=swa --window=64 --out_dir=out-swa
+Resume a run exactly where its last checkpoint left it (same config, a later max_iters):
+  python train.py config/quick.py --init_from=resume --max_iters=2000
+DDP, one node with 8 GPUs / two nodes:
+  torchrun --standalone --nproc_per_node=8 train.py config/paper_360m.py
+  torchrun --nproc_per_node=8 --nnodes=2 --node_rank=0 --master_addr=IP --master_port=1234 train.py ...
+
+Every eval writes out_dir/ckpt.pt (atomically) holding the weights, the optimizer,
+the config and every RNG state of every rank, and appends to out_dir/log.jsonl.
+The defaults below are a one-A100 run: a GPT-2-small-sized (124M) SA+SWA model
+on FineWeb-Edu, 5000 iterations of 0.5M tokens (2.6B tokens).
+"""
+import json
+import math
+import os
+import random
+import sys
+import time
+from contextlib import nullcontext
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from model import GPT, GPTConfig, load_checkpoint, save_checkpoint
+from prepare_data import load_meta, load_tokens, mqar_targets
+
+# -----------------------------------------------------------------------------
+# I/O
+out_dir = "out"                 # ckpt.pt and log.jsonl go here
+eval_interval = 250             # evaluate, log and checkpoint every this many iterations (and at the end)
+log_interval = 10               # print the training loss and speed every this many iterations
+eval_iters = 50                 # batches per split per evaluation (the same batches every time)
+eval_only = False               # evaluate once and exit
+always_save_checkpoint = True   # save at every eval; False: only when val loss improves
+init_from = "scratch"           # "scratch" or "resume" (from out_dir/ckpt.pt)
+# data
+dataset = "fineweb-edu"         # data_root/<dataset>/ from prepare_data.py
+data_root = "data"
+gradient_accumulation_steps = 32  # micro-steps per iteration, summed over DDP ranks
+batch_size = 8                  # sequences per micro-step per rank
+block_size = 2048               # tokens per sequence (mqar: the data's seq_len)
+# model (GPTConfig)
+n_layer = 12
+n_head = 12
+n_embd = 768
+dropout = 0.0
+bias = False
+attn = "sa+swa"                 # full | swa | sa | sa+swa | moba
+window = 256                    # SWA/SA keys per query
+moba_block = 64
+moba_topk = 4
+sa_perm = "layer"               # layer | head
+pos_emb = "rope"                # rope | learned
+rope_base = 10000.0
+vocab_size = 0                  # 0: the data's vocab_size, padded up to a multiple of 64 (50257 -> 50304)
+# AdamW, warmup and cosine decay
+learning_rate = 6e-4
+max_iters = 5000                # iterations of batch_size * block_size * gradient_accumulation_steps tokens
+weight_decay = 0.1
+beta1 = 0.9
+beta2 = 0.95
+grad_clip = 1.0                 # clip the gradient norm to this; 0: off
+decay_lr = True
+warmup_iters = 200
+lr_decay_iters = None           # None: max_iters
+min_lr = 6e-5
+# system
+device = "cuda" if torch.cuda.is_available() else "cpu"
+dtype = "bfloat16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "float32"  # autocast dtype
+compile = False                 # torch.compile the model
+backend = ""                    # DDP backend; "": nccl on CUDA, gloo on the CPU
+seed = 1337
+# -----------------------------------------------------------------------------
+exec(open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "configurator.py")).read())
+# -----------------------------------------------------------------------------
+
+# DDP: torchrun sets RANK. Each rank draws its own SA permutations (seeded by
+# seed and rank), just as each micro-step draws new ones. So an iteration of N
+# ranks x K micro-steps averages gradients over N*K independent permutation
+# draws, the same count as one process running N*K micro-steps, and the
+# permutation noise in the gradient shrinks with the global batch. Sharing one
+# permutation across ranks would instead tie the run's statistics to its GPU count.
+ddp = "RANK" in os.environ
+rank, local_rank, world_size = 0, 0, 1
+if ddp:
+    rank, local_rank, world_size = (int(os.environ[k]) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE"))
+    if device.startswith("cuda"):
+        device = f"cuda:{local_rank}"
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend=backend or ("nccl" if device.startswith("cuda") else "gloo"))
+    if gradient_accumulation_steps % world_size:
+        sys.exit(f"gradient_accumulation_steps={gradient_accumulation_steps} must be divisible by the {world_size} ranks")
+    gradient_accumulation_steps //= world_size
+master = rank == 0
+device_type = "cuda" if device.startswith("cuda") else "cpu"
+if dtype not in ("float32", "bfloat16"):
+    sys.exit(f"dtype={dtype!r}: use bfloat16 (CUDA, Ampere or newer) or float32")
+ctx = nullcontext() if dtype == "float32" else torch.autocast(device_type, dtype=torch.bfloat16)
+torch.backends.cuda.matmul.allow_tf32 = True
+torch.backends.cudnn.allow_tf32 = True
+
+# data
+data_dir = os.path.join(data_root, dataset)
+config["data_dir"] = data_dir
+meta = load_meta(data_dir)
+data = {split: load_tokens(data_dir, split, meta) for split in ("train", "val")}
+mqar = meta.get("mqar")
+T = mqar["seq_len"] if mqar else block_size  # tokens per training sequence
+if mqar and block_size < T:
+    sys.exit(f"block_size={block_size} is smaller than the MQAR sequences ({T} tokens): use --block_size={T}")
+for split, tokens in data.items():
+    if len(tokens) < T + 1:
+        sys.exit(f"block_size={T} is larger than the data: {data_dir}/{split}.bin holds only {len(tokens)} tokens; "
+                 "lower --block_size or prepare more data")
+data_vocab = meta["vocab_size"]
+vocab_size = vocab_size or -(-data_vocab // 64) * 64
+if vocab_size < data_vocab:
+    sys.exit(f"vocab_size={vocab_size} is smaller than the vocabulary of {data_dir} ({data_vocab}): use --vocab_size=0")
+config["vocab_size"] = vocab_size
+
+
+def get_batch(split, gen):
+    """batch_size sequences drawn with the generator gen: random windows, or whole
+    MQAR sequences whose targets are the answers only."""
+    tokens = data[split]
+    if mqar:
+        starts = torch.randint(len(tokens) // T, (batch_size,), generator=gen).numpy() * T
+    else:
+        starts = torch.randint(len(tokens) - T, (batch_size,), generator=gen).numpy()
+    x = np.stack([tokens[i:i + T] for i in starts]).astype(np.int64)                 # (B, T)
+    y = mqar_targets(x, meta) if mqar else np.stack([tokens[i + 1:i + 1 + T] for i in starts]).astype(np.int64)
+    x, y = torch.from_numpy(x), torch.from_numpy(y)
+    if device_type == "cuda":
+        return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
+    return x, y
+
+
+# model: all ranks build identical weights from `seed`; then each rank gets its own
+# streams for dropout, data sampling and SA permutations
+model_args = {k: config[k] for k in GPTConfig.__dataclass_fields__ if k in config}
+try:
+    gptconf = GPTConfig(**model_args)
+except ValueError as e:
+    sys.exit(str(e))
+torch.manual_seed(seed)
+dropout_seed, sampler_seed, sa_seed = np.random.SeedSequence([seed, rank]).generate_state(3).tolist()
+raw_model = GPT(gptconf, sa_seed=sa_seed).to(device)
+torch.manual_seed(dropout_seed)
+sampler = torch.Generator().manual_seed(sampler_seed)
+optimizer = raw_model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type)
+iter_num, best_val_loss = 0, float("inf")
+ckpt_path = os.path.join(out_dir, "ckpt.pt")
+
+if init_from == "resume":
+    _, ckpt = load_checkpoint(ckpt_path)  # checks the file; its weights then go into our model
+    theirs = ckpt["model_args"]
+    if theirs["vocab_size"] != vocab_size:
+        sys.exit(f"{ckpt_path} has vocab_size {theirs['vocab_size']}, but {data_dir} needs {vocab_size}: resume "
+                 f"on the data it was trained on (dataset={ckpt['config'].get('dataset')}) or start a new out_dir")
+    diff = [k for k in model_args if k != "dropout" and theirs.get(k) != model_args[k]]
+    if diff:
+        sys.exit(f"{ckpt_path} was trained with {', '.join(f'{k}={theirs.get(k)!r}' for k in diff)}, but this run "
+                 f"asks for {', '.join(f'{k}={model_args[k]!r}' for k in diff)}: resume with the original config, "
+                 "or train from scratch in another out_dir")
+    raw_model.load_state_dict(ckpt["model"])
+    optimizer.load_state_dict(ckpt["optimizer"])
+    iter_num, best_val_loss = ckpt["iter_num"], ckpt["best_val_loss"]
+    states = ckpt["rng"]
+    if rank < len(states):
+        s = states[rank]
+        torch.set_rng_state(s["torch"])
+        if "cuda" in s and device_type == "cuda":
+            torch.cuda.set_rng_state(s["cuda"])
+        np.random.set_state((s["numpy"][0], np.array(s["numpy"][1], np.uint32), *s["numpy"][2:]))
+        random.setstate(s["python"])
+        sampler.set_state(s["sampler"])
+        raw_model.sa_generator.set_state(s["sa"])
+    else:
+        print(f"rank {rank}: {ckpt_path} has RNG states for {len(states)} ranks only; this rank continues "
+              "from fresh seeds, so the run is no longer an exact continuation")
+    del ckpt
+elif init_from != "scratch":
+    sys.exit(f"init_from={init_from!r}: use scratch or resume")
+
+model = torch.compile(raw_model) if compile else raw_model   # evaluation runs this one, on the master only
+train_model = DDP(model, device_ids=[local_rank] if device_type == "cuda" else None,
+                  broadcast_buffers=False) if ddp else model  # the RoPE tables are constant: nothing to broadcast
+
+
+def rng_states():
+    """Every RNG state of every rank. numpy's and python's global generators are not drawn
+    from here, but are kept too, so code that does draw from them stays exactly resumable."""
+    np_state = np.random.get_state()
+    state = {"torch": torch.get_rng_state(), "numpy": (np_state[0], np_state[1].tolist(), *np_state[2:]),
+             "python": random.getstate(), "sampler": sampler.get_state(), "sa": raw_model.sa_generator.get_state()}
+    if device_type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state()
+    if not ddp:
+        return [state]
+    states = [None] * world_size
+    dist.all_gather_object(states, state)
+    return [{k: v.cpu() if torch.is_tensor(v) else v for k, v in s.items()} for s in states]
+
+
+@torch.no_grad()
+def estimate_loss():
+    """Mean loss (and MQAR answer accuracy) per split over eval_iters batches. Evaluation uses
+    its own fixed batches and SA permutations and restores the SA generator afterwards, so it
+    draws nothing from the training streams: with or without it, training is the same."""
+    out = {}
+    sa_state = raw_model.sa_generator.get_state()
+    model.eval()
+    for split in ("train", "val"):
+        gen = torch.Generator().manual_seed(seed)
+        raw_model.sa_generator.manual_seed(seed)
+        losses, correct, answers = [], 0, 0
+        for _ in range(eval_iters):
+            X, Y = get_batch(split, gen)
+            with ctx:
+                logits, loss = model(X, Y)
+            losses.append(loss.item())
+            if mqar:
+                scored = Y != -1
+                correct += (logits.argmax(-1)[scored] == Y[scored]).sum().item()
+                answers += scored.sum().item()
+        out[f"{split}_loss"] = sum(losses) / len(losses)
+        if mqar:
+            out[f"{split}_acc"] = correct / answers
+    raw_model.sa_generator.set_state(sa_state)
+    model.train()
+    return out
+
+
+def get_lr(it):
+    """Linear warmup, then cosine decay to min_lr at lr_decay_iters."""
+    decay_iters = lr_decay_iters or max_iters
+    if it < warmup_iters:
+        return learning_rate * (it + 1) / (warmup_iters + 1)
+    if it >= decay_iters:
+        return min_lr
+    ratio = (it - warmup_iters) / (decay_iters - warmup_iters)
+    return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (learning_rate - min_lr)
+
+
+tokens_per_iter = gradient_accumulation_steps * world_size * batch_size * T
+log_file = None
+if master:
+    os.makedirs(out_dir, exist_ok=True)
+    log_file = open(os.path.join(out_dir, "log.jsonl"), "a" if init_from == "resume" else "w")
+    print(f"{dataset}: {len(data['train']):,} train / {len(data['val']):,} val tokens; {raw_model.get_num_params() / 1e6:.2f}M "
+          f"parameters, attn={attn}, window={window}; {tokens_per_iter:,} tokens per iteration "
+          f"({world_size} x {gradient_accumulation_steps} x {batch_size} x {T}) on {device}")
+    if mqar and attn == "swa" and n_layer * (window - 1) < mqar["min_gap"]:
+        print(f"mqar: SWA's reach {n_layer} x ({window} - 1) < min_gap {mqar['min_gap']}: it can only guess the answers")
+
+
+def log(record):
+    print(json.dumps(record), file=log_file, flush=True)
+
+
+t_start = t_last = time.time()
+iters_since_log = 0
+while True:
+    lr = get_lr(iter_num) if decay_lr else learning_rate
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+
+    if iter_num % eval_interval == 0 or iter_num >= max_iters or eval_only:
+        states = rng_states()  # a collective under DDP: every rank takes part
+        if master:
+            ev = estimate_loss()
+            acc = f", acc train {ev['train_acc']:.3f} val {ev['val_acc']:.3f}" if mqar else ""
+            print(f"step {iter_num}: train loss {ev['train_loss']:.4f}, val loss {ev['val_loss']:.4f}{acc}")
+            log({"iter": iter_num, **ev, "lr": lr, "elapsed_s": round(time.time() - t_start, 2)})
+            best_val_loss = min(best_val_loss, ev["val_loss"])
+            if not eval_only and (always_save_checkpoint or ev["val_loss"] <= best_val_loss):
+                save_checkpoint({"model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
+                                 "model_args": raw_model.model_args(), "iter_num": iter_num,
+                                 "best_val_loss": best_val_loss, "config": config, "meta": meta, "rng": states},
+                                ckpt_path)
+        t_last, iters_since_log = time.time(), 0  # the speed below leaves out evaluation time
+    if iter_num >= max_iters or eval_only:
+        break
+
+    # one iteration. Each micro-step fetches its own batch (no prefetch across
+    # iterations), so the sampler state in a checkpoint is exactly where the next
+    # iteration starts
+    for micro_step in range(gradient_accumulation_steps):
+        if ddp:  # all-reduce the gradients on the last micro-step only
+            train_model.require_backward_grad_sync = micro_step == gradient_accumulation_steps - 1
+        X, Y = get_batch("train", sampler)
+        with ctx:
+            _, loss = train_model(X, Y)
+        (loss / gradient_accumulation_steps).backward()
+    if grad_clip > 0:
+        torch.nn.utils.clip_grad_norm_(raw_model.parameters(), grad_clip)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    iter_num += 1
+    iters_since_log += 1
+
+    if iter_num % log_interval == 0 and master:
+        lossf = loss.item()  # the last micro-step's loss: a sync point, so the timing below is honest
+        if device_type == "cuda":
+            torch.cuda.synchronize()
+        dt = (time.time() - t_last) / iters_since_log
+        tok_s = tokens_per_iter / dt
+        mfu = raw_model.estimate_mfu(tokens_per_iter // world_size, dt, T)
+        print(f"iter {iter_num}: loss {lossf:.4f}, lr {lr:.2e}, {dt * 1000:.0f} ms/iter, {tok_s:,.0f} tok/s, "
+              f"mfu {mfu * 100:.2f}% (of an A100's bf16 peak)")
+        log({"iter": iter_num, "loss": lossf, "lr": lr, "ms_per_iter": round(dt * 1000, 2), "tok_per_s": round(tok_s),
+             "mfu": mfu, "elapsed_s": round(time.time() - t_start, 2)})
+        t_last, iters_since_log = time.time(), 0
+
+if master:
+    print(f"done: {iter_num} iterations in {time.time() - t_start:.1f}s; best val loss {best_val_loss:.4f}; "
+          f"checkpoint {ckpt_path}")
+if ddp:
+    dist.barrier()  # let the master finish its last checkpoint first
+    dist.destroy_process_group()
