@@ -236,13 +236,23 @@ def sliding_window_attention(q, k, v, window, pos=None):
     return _swa_blocked(q, k, v, window, pos)
 
 
+def _take(t, idx):
+    """t (B, H, T, D) with its rows in idx's order, idx of shape (T,) or (B, H, T):
+    out[b, h, s] = t[b, h, idx[b, h, s]]. Indexes by row, never by element."""
+    if idx.dim() == 1:
+        return t.index_select(2, idx)                                   # (B, H, T, D)
+    B, H = t.shape[:2]
+    b = torch.arange(B, device=t.device)[:, None, None]                 # (B, 1, 1)
+    h = torch.arange(H, device=t.device)[None, :, None]                 # (1, H, 1)
+    return t[b, h, idx.expand(B, H, -1)]                                # (B, H, T, D)
+
+
 def stochastic_attention(q, k, v, window, perm):
     B, H, T, D = q.shape
     _check_perm(perm, B, H, T)
-    idx = perm.expand(B, H, T).unsqueeze(-1).expand(B, H, T, D)         # (B, H, T, D)
-    qs, ks, vs = (t.gather(2, idx) for t in (q, k, v))                  # (B, H, T, D) in slot order
+    qs, ks, vs = (_take(t, perm) for t in (q, k, v))                    # (B, H, T, D) in slot order
     ys = sliding_window_attention(qs, ks, vs, window, pos=perm)        # (B, H, T, D) in slot order
-    return torch.empty_like(ys).scatter(2, idx, ys)                    # (B, H, T, D) in token order
+    return _take(ys, torch.argsort(perm, dim=-1))                      # (B, H, T, D) in token order
 
 
 def moba_attention(q, k, v, block_size, top_k):

@@ -12,6 +12,7 @@ A GPT language model with a switchable attention, after nanoGPT.
 """
 import inspect
 import math
+import os
 from dataclasses import asdict, dataclass, replace
 
 import torch
@@ -319,7 +320,6 @@ class GPT(nn.Module):
 
 def save_checkpoint(obj, path):
     """torch.save to a temporary file, then os.replace: a crash mid-write leaves the old checkpoint whole."""
-    import os
     torch.save(obj, path + ".tmp")
     os.replace(path + ".tmp", path)
 
@@ -328,7 +328,6 @@ def load_checkpoint(path, device="cpu"):
     """(model, ckpt) from a train.py checkpoint. Loaded with weights_only=True onto the CPU,
     where the RNG states it holds must stay; the model is then moved to device.
     A missing, corrupt or foreign file stops with a one-line SystemExit."""
-    import os
     if not os.path.isfile(path):
         raise SystemExit(f"checkpoint {path} not found: train one with train.py, which writes out_dir/ckpt.pt")
     try:

@@ -2,8 +2,8 @@
 Reproduce the paper in miniature on a CPU: every table and plot in the README's Results.
 
     python results/reproduce.py                 # everything (about 1.5 h on 2 CPU cores)
-    python results/reproduce.py --fast          # a tiny version of everything, a couple of minutes (tested in CI)
-    python results/reproduce.py --only=mqar,lm  # some experiments: figure, mqar, lm, swap, coverage, speed
+    python results/reproduce.py --fast=True     # a tiny version of everything, a couple of minutes (tested in CI)
+    python results/reproduce.py --only=mqar,lm  # some experiments: figure, lm, swap, mqar, coverage, speed
 
 Each experiment runs the repo's own scripts (train.py, eval.py, receptive_field.py,
 attention.py) as subprocesses, printing every command, and writes one JSON (and its
@@ -39,8 +39,8 @@ if fast:
     COVER = ["--grid_n=256,1024", "--seeds=2"]
     SPEED = ["--sizes=256,1024"]
 else:
-    MQAR = dict(iters=600, seeds=[0, 1], depths=[1, 2, 3, 4], data=[])
-    LM = dict(iters=600, seeds=[0, 1], eval_interval=50)
+    MQAR = dict(iters=1200, seeds=[0, 1], depths=[1, 2, 3], data=[])
+    LM = dict(iters=500, seeds=[0, 1], eval_interval=50)
     SWAP = dict(windows="8,16,32,64,128,256", seeds=3, limit=64)
     COVER = []
     SPEED = []
@@ -109,27 +109,34 @@ def figure():
     fig.suptitle(f"Which keys each query sees: T={T}, window={w}, one random permutation", y=0.99)
     fig.tight_layout()
     fig.savefig(os.path.join(out, "sa_picture.png"), dpi=80)
-    return ""
+    return "sa_picture.png"
+
+
+# MQAR, sized to learn on a CPU: 128-token sequences, 4 key-value pairs queried at least
+# 113 tokens later, 32 keys and 32 values. Window 16 (SWA reaches 15 tokens per layer);
+# MoBA gets the same key budget, 4 blocks of 4.
+MQAR_DATA = ["--mqar_seq_len=128", "--mqar_num_pairs=4", "--mqar_num_queries=4", "--mqar_vocab=64"]
+MQAR_TRAIN = ["--block_size=128", "--window=16", "--moba_block=4", "--moba_topk=4", "--learning_rate=3e-3",
+              "--min_lr=3e-4"]
 
 
 def mqar():
-    """Multi-query associative recall at equal budget (window 32; MoBA 4 blocks of 8), pairs
-    queried >= 193 tokens later: accuracy on the answers by kind, seed and depth."""
+    """Multi-query associative recall at equal budget: accuracy on the answers by kind, seed and depth."""
     data = os.path.join(work, "data")
-    run("prepare_data.py", "--dataset=mqar", f"--data_root={data}", *MQAR["data"])
+    run("prepare_data.py", "--dataset=mqar", f"--data_root={data}", *MQAR_DATA, *MQAR["data"])
     rows = []
     runs = [(k, 2, s) for k in KINDS for s in MQAR["seeds"]]
     runs += [(k, d, MQAR["seeds"][0]) for k in KINDS for d in MQAR["depths"] if d != 2]
     dirs = [os.path.join(work, f"mqar-{kind}-L{depth}-s{seed}") for kind, depth, seed in runs]
     walls = run_all([("train.py", "config/mqar.py", f"--data_root={data}", f"--out_dir={od}", f"--attn={kind}",
-                      f"--n_layer={depth}", f"--seed={seed}", f"--max_iters={MQAR['iters']}", "--moba_block=8",
-                      "--moba_topk=4", f"--eval_interval={MQAR['iters']}")
+                      f"--n_layer={depth}", f"--seed={seed}", f"--max_iters={MQAR['iters']}", *MQAR_TRAIN,
+                      f"--eval_interval={MQAR['iters']}")
                      for (kind, depth, seed), od in zip(runs, dirs)])
     for (kind, depth, seed), od, wall in zip(runs, dirs, walls):
         last = evals(od)[-1]
         rows.append(dict(attn=kind, n_layer=depth, seed=seed, val_acc=last["val_acc"], val_loss=last["val_loss"],
                          wall_s=round(wall, 1)))
-    save("mqar.json", dict(iters=MQAR["iters"], window=32, moba="4 blocks of 8", runs=rows))
+    save("mqar.json", dict(iters=MQAR["iters"], data=MQAR_DATA, train=["config/mqar.py", *MQAR_TRAIN], runs=rows))
 
     depths = sorted({r["n_layer"] for r in rows})
     p = plt()
@@ -225,17 +232,22 @@ def speed():
 
 
 if __name__ == "__main__":
-    steps = dict(figure=figure, mqar=mqar, lm=lm, swap=swap, coverage=coverage, speed=speed)
+    steps = dict(figure=figure, lm=lm, swap=swap, mqar=mqar, coverage=coverage, speed=speed)
     chosen = [s for s in only.split(",") if s] or list(steps)
     unknown = set(chosen) - steps.keys()
     if unknown:
         sys.exit(f"--only: unknown experiment(s) {sorted(unknown)}; choose from {list(steps)}")
     os.makedirs(out, exist_ok=True)
-    sections = []
+    path = os.path.join(out, "summary.md")
+    sections = {}  # summary.md keeps the sections of experiments not rerun now
+    if os.path.exists(path):
+        for part in open(path).read().split("\n## ")[1:]:
+            sections[part.split(" ", 1)[0]] = "## " + part.rstrip("\n") + "\n"
     for name in chosen:
         t0 = time.time()
         text = steps[name]()
-        sections.append(f"## {name} ({time.time() - t0:.0f} s{', --fast' if fast else ''})\n\n{text}\n")
-        print(sections[-1], flush=True)
-    with open(os.path.join(out, "summary.md" if not only else f"summary-{'-'.join(chosen)}.md"), "w") as f:
-        f.write("\n".join(sections))
+        sections[name] = f"## {name} ({time.time() - t0:.0f} s{', --fast' if fast else ''})\n\n{text}\n"
+        print(sections[name], flush=True)
+    with open(path, "w") as f:
+        f.write("# Results in miniature (python results/reproduce.py)\n\n"
+                + "\n".join(sections[n] for n in steps if n in sections))

@@ -1,0 +1,31 @@
+"""The miniature reproduction's pipeline, end to end in its --fast mode (a couple of minutes),
+so that results/reproduce.py cannot rot. Run: python -m pytest -q test_reproduce.py"""
+import json
+import os
+import subprocess
+import sys
+
+REPO = os.path.dirname(os.path.abspath(__file__))
+
+
+def test_reproduce_fast_writes_every_result(tmp_path):
+    out, work = tmp_path / "results", tmp_path / "work"
+    r = subprocess.run([sys.executable, "results/reproduce.py", "--fast=True", f"--out={out}", f"--work={work}"],
+                       cwd=REPO, capture_output=True, text=True, timeout=900,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    for png in ("sa_picture", "lm", "swap", "mqar", "coverage"):
+        assert (out / f"{png}.png").stat().st_size > 1000, png
+    kinds = {"full", "swa", "sa", "sa+swa", "moba"}
+    mqar = json.loads((out / "mqar.json").read_text())
+    assert {r["attn"] for r in mqar["runs"]} == kinds and all(0 <= r["val_acc"] <= 1 for r in mqar["runs"])
+    lm = json.loads((out / "lm.json").read_text())
+    assert {r["attn"] for r in lm["runs"]} == kinds - {"moba"}
+    assert all(len(curve) >= 2 for curve in lm["curves"].values())
+    swap = json.loads((out / "swap.json").read_text())["results"]
+    assert {r["attn"] for r in swap} == {"full", "swa", "sa", "moba"}
+    speed = json.loads((out / "speed_cpu.json").read_text())
+    assert {r["kind"] for r in speed["rows"]} == {"full", "swa", "sa", "swa-ref", "sa-ref"}
+    summary = (out / "summary.md").read_text()
+    for section in ("figure", "lm", "swap", "mqar", "coverage", "speed"):
+        assert f"## {section} (" in summary
