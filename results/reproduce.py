@@ -78,7 +78,10 @@ def mean_std(xs):
 
 
 def plt():
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        sys.exit("results/reproduce.py draws its plots with matplotlib: pip install matplotlib")
     matplotlib.use("Agg")
     import matplotlib.pyplot as pyplot
     return pyplot
