@@ -39,7 +39,7 @@ if fast:
     COVER = ["--grid_n=256,1024", "--seeds=2"]
     SPEED = ["--sizes=256,1024"]
 else:
-    MQAR = dict(iters=1200, seeds=[0, 1], depths=[1, 2, 3], data=[])
+    MQAR = dict(iters=1200, seeds=[0, 1], depths=[1, 2, 3, 4], data=[])
     LM = dict(iters=500, seeds=[0, 1], eval_interval=50)
     SWAP = dict(windows="8,16,32,64,128,256", seeds=3, limit=64)
     COVER = []
@@ -55,10 +55,16 @@ def run(*args, threads=None):
     return time.time() - t0
 
 
-def run_all(arg_lists):
-    """Many training runs, `jobs` at a time, one thread each."""
+def train_all(runs):
+    """train.py once per (out_dir, args), `jobs` at a time, one thread each. A run whose log
+    already ends with its final eval is kept: rerunning the same seed would repeat it."""
+    def train(out_dir, args):
+        if os.path.exists(os.path.join(out_dir, "log.jsonl")) and evals(out_dir)[-1]["iter"] == args["max_iters"]:
+            return
+        run("train.py", *args["config"], f"--out_dir={out_dir}", *(f"--{k}={v}" for k, v in args.items() if k != "config"),
+            threads=1 if jobs > 1 else None)
     with ThreadPoolExecutor(jobs) as pool:
-        return list(pool.map(lambda args: run(*args, threads=1 if jobs > 1 else None), arg_lists))
+        list(pool.map(lambda r: train(*r), runs))
 
 
 def evals(out_dir):
@@ -131,14 +137,13 @@ def mqar():
     runs = [(k, 2, s) for k in KINDS for s in MQAR["seeds"]]
     runs += [(k, d, MQAR["seeds"][0]) for k in KINDS for d in MQAR["depths"] if d != 2]
     dirs = [os.path.join(work, f"mqar-{kind}-L{depth}-s{seed}") for kind, depth, seed in runs]
-    walls = run_all([("train.py", "config/mqar.py", f"--data_root={data}", f"--out_dir={od}", f"--attn={kind}",
-                      f"--n_layer={depth}", f"--seed={seed}", f"--max_iters={MQAR['iters']}", *MQAR_TRAIN,
-                      f"--eval_interval={MQAR['iters']}")
-                     for (kind, depth, seed), od in zip(runs, dirs)])
-    for (kind, depth, seed), od, wall in zip(runs, dirs, walls):
+    train_all([(od, dict(config=["config/mqar.py", *MQAR_TRAIN], data_root=data, attn=kind, n_layer=depth, seed=seed,
+                         max_iters=MQAR["iters"], eval_interval=MQAR["iters"]))
+               for (kind, depth, seed), od in zip(runs, dirs)])
+    for (kind, depth, seed), od in zip(runs, dirs):
         last = evals(od)[-1]
         rows.append(dict(attn=kind, n_layer=depth, seed=seed, val_acc=last["val_acc"], val_loss=last["val_loss"],
-                         wall_s=round(wall, 1)))
+                         wall_s=last["elapsed_s"]))
     save("mqar.json", dict(iters=MQAR["iters"], data=MQAR_DATA, train=["config/mqar.py", *MQAR_TRAIN], runs=rows))
 
     depths = sorted({r["n_layer"] for r in rows})
@@ -171,14 +176,14 @@ def lm():
     rows, curves = [], {}
     runs = [(kind, seed) for kind in KINDS[:4] for seed in LM["seeds"]]
     dirs = [os.path.join(work, f"lm-{kind}-s{seed}") for kind, seed in runs]
-    walls = run_all([("train.py", "config/quick.py", f"--data_root={data}", f"--out_dir={od}", f"--attn={kind}",
-                      f"--seed={seed}", f"--max_iters={LM['iters']}", f"--eval_interval={LM['eval_interval']}")
-                     for (kind, seed), od in zip(runs, dirs)])
-    for (kind, seed), od, wall in zip(runs, dirs, walls):
+    train_all([(od, dict(config=["config/quick.py"], data_root=data, attn=kind, seed=seed, max_iters=LM["iters"],
+                         eval_interval=LM["eval_interval"]))
+               for (kind, seed), od in zip(runs, dirs)])
+    for (kind, seed), od in zip(runs, dirs):
         log = evals(od)
         curves[f"{kind}/{seed}"] = [(r["iter"], r["val_loss"]) for r in log]
         rows.append(dict(attn=kind, seed=seed, val_loss=log[-1]["val_loss"],
-                         val_bpb=log[-1]["val_loss"] / math.log(2), wall_s=round(wall, 1)))
+                         val_bpb=log[-1]["val_loss"] / math.log(2), wall_s=log[-1]["elapsed_s"]))
     save("lm.json", dict(iters=LM["iters"], config="config/quick.py", runs=rows, curves=curves))
 
     p = plt()
