@@ -50,9 +50,11 @@ CHUNK = 1 << 18   # score elements computed per step in the blocked torch path
 TRITON_HEAD_DIMS = (16, 32, 64, 128)  # what kernel.py compiles for
 
 
-def _check_window(window):
-    if not isinstance(window, int) or window < 1:
-        raise ValueError(f"window must be an integer >= 1, got {window!r}")
+def check_positive(value, name="window"):
+    """value, if it is an integer >= 1 (a window, a block size, ...); else a ValueError naming it."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    return value
 
 
 def _check_perm(perm, B, H, T):
@@ -226,7 +228,7 @@ def _moba_gathered(q, k, v, block_size, top_k):
 # The functions the model calls.
 
 def sliding_window_attention(q, k, v, window, pos=None):
-    _check_window(window)
+    check_positive(window)
     backend = _backend(q)
     if backend == "reference":
         return swa_reference(q, k, v, window, pos)
@@ -256,8 +258,7 @@ def stochastic_attention(q, k, v, window, perm):
 
 
 def moba_attention(q, k, v, block_size, top_k):
-    if not isinstance(block_size, int) or block_size < 1 or not isinstance(top_k, int) or top_k < 1:
-        raise ValueError(f"moba needs block_size >= 1 and top_k >= 1, got {block_size!r}, {top_k!r}")
+    check_positive(block_size, "block_size"), check_positive(top_k, "top_k")
     if _backend(q) == "reference":
         return moba_reference(q, k, v, block_size, top_k)
     return _moba_gathered(q, k, v, block_size, top_k)

@@ -90,12 +90,6 @@ HF_MAX_BLOCK = 2048    # a Hugging Face model's default context here: its max_po
 Tokenizer = namedtuple("Tokenizer", "name encode decode eot")  # name: "bytes", "gpt2", "hf:<model>", ...
 
 
-def check_window(w, what="window"):
-    if not isinstance(w, int) or isinstance(w, bool) or w < 1:
-        raise ValueError(f"{what} must be an integer >= 1, got {w!r}")
-    return w
-
-
 # -----------------------------------------------------------------------------
 # Models: ours (a checkpoint or GPT-2) and Hugging Face's, behind one interface:
 # tok, block_size, device, native (its own attention), logits(idx), use(setting), seed(s)
@@ -163,9 +157,9 @@ def register_hf_attention(attn, window=None, moba_block=64, moba_topk=4, generat
         raise ValueError(f"a Hugging Face model can run swa, sa or moba, not {attn!r}"
                          + (": sa+swa needs gates trained with the model" if attn == "sa+swa" else ""))
     if attn == "moba":
-        check_window(moba_block, "moba_block"), check_window(moba_topk, "moba_topk")
+        attention.check_positive(moba_block, "moba_block"), attention.check_positive(moba_topk, "moba_topk")
     else:
-        check_window(window)
+        attention.check_positive(window)
     generator = torch.Generator() if generator is None else generator
 
     def forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
@@ -476,10 +470,10 @@ def check_config(cfg):
         raise ValueError(f"windows must be a comma list of integers, got {cfg['windows']!r}") from None
     if ws and cfg["window"] is not None:
         raise ValueError("give --window or --windows, not both")
-    ws = [check_window(w) for w in (ws or ([cfg["window"]] if cfg["window"] is not None else []))]
+    ws = [attention.check_positive(w) for w in (ws or ([cfg["window"]] if cfg["window"] is not None else []))]
     for key in ("moba_topk", "seeds", "batch_size", "moba_block", "block_size"):
         if cfg[key] is not None:
-            check_window(cfg[key], key)
+            attention.check_positive(cfg[key], key)
     if not isinstance(cfg["limit"], int) or cfg["limit"] < 0:
         raise ValueError(f"limit must be an integer >= 0, got {cfg['limit']!r}")
     return kinds, ws

@@ -246,7 +246,7 @@ class _SlidingWindowAttention(torch.autograd.Function):
 def triton_swa(q, k, v, window, pos=None):
     """Sliding-window attention, (B, H, T, D) -> (B, H, T, D); the rule is in attention.py's docstring."""
     B, H, T, D = q.shape
-    attention._check_window(window)
+    attention.check_positive(window)
     if D not in attention.TRITON_HEAD_DIMS:
         raise ValueError(f"triton_swa supports head dims 16, 32, 64 and 128, got {D}; "
                          "pad the head dim or set attention.BACKEND = 'torch'")
