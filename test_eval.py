@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import eval as ev
+import tasks
 import prepare_data
 from model import GPT, GPTConfig, save_checkpoint
 
@@ -28,9 +29,10 @@ class SuccessorLM:
     """Byte-level: after a character of CYCLE it predicts the next one (after z: space),
     after any other character a space, with logit HI against 0 for the other 255 bytes."""
     block_size, device = 64, "cpu"
-    tok = ev.Tokenizer("bytes", lambda s: list(s.encode()), lambda ids: bytes(ids).decode(), None)
+    tok = tasks.Tokenizer("bytes", lambda s: list(s.encode()), lambda ids: bytes(ids).decode(), None,
+                          lambda s: list(s.encode()))
 
-    def logits(self, idx):
+    def logits(self, idx, lengths=None):
         assert idx.shape[1] <= self.block_size
         nxt = {ord(c): ord(CYCLE[(i + 1) % len(CYCLE)]) for i, c in enumerate(CYCLE)}
         target = torch.tensor([nxt.get(int(t), ord(" ")) for t in idx.flatten()]).view(idx.shape)
@@ -52,13 +54,13 @@ def test_multiple_choice_acc_and_acc_norm(tmp_path):
         {"context": "Question: b\nAnswer:", "choices": ["abc", "zzz"], "label": 0},   # both right
         {"context": "x", "choices": ["xyz", "abc"], "label": 0},                     # both wrong
     ]
-    name, kind, loaded = ev.load_task_file(write_jsonl(tmp_path / "mc.jsonl", docs))
+    name, kind, loaded = tasks.load_task_file(write_jsonl(tmp_path / "mc.jsonl", docs))
     assert (name, kind, loaded) == ("mc", "choice", docs)
     lm = SuccessorLM()
-    (ll_b, greedy_b), (ll_long, _) = ev.loglikelihoods(lm, ev.requests_of(kind, docs[0]), batch_size=2)
+    (ll_b, greedy_b), (ll_long, _) = tasks.loglikelihoods(lm, tasks.requests_of(kind, docs[0]), batch_size=2)
     assert ll_b == pytest.approx(HIT + MISS) and not greedy_b
     assert ll_long == pytest.approx(28 * HIT + 2 * MISS)
-    m = ev.evaluate_task(lm, name, kind, loaded, batch_size=4)
+    m = tasks.evaluate_task(lm, name, kind, loaded, batch_size=4)
     assert m["acc"][0] == pytest.approx(1 / 3) and m["acc_norm"][0] == pytest.approx(2 / 3)
     # the harness's stderr: sample std / sqrt(n); [0, 1, 0] and [1, 1, 0] both give sqrt(1/3) / sqrt(3)
     assert m["acc"][1] == pytest.approx(math.sqrt(1 / 3) / math.sqrt(3))
@@ -68,10 +70,10 @@ def test_multiple_choice_acc_and_acc_norm(tmp_path):
 def test_partial_scoring_shares_the_continuation(tmp_path):
     docs = [{"contexts": ["xyz", "hello"], "continuation": "abc", "label": 0},   # " abc" after z: 4 HIT; after o: MISS + 3 HIT
             {"contexts": ["xyz", "hello"], "continuation": "abc", "label": 1}]
-    name, kind, loaded = ev.load_task_file(write_jsonl(tmp_path / "wino.jsonl", docs))
+    name, kind, loaded = tasks.load_task_file(write_jsonl(tmp_path / "wino.jsonl", docs))
     assert kind == "partial"
-    assert ev.requests_of(kind, docs[0]) == [("xyz", " abc"), ("hello", " abc")]
-    m = ev.evaluate_task(SuccessorLM(), name, kind, loaded, batch_size=3)
+    assert tasks.requests_of(kind, docs[0]) == [("xyz", " abc"), ("hello", " abc")]
+    m = tasks.evaluate_task(SuccessorLM(), name, kind, loaded, batch_size=3)
     assert m["acc"][0] == 0.5 and "acc_norm" not in m
 
 
@@ -79,35 +81,35 @@ def test_lambada_greedy_accuracy_and_perplexity(tmp_path):
     docs = [{"text": "xyz abc"},     # " abc": all four bytes predicted: correct
             {"text": "xyz abd"},     # the last byte is not the argmax: wrong
             {"text": "hello cde"}]   # MISS, MISS, HIT, HIT: wrong
-    name, kind, loaded = ev.load_task_file(write_jsonl(tmp_path / "lambada.jsonl", docs))
-    assert ev.requests_of(kind, docs[2]) == [("hello", " cde")]
-    m = ev.evaluate_task(SuccessorLM(), name, kind, loaded, batch_size=2)
+    name, kind, loaded = tasks.load_task_file(write_jsonl(tmp_path / "lambada.jsonl", docs))
+    assert tasks.requests_of(kind, docs[2]) == [("hello", " cde")]
+    m = tasks.evaluate_task(SuccessorLM(), name, kind, loaded, batch_size=2)
     assert m["acc"][0] == pytest.approx(1 / 3)
     assert m["ppl"][0] == pytest.approx(math.exp(-(4 * HIT + (3 * HIT + MISS) + (2 * HIT + 2 * MISS)) / 3))
 
 
 def test_tokens_split_and_left_truncation():
     tok = SuccessorLM.tok
-    assert ev.encode_pair(tok, "ab ", "c") == ([97, 98], [32, 99])  # the context's trailing space moves over
+    assert tasks.encode_pair(tok, "ab ", "c") == ([97, 98], [32, 99])  # the context's trailing space moves over
     lm = SuccessorLM()
     lm.block_size = 6  # "Question: b\nAnswer:" + " abc" is 23 bytes: the model sees the last 6 inputs only
-    short = ev.loglikelihoods(lm, [("Question: b\nAnswer:", " abc")], batch_size=1)
+    short = tasks.loglikelihoods(lm, [("Question: b\nAnswer:", " abc")], batch_size=1)
     assert short == [(pytest.approx(4 * HIT), True)]
     with pytest.raises(ValueError, match="block_size"):
-        ev.loglikelihoods(lm, [("x", " abcdefgh")], batch_size=1)
+        tasks.loglikelihoods(lm, [("x", " abcdefgh")], batch_size=1)
     with pytest.raises(ValueError, match="end-of-text"):
-        ev.encode_pair(tok, "", "abc")
+        tasks.encode_pair(tok, "", "abc")
 
 
 def test_harness_prompt_formats():
-    hs = ev.hellaswag_doc({"activity_label": "Baking", "ctx_a": "A man [header] mixes flour.", "ctx_b": "then he",
+    hs = tasks.hellaswag_doc({"activity_label": "Baking", "ctx_a": "A man [header] mixes flour.", "ctx_b": "then he",
                            "endings": ["bakes it [title] well.", "eats it."], "label": "1"})
     assert hs == {"context": "Baking: A man mixes flour. Then he", "choices": ["bakes it. well.", "eats it."], "label": 1}
-    arc = ev.arc_doc({"question": "Why?", "choices": {"text": ["a", "b", "c"], "label": ["A", "B", "C"]}, "answerKey": "C"})
+    arc = tasks.arc_doc({"question": "Why?", "choices": {"text": ["a", "b", "c"], "label": ["A", "B", "C"]}, "answerKey": "C"})
     assert arc == {"context": "Question: Why?\nAnswer:", "choices": ["a", "b", "c"], "label": 2}
-    piqa = ev.TASKS["piqa"][3]({"goal": "Open a jar", "sol1": "twist", "sol2": "pull", "label": 0})
+    piqa = tasks.TASKS["piqa"][3]({"goal": "Open a jar", "sol1": "twist", "sol2": "pull", "label": 0})
     assert piqa == {"context": "Question: Open a jar\nAnswer:", "choices": ["twist", "pull"], "label": 0}
-    wino = ev.winogrande_doc({"sentence": "Sam thanked Tom because _ helped him.", "option1": "Sam",
+    wino = tasks.winogrande_doc({"sentence": "Sam thanked Tom because _ helped him.", "option1": "Sam",
                               "option2": "Tom", "answer": "2"})
     assert wino == {"contexts": ["Sam thanked Tom because Sam", "Sam thanked Tom because Tom"],
                     "continuation": "helped him.", "label": 1}
@@ -115,21 +117,21 @@ def test_harness_prompt_formats():
 
 def test_task_file_errors(tmp_path):
     with pytest.raises(ValueError, match="not found"):
-        ev.load_task_file(str(tmp_path / "nope.jsonl"))
+        tasks.load_task_file(str(tmp_path / "nope.jsonl"))
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"text": "one two"}\n\n{"text": "three four"\n')
     with pytest.raises(ValueError, match=r"bad.jsonl:3: malformed"):
-        ev.load_task_file(str(bad))
+        tasks.load_task_file(str(bad))
     for line, why in [('{"context": "q", "choices": ["a", "b"], "label": 2}', "label"),
                       ('{"context": "q", "choices": ["a"], "label": 0}', "at least two"),
                       ('{"question": "q"}', "expected"),
                       ('[1, 2]', "JSON object")]:
         bad.write_text('{"context": "q", "choices": ["a", "b"], "label": 0}\n' + line + "\n")
         with pytest.raises(ValueError, match=f"bad.jsonl:2: malformed.*{why}"):
-            ev.load_task_file(str(bad))
+            tasks.load_task_file(str(bad))
     bad.write_text('{"context": "q", "choices": ["a", "b"], "label": 0}\n{"text": "one two"}\n')
     with pytest.raises(ValueError, match="bad.jsonl:2: a lambada line in a file of choice lines"):
-        ev.load_task_file(str(bad))
+        tasks.load_task_file(str(bad))
     with pytest.raises(ValueError, match="unknown task 'hellaswagg'"):
         ev.run({"tasks": "hellaswagg"})
 
@@ -236,14 +238,14 @@ def test_gpt2_import_matches_transformers():
 def test_missing_packages_are_clear_errors(monkeypatch):
     for name in ("transformers", "datasets"):
         monkeypatch.setitem(sys.modules, name, None)  # importing it now raises ImportError
-    with pytest.raises(SystemExit, match="pip install transformers"):
+    with pytest.raises((SystemExit, ValueError), match="pip install transformers"):  # model.py's own error strategy
         GPT.from_pretrained("gpt2")
-    with pytest.raises(SystemExit, match="pip install transformers"):
+    with pytest.raises(ValueError, match="pip install transformers"):
         ev.register_hf_attention("sa", window=4)
-    with pytest.raises(SystemExit, match="pip install transformers"):
+    with pytest.raises(ValueError, match="pip install transformers"):
         ev.run({"init_from": "Qwen/Qwen3-0.6B", "tasks": "ppl"})
-    with pytest.raises(SystemExit, match="pip install datasets, or pass the task as --task_file"):
-        ev.load_task("hellaswag")
+    with pytest.raises(ValueError, match="pip install datasets, or pass the task as --task_file"):
+        tasks.load_task("hellaswag")
 
 
 # -----------------------------------------------------------------------------
