@@ -4,6 +4,7 @@ import json
 import math
 import os
 import sys
+import types
 
 import numpy as np
 import pytest
@@ -182,10 +183,11 @@ def test_perplexity_on_a_prepared_dataset(tiny_run, tmp_path):
         ev.run({**base, "attn": "sa+swa"})
 
 
-def test_window_sweep(tiny_run, tmp_path, capsys):
+def test_window_sweep(tiny_run, tmp_path, capsys, monkeypatch):
     base = {k: tiny_run[k] for k in ("out_dir", "data_root", "device", "dtype")}
-    plot = tmp_path / "sweep.png"
-    res = ev.run({**base, "windows": "2,16", "seeds": 2, "limit": 4, "plot": str(plot), "json": str(tmp_path / "s.json")})
+    monkeypatch.chdir(tmp_path)  # the repo root of a user: the plot must not land here
+    (tmp_path / "res").mkdir()
+    res = ev.run({**base, "windows": "2,16", "seeds": 2, "limit": 4, "json": str(tmp_path / "res" / "s.json")})
     ppl = {(r["attn"], r["window"]): r for r in res if r["metric"] == "ppl"}
     assert set(ppl) == {("full", None), ("swa", 2), ("swa", 16), ("sa", 2), ("sa", 16), ("moba", 2), ("moba", 16)}
     full = ppl["full", None]["value"]
@@ -196,8 +198,8 @@ def test_window_sweep(tiny_run, tmp_path, capsys):
     assert ppl["swa", 2]["seeds"] == 1 and ppl["swa", 2]["seed_std"] is None
     out = capsys.readouterr().out
     assert "tiny/val ppl" in out and out.count("± ") >= 2
-    assert plot.stat().st_size > 0
-    assert len(json.loads((tmp_path / "s.json").read_text())["per_seed"]) == 3 * (1 + 2 + 2 * 2 + 2)
+    assert (tmp_path / "res" / "sweep.png").stat().st_size > 0 and not (tmp_path / "sweep.png").exists()  # next to --json
+    assert len(json.loads((tmp_path / "res" / "s.json").read_text())["per_seed"]) == 3 * (1 + 2 + 2 * 2 + 2)
 
 
 # -----------------------------------------------------------------------------
@@ -333,3 +335,190 @@ def test_hf_model_end_to_end(qwen, tiny_run, tmp_path):
     for kind in ("swa", "sa"):  # block_size = max_position_embeddings = 32
         assert got[kind, 32, "ppl"] == pytest.approx(got["full", None, "ppl"], rel=1e-5)
         assert got[kind, 4, "ppl"] != pytest.approx(got["full", None, "ppl"], rel=1e-5)
+
+
+# -----------------------------------------------------------------------------
+# lm-eval 0.4.13 parity: BOS, context length, whitespace-only contexts, the LAMBADA ppl stderr
+
+@pytest.fixture(scope="module")
+def bos_model_dir(tmp_path_factory):
+    """A local Hugging Face model dir: a byte-level tokenizer that adds BOS "<s>" (id 256) by default,
+    as Llama's does, and a tiny random Qwen3 whose own window, 3000, is past lm-eval's default 2048."""
+    import transformers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+    path = tmp_path_factory.mktemp("bos")
+    vocab = {c: i for i, c in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
+    tok = Tokenizer(models.BPE(vocab={**vocab, "<s>": 256}, merges=[]))
+    tok.pre_tokenizer, tok.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 256)])
+    transformers.PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>").save_pretrained(path)
+    torch.manual_seed(0)
+    transformers.Qwen3ForCausalLM(transformers.Qwen3Config(
+        vocab_size=257, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, max_position_embeddings=3000)).save_pretrained(path)
+    return str(path)
+
+
+def load_hf(path, **cfg):
+    return ev.load_model({**ev.DEFAULTS, "init_from": path, "device": "cpu", "dtype": "float32", **cfg})[0]
+
+
+@needs_transformers
+def test_hf_context_length_is_the_models_own(bos_model_dir):
+    assert load_hf(bos_model_dir).block_size == 3000               # max_position_embeddings, not 2048
+    assert load_hf(bos_model_dir, block_size=16).block_size == 16  # --block_size caps it
+    assert ev.hf_context_length(types.SimpleNamespace(), 1e30) == 2048  # nothing known: lm-eval's default
+
+
+@needs_transformers
+def test_hf_tokens_get_the_tokenizers_bos(bos_model_dir):
+    lm = load_hf(bos_model_dir)
+    ids, BOS = lm.tok.encode, 256
+    # the tokenizer's default special tokens: BOS before every non-empty context
+    assert tasks.encode_pair(lm.tok, "ab ", "cd") == ([BOS] + ids("ab"), ids(" cd"))
+    assert tasks.encode_pair(lm.tok, "<s>ab", " c") == ([BOS] + ids("ab"), ids(" c"))  # no second BOS
+    # empty context: the prefix token (BOS), then the continuation with no special tokens; a
+    # whitespace-only context is scored the same way (lm-eval 0.4.13 gives [BOS] and whole[1:] there too)
+    assert tasks.encode_pair(lm.tok, "", " cd") == ([BOS], ids(" cd"))
+    assert tasks.encode_pair(lm.tok, "  ", "cd") == ([BOS], ids("  cd"))
+    (ll, _), = tasks.loglikelihoods(lm, [("ab", " cd")], batch_size=1)
+    x = torch.tensor([[BOS] + ids("ab cd")])
+    with torch.no_grad():
+        logp = lm.model(x).logits[0, :-1].log_softmax(-1)          # (T-1, vocab)
+    assert ll == pytest.approx(logp[-3:].gather(-1, x[0, -3:, None]).sum().item(), abs=1e-5)
+
+
+def test_whitespace_only_context_is_scored_after_end_of_text():
+    tok = tasks.Tokenizer("t", lambda s: list(s.encode()), None, 0, lambda s: list(s.encode()))
+    assert tasks.encode_pair(tok, " \n", "ab") == ([0], list(b" \nab"))  # lm-eval 0.4.13 asserts here
+
+
+def lm_eval_bootstrap_stderr(f, xs, iters):
+    """lm-eval 0.4.13's bootstrap_stderr (metrics.py), written out as it runs: chunks of 1000 resamples."""
+    import random
+    res, chunk = [], min(1000, iters)
+    for i in range(iters // chunk):
+        rnd = random.Random(i)
+        res.extend(f(rnd.choices(xs, k=len(xs))) for _ in range(chunk))
+    mu = sum(res) / len(res)
+    return math.sqrt(sum((r - mu) ** 2 for r in res) / (len(res) - 1))
+
+
+def test_lambada_ppl_stderr_is_lm_evals_bootstrap(tmp_path):
+    docs = [{"text": t} for t in ("xyz abc", "xyz abd", "hello cde", "a bcd", "q rst")]
+    name, kind, loaded = tasks.load_task_file(write_jsonl(tmp_path / "lambada.jsonl", docs))
+    m = tasks.evaluate_task(SuccessorLM(), name, kind, loaded, batch_size=2, bootstrap_iters=2000)
+    lls = [ll for ll, _ in tasks.loglikelihoods(SuccessorLM(), [tasks.requests_of(kind, d)[0] for d in docs], 2)]
+    perplexity = lambda items: math.exp(-sum(items) / len(items))   # lm-eval's perplexity aggregation
+    want = lm_eval_bootstrap_stderr(perplexity, lls, 2000)
+    assert want > 0 and m["ppl"][1] == pytest.approx(want, rel=1e-9)
+    assert tasks.evaluate_task(SuccessorLM(), name, kind, loaded, batch_size=2, bootstrap_iters=0)["ppl"][1] is None
+
+
+# -----------------------------------------------------------------------------
+# The adapter: padding, attention kwargs, decoding with a KV cache
+
+def padded_batch(a, b, side):
+    """a (Ta,) and b (Tb,), Tb < Ta, as one batch with b padded on `side`, and its attention mask."""
+    pad = torch.zeros(len(a) - len(b), dtype=torch.long)
+    x = torch.stack([a, torch.cat([pad, b] if side == "left" else [b, pad])])
+    mask = torch.ones_like(x)
+    mask[1] = (torch.arange(len(a)) >= len(pad)) if side == "left" else (torch.arange(len(a)) < len(b))
+    return x, mask, (slice(len(pad), None) if side == "left" else slice(0, len(b)))
+
+
+@needs_transformers
+def test_hf_attention_honours_left_and_right_padding(qwen):
+    """Left padding gave wrong logits (transformers passed no mask), and SA's permutation covered the
+    pads: now a padded row's real tokens get what the row alone gets, for every kind and seed."""
+    torch.manual_seed(1)
+    a, b = torch.randint(1, 97, (20,)), torch.randint(1, 97, (11,))
+    g = torch.Generator()
+
+    def run(name, x, mask=None, seed=0):
+        g.manual_seed(seed)
+        qwen.set_attn_implementation(name)
+        with torch.no_grad():
+            return qwen(input_ids=x, attention_mask=mask, use_cache=False).logits
+
+    for side in ("left", "right"):
+        x, mask, real = padded_batch(a, b, side)
+        sdpa = run("sdpa", x, mask)
+        for setting in ({"attn": "swa", "window": 20}, {"attn": "sa", "window": 20},
+                        {"attn": "moba", "moba_block": 8, "moba_topk": 3}):   # budgets covering T: sdpa
+            got = run(ev.register_hf_attention(**setting, generator=g), x, mask)
+            assert (got[1, real] - sdpa[1, real]).abs().max() < 1e-5, (side, setting)
+            assert (got[0] - sdpa[0]).abs().max() < 1e-5, (side, setting)
+        for setting in ({"attn": "swa", "window": 3}, {"attn": "sa", "window": 3},
+                        {"attn": "moba", "moba_block": 2, "moba_topk": 2}):   # sparse: as if each row were alone
+            name = ev.register_hf_attention(**setting, generator=g)
+            got = run(name, x, mask, seed=5)
+            assert (got[1, real] - run(name, b[None], seed=5)[0]).abs().max() < 1e-5, (side, setting)
+            assert (got[0] - run(name, a[None], seed=5)[0]).abs().max() < 1e-5, (side, setting)
+
+
+@needs_transformers
+def test_sa_score_does_not_depend_on_the_batch(qwen):
+    """eval.py's own scoring: one document scored alone and right-padded in a batch, same SA seed."""
+    tok = tasks.Tokenizer("ids", lambda s: [int(t) for t in s.split()], None, 0, lambda s: [int(t) for t in s.split()])
+    lm = ev.HFLM(qwen, tok, block_size=None, device="cpu")
+    lm.use({"attn": "sa", "window": 2})
+    short, long = ("5 6 7 8 9 10", " 11 12"), (" ".join(str(i) for i in range(20, 50)), " 51 52")
+    lm.seed(0)
+    alone = tasks.loglikelihoods(lm, [short], batch_size=2)[0][0]
+    lm.seed(0)
+    batched = tasks.loglikelihoods(lm, [short, long], batch_size=2)[0][0]
+    assert batched == pytest.approx(alone, abs=1e-4)
+    qwen.set_attn_implementation("sdpa")
+
+
+@needs_transformers
+def test_hf_attention_rejects_kwargs_it_does_not_implement():
+    import transformers
+    torch.manual_seed(0)
+    gemma = transformers.Gemma2ForCausalLM(transformers.Gemma2Config(
+        vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, max_position_embeddings=64)).eval()
+    gemma.set_attn_implementation(ev.register_hf_attention("swa", window=64))
+    with pytest.raises(ValueError, match="does not implement softcap=50.0"):
+        gemma(input_ids=torch.randint(0, 50, (1, 8)), use_cache=False)
+
+
+def greedy_with_cache_and_recomputed(model, x, mask, n=5):
+    """Greedy generation with a KV cache: its per-step logits, and the same positions recomputed
+    without a cache over the whole sequence."""
+    with torch.no_grad():
+        out = model.generate(x, attention_mask=mask, max_new_tokens=n, do_sample=False, output_logits=True,
+                             return_dict_in_generate=True, pad_token_id=0)
+        cached = torch.stack(out.logits, 1)                                     # (B, n, vocab)
+        full_mask = torch.cat([mask, torch.ones(len(x), n, dtype=mask.dtype)], 1)
+        pos = (full_mask.cumsum(1) - 1).clamp(min=0)                            # generate's position ids
+        again = model(input_ids=out.sequences, attention_mask=full_mask, position_ids=pos, use_cache=False).logits
+    return cached, again[:, x.shape[1] - 1:-1]
+
+
+@needs_transformers
+def test_hf_swa_decoding_attends_to_the_last_window_keys(qwen, capsys):
+    torch.manual_seed(2)
+    x, mask, _ = padded_batch(torch.randint(1, 97, (9,)), torch.randint(1, 97, (6,)), "left")
+    qwen.set_attn_implementation(ev.register_hf_attention("swa", window=3))
+    cached, again = greedy_with_cache_and_recomputed(qwen, x, mask)
+    assert (cached - again).abs().max() < 1e-4
+    # sa and moba decode with full attention over the cache, and say so once
+    qwen.set_attn_implementation(ev.register_hf_attention("sa", window=64))
+    cached, again = greedy_with_cache_and_recomputed(qwen, x, mask)
+    assert (cached - again).abs().max() < 1e-4    # window >= T: SA is full attention, so the fallback is exact
+    assert capsys.readouterr().out.count("runs full attention over the cache") == 1
+    qwen.set_attn_implementation("sdpa")
+
+
+@needs_transformers
+def test_hf_swa_decoding_refuses_a_cache_shorter_than_its_window():
+    import transformers
+    torch.manual_seed(0)
+    mistral = transformers.MistralForCausalLM(transformers.MistralConfig(
+        vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, max_position_embeddings=64, sliding_window=4)).eval()
+    mistral.set_attn_implementation(ev.register_hf_attention("swa", window=6))
+    with pytest.raises(ValueError, match="sliding_window=4"):
+        mistral.generate(torch.randint(1, 50, (1, 8)), max_new_tokens=2, do_sample=False, pad_token_id=0)
