@@ -35,12 +35,15 @@ Zero-shot scoring, lm-evaluation-harness 0.4.13's (tasks.py):
                     with the tokenizer's default special tokens, as lm-eval: a tokenizer that
                     adds BOS (Llama, Gemma) gets BOS before every context. An empty context is
                     the end-of-text token (BOS, else EOS); so is a whitespace-only one, where
-                    lm-eval 0.4.13 stops with an AssertionError.
+                    lm-eval 0.4.13 agrees for a tokenizer that adds BOS and otherwise stops
+                    with an AssertionError.
   context length    the model's own (lm-eval's: n_positions, max_position_embeddings or n_ctx
                     of the config, else the tokenizer's model_max_length, else 2048);
                     --block_size caps it. Longer inputs lose tokens on the left.
-Batches are right-padded and every kind is causal, so no pad reaches a real token; SA
-permutes only each row's real tokens, so a document's score does not depend on its batch.
+Batches are right-padded and every kind is causal, so no pad reaches a real token. In a
+Hugging Face model SA permutes only each row's real tokens, so a document's score does not
+depend on its batch; our GPT's SA permutes the padded length (model.py), so its SA numbers
+move a little with --batch_size.
 
 Swaps: --attn (a comma list) with --window or --windows; MoBA gets the same key budget,
 moba_block = window // moba_topk (unless --moba_block is set). sa+swa needs its trained
@@ -384,8 +387,9 @@ def perplexity(lm, tokens, batch_size, limit=0):
         y = torch.full((len(rows), bs), -1, dtype=torch.long)                    # (B, bs), -1: padding, not scored
         for r, w in enumerate(rows):
             x[r, :len(w) - 1], y[r, :len(w) - 1] = w[:-1], w[1:]
-        T = int((y != -1).sum(1).max())                                          # the last window may be short
-        logits = lm.logits(x[:, :T].to(lm.device))                               # (B, T, vocab)
+        lengths = (y != -1).sum(1)                                               # (B,): the last window may be short
+        T = int(lengths.max())
+        logits = lm.logits(x[:, :T].to(lm.device), lengths)                      # (B, T, vocab)
         y = y[:, :T].to(logits.device)
         for r in range(len(rows)):  # one row at a time: fp32 logits of a whole batch can be large
             nll += F.cross_entropy(logits[r].float(), y[r], ignore_index=-1, reduction="sum").item()
