@@ -472,13 +472,19 @@ def test_sa_score_does_not_depend_on_the_batch(qwen):
     qwen.set_attn_implementation("sdpa")
 
 
-@needs_transformers
-def test_hf_attention_rejects_kwargs_it_does_not_implement():
+def tiny_hf(arch, **extra):
+    """A tiny random transformers model of `arch` ("Gemma2", "Mistral", ...), built from its config."""
     import transformers
     torch.manual_seed(0)
-    gemma = transformers.Gemma2ForCausalLM(transformers.Gemma2Config(
-        vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=8, max_position_embeddings=64)).eval()
+    cfg = getattr(transformers, f"{arch}Config")(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                                 num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                                                 max_position_embeddings=64, **extra)
+    return getattr(transformers, f"{arch}ForCausalLM")(cfg).eval()
+
+
+@needs_transformers
+def test_hf_attention_rejects_kwargs_it_does_not_implement():
+    gemma = tiny_hf("Gemma2")  # its layers pass softcap=50.0
     gemma.set_attn_implementation(ev.register_hf_attention("swa", window=64))
     with pytest.raises(ValueError, match="does not implement softcap=50.0"):
         gemma(input_ids=torch.randint(0, 50, (1, 8)), use_cache=False)
@@ -514,11 +520,7 @@ def test_hf_swa_decoding_attends_to_the_last_window_keys(qwen, capsys):
 
 @needs_transformers
 def test_hf_swa_decoding_refuses_a_cache_shorter_than_its_window():
-    import transformers
-    torch.manual_seed(0)
-    mistral = transformers.MistralForCausalLM(transformers.MistralConfig(
-        vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=8, max_position_embeddings=64, sliding_window=4)).eval()
+    mistral = tiny_hf("Mistral", sliding_window=4)  # its cache keeps the last 4 keys per layer
     mistral.set_attn_implementation(ev.register_hf_attention("swa", window=6))
     with pytest.raises(ValueError, match="sliding_window=4"):
         mistral.generate(torch.randint(1, 50, (1, 8)), max_new_tokens=2, do_sample=False, pad_token_id=0)
