@@ -519,6 +519,18 @@ def test_hf_swa_decoding_attends_to_the_last_window_keys(qwen, capsys):
 
 
 @needs_transformers
+def test_hf_swa_matches_transformers_own_sliding_window():
+    """Mistral with sliding_window=3 in its config, prefill and cached decoding, left-padded batch."""
+    mistral = tiny_hf("Mistral", sliding_window=3)
+    x, mask, _ = padded_batch(torch.randint(1, 50, (9,)), torch.randint(1, 50, (5,)), "left")
+    mistral.set_attn_implementation("sdpa")
+    want, _ = greedy_with_cache_and_recomputed(mistral, x, mask)
+    mistral.set_attn_implementation(ev.register_hf_attention("swa", window=3))
+    got, _ = greedy_with_cache_and_recomputed(mistral, x, mask)
+    assert (got - want).abs().max() < 1e-4
+
+
+@needs_transformers
 def test_hf_swa_decoding_refuses_a_cache_shorter_than_its_window():
     mistral = tiny_hf("Mistral", sliding_window=4)  # its cache keeps the last 4 keys per layer
     mistral.set_attn_implementation(ev.register_hf_attention("swa", window=6))
