@@ -21,20 +21,25 @@ How it works (shaped like Triton's fused-attention tutorial, 06-fused-attention.
   from the forward's log-sum-exp. They are clamped to <= 1: at huge scores (|q.k| ~ 1e9)
   the recomputed score can differ from the forward's by a few fp32 ulps, and without the
   clamp exp2 of that difference overflows fp16 gradients.
-- Configuration (choose_config): block sizes, warps and pipeline stages are picked from
-  the dtype, the head dim and the device's shared memory, and fp32 dots use the most
-  accurate input precision that compiles without spilling registers. If nothing fits,
-  triton_swa raises and attention.py's BACKEND="auto" falls back to the torch path.
+- Configuration (choose_config): block sizes, warps and pipeline stages come from the
+  dtype, the head dim and the device (architecture, shared memory). fp16/bf16 use 128-row
+  blocks (64 in the D = 128 backward) and 8 warps; fp32 uses 32-row blocks (16 at D = 128) and tf32x3, three TF32
+  passes that are about fp32-exact (AMD's backend rejects tf32x3: "ieee" there). Below
+  sm_80, and where the device lacks the shared memory, choose_config raises, and
+  attention.py's BACKEND="auto" falls back to the torch path with a one-line warning.
 
-Compiled ahead of time with Triton 3.9's bundled ptxas (test_kernel.py's compile test,
-no GPU needed; run `python -m pytest -s test_kernel.py -k compile` for the full table):
-  - bf16/fp16 never spill, at D = 64 and 128, forward and backward, on sm_75..sm_90;
-  - every configuration fits its target's shared memory (sm_75 64 KB, sm_80 163 KB,
-    sm_86/sm_89 99 KB, sm_90 227 KB);
-  - fp32 uses tf32x3 (3 TF32 passes, about fp32-exact) on sm_80+ with smaller blocks so
-    that it does not spill (larger blocks spill tens of KB); sm_75 and AMD have no TF32
-    and use "ieee". fp32 is the slow path either way: train in bf16.
-Timings on a GPU have not been measured by this project yet; run `python kernel.py --check`.
+Compiled ahead of time with Triton 3.9's bundled ptxas, no GPU needed (the whole table:
+python -m pytest -s --slow test_kernel.py -k every_target), with the configurations above:
+  - fp16/bf16, D = 64 and 128, forward and backward: no register spills on sm_80, sm_86,
+    sm_89, sm_90 and gfx942. Shared memory: at most 69 KB on sm_80/86/89, 81 KB on sm_90
+    (D = 128 backward), 32 KB on gfx942; so everything fits the 99 KB of sm_86/sm_89.
+  - fp32 with tf32x3: the forward does not spill; the backward spills 4-92 bytes at D = 64
+    and 248-448 bytes at D = 128. (With 64-row blocks, tf32x3 spilled about 29 KB in the D = 64
+    forward, and "ieee" 0.4-44 KB.) fp32 is the slow path either way: train in bf16.
+  - sm_75 (T4, RTX 20xx): Triton 3.9 compiles tl.dot there to FMAs, not tensor cores, and the
+    fp16 backward spilled 3.6-44 KB at every block size tried (16 to 64 rows); so the kernel
+    declines and the torch path runs.
+Timings on a GPU have not been measured by this project yet.
 
 Runs on the CPU under TRITON_INTERPRET=1 (that is how test_kernel.py checks it).
 On a GPU: python kernel.py --check   (correctness against the torch path and FlexAttention,
@@ -293,7 +298,7 @@ def choose_config(dtype, D, target):
     if target.backend == "cuda" and target.arch < 80:
         raise ValueError(f"sm_{target.arch}: Triton {triton.__version__} has no tensor-core dot below sm_80, "
                          "so the kernel would spill registers and lose to the torch path")
-    amd = target.backend == "hip"  # 64 KB of LDS, 64-thread warps: fewer warps and stages
+    amd = target.backend == "hip"  # gfx942: 64 KB of LDS, 64-thread warps: fewer warps and stages
     if dtype == torch.float32:
         # fp32 tiles hold twice the bytes and tf32x3's three passes three times the operands: small
         # blocks. tf32x3 (about fp32-exact) where TF32 exists; AMD's backend rejects it: "ieee" there.
@@ -303,8 +308,8 @@ def choose_config(dtype, D, target):
         config = Config(128, 64, 128, 32, num_warps=8, num_stages=3, precision=None, shared_kb=72)
     else:
         config = Config(128, 32, 64, 32, num_warps=8, num_stages=3, precision=None, shared_kb=96)
-    if amd:
-        config = config._replace(num_warps=4, num_stages=2, shared_kb=64)
+    if amd:  # at D = 128 the backward's moving blocks of 32 rows spill on gfx942: 16 rows
+        config = config._replace(move=16 if D > 64 else config.move, num_warps=4, num_stages=2, shared_kb=64)
     if target.shared < config.shared_kb * 1024:
         raise ValueError(f"the kernel for {str(dtype)[6:]} at head dim {D} needs {config.shared_kb} KB of shared "
                          f"memory, the GPU has {target.shared // 1024} KB")
