@@ -422,62 +422,55 @@ if __name__ == "__main__":
         import numpy
         numpy.seterr(all="ignore")  # the interpreter computes padding rows past T too (0 / 0); they are never stored
 
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
     torch._dynamo.config.cache_size_limit = 64     # FlexAttention recompiles for every T and dtype
-    if "check" in args:
-        if cuda:
-            from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-            flex = torch.compile(flex_attention)
+    flex = torch.compile(flex_attention)
 
-        def sa_flex(q, k, v, window, perm):
-            """SA with FlexAttention in slot order: the same rule as attention.py, written as a mask_mod."""
+    def out_and_grads(impl, kind, q, k, v, do, window, perm):
+        """SWA or SA by impl ("kernel", "torch" or "flex"), forward and backward: [out, dq, dk, dv]."""
+        q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+        if impl == "flex":  # the same rule as attention.py, as a mask_mod over slots, with pos = perm
             T = q.shape[2]
+            perm = perm if kind == "sa" else torch.arange(T, device=q.device)
             mask = create_block_mask(lambda b, h, i, j: ((i - j).abs() < window) & (perm[j] <= perm[i]),
-                                     None, None, T, T, device=device)
-            qs, ks, vs = (t[:, :, perm] for t in (q, k, v))                 # (B, H, T, D) in slot order
-            return flex(qs, ks, vs, block_mask=mask)[:, :, torch.argsort(perm)]
+                                     None, None, T, T, device=q.device)
+            out = flex(q[:, :, perm], k[:, :, perm], v[:, :, perm], block_mask=mask)[:, :, torch.argsort(perm)]
+        else:
+            attention.BACKEND = "triton" if impl == "kernel" else "torch"
+            out = (attention.stochastic_attention(q, k, v, window, perm) if kind == "sa"
+                   else attention.sliding_window_attention(q, k, v, window))
+        return [out, *torch.autograd.grad(out, (q, k, v), do)]
 
+    if "check" in args:
+        print(f"B={B} H={H} D={D} on {torch.cuda.get_device_name() if cuda else 'the CPU interpreter'}; max "
+              "|error| of out, dq, dk, dv relative to max(1, |reference|); the torch path runs in fp32")
         failed = 0
-        print(f"B={B} H={H} D={D} on {torch.cuda.get_device_name() if cuda else 'the CPU interpreter'}; "
-              "max |error| of out, dq, dk, dv relative to max(1, |reference|); the torch path runs in fp32")
         # the interpreter multiplies bf16 bit patterns in tl.dot (triton-lang/triton#11584): fp32 only there
-        for dtype in (torch.bfloat16, torch.float32) if cuda else (torch.float32,):
-            tol = 1e-3 if dtype == torch.float32 else 5e-2  # bf16 rounds to 3 significant digits
+        for dtype, tol in [(torch.bfloat16, 5e-2), (torch.float32, 1e-3)][0 if cuda else 1:]:
             for T in map(int, check_T.split(",")):
                 for window in map(int, check_windows.split(",")):
                     g = torch.Generator().manual_seed(T + window)
                     q, k, v, do = (torch.randn(B, H, T, D, generator=g).to(device, dtype) for _ in range(4))
                     perm = torch.randperm(T, generator=g).to(device)
                     for kind in ("swa", "sa"):
-                        ident = torch.arange(T, device=device)
-                        results = {}
-                        for name in ("kernel", "torch", "flex"):
-                            if name == "flex" and not cuda:
-                                continue
-                            ref_dtype = torch.float32 if name == "torch" else dtype  # the torch path in fp32
-                            x = [t.detach().to(ref_dtype).requires_grad_() for t in (q, k, v)]
-                            if name == "flex":
-                                out = sa_flex(*x, window, perm if kind == "sa" else ident)
-                            else:
-                                attention.BACKEND = "triton" if name == "kernel" else "torch"
-                                out = (attention.stochastic_attention(*x, window, perm) if kind == "sa"
-                                       else attention.sliding_window_attention(*x, window))
-                            results[name] = [out, *torch.autograd.grad(out, x, do.to(ref_dtype))]
-                        for ref in [n for n in ("torch", "flex") if n in results]:
+                        got = out_and_grads("kernel", kind, q, k, v, do, window, perm)
+                        refs = dict(torch=[q.float(), k.float(), v.float(), do.float()])
+                        if cuda:
+                            refs["flex"] = [q, k, v, do]
+                        for ref, inputs in refs.items():
+                            want = out_and_grads(ref, kind, *inputs, window, perm)
                             err = max(((a.float() - b.float()).abs().max() / b.float().abs().max().clamp(min=1)).item()
-                                      for a, b in zip(results["kernel"], results[ref]))
-                            ok = err <= tol
-                            failed += not ok
+                                      for a, b in zip(got, want))
+                            failed += err > tol
                             print(f"{kind:>4} {str(dtype)[6:]:>8} T={T:<6} window={window:<5} vs {ref:<5} "
-                                  f"max err {err:.1e} (tol {tol:.0e}) {'PASS' if ok else 'FAIL'}")
+                                  f"max err {err:.1e} (tol {tol:.0e}) {'PASS' if err <= tol else 'FAIL'}")
         if failed:
             raise SystemExit(f"{failed} checks FAILED: please report them with this output")
         print("all checks PASS")
         if not cuda:
             raise SystemExit(0)  # the speed table needs a GPU
 
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
     attention.BACKEND = "triton"                   # SA = gather + triton_swa(pos=perm) + scatter
-    flex = torch.compile(flex_attention)
     names = ("swa", "sa", "full", "flex")
     print(f"{torch.cuda.get_device_name()}: B*H={B * H} D={D} window={W} bf16; median ms "
           "(TFLOP/s counting visible keys only, backward = 2.5x forward)")
