@@ -47,7 +47,6 @@ BACKEND = "auto"
 BACKENDS = ("auto", "torch", "triton", "reference")
 BLOCK = 64        # query rows per block in the blocked torch path
 CHUNK = 1 << 18   # score elements computed per step in the blocked torch path
-TRITON_HEAD_DIMS = (16, 32, 64, 128)  # what kernel.py compiles for
 
 
 def check_positive(value, name="window"):
@@ -69,8 +68,10 @@ def _backend(q):
     if BACKEND not in BACKENDS:
         raise ValueError(f"attention.BACKEND must be one of {BACKENDS}, got {BACKEND!r}")
     if BACKEND == "auto":
-        fits = q.shape[-1] in TRITON_HEAD_DIMS and importlib.util.find_spec("triton") is not None
-        return "triton" if q.is_cuda and fits else "torch"
+        if not q.is_cuda or importlib.util.find_spec("triton") is None:
+            return "torch"
+        import kernel
+        return "triton" if q.shape[-1] in kernel.HEAD_DIMS and q.dtype in kernel.DTYPES else "torch"
     return BACKEND
 
 
@@ -233,8 +234,15 @@ def sliding_window_attention(q, k, v, window, pos=None):
     if backend == "reference":
         return swa_reference(q, k, v, window, pos)
     if backend == "triton":
-        from kernel import triton_swa
-        return triton_swa(q, k, v, window, pos)
+        import kernel
+        if BACKEND == "triton":
+            return kernel.triton_swa(q, k, v, window, pos)
+        try:  # "auto": a GPU the kernel cannot run on (see kernel.choose_config) gets the torch path, not a crash
+            return kernel.triton_swa(q, k, v, window, pos)
+        except Exception as e:
+            import warnings
+            cause = (str(e).strip().splitlines() or [""])[0]
+            warnings.warn(f"the Triton kernel failed, using the torch path instead: {type(e).__name__}: {cause}")
     return _swa_blocked(q, k, v, window, pos)
 
 

@@ -1,9 +1,27 @@
-"""pytest setup: without a GPU, run the Triton kernel (kernel.py) in triton's CPU
-interpreter. triton reads TRITON_INTERPRET when a kernel is decorated, so this
-must happen before any test module imports kernel.py."""
+"""pytest setup.
+- Without a GPU, run the Triton kernel (kernel.py) in triton's CPU interpreter. triton reads
+  TRITON_INTERPRET when a kernel is decorated, so this must happen before any test module
+  imports kernel.py.
+- Tests marked slow (over a minute on 2 CPU cores) run only with --slow."""
 import os
 
+import pytest
 import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+def pytest_addoption(parser):
+    parser.addoption("--slow", action="store_true", help="also run the tests marked slow")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: over a minute on 2 CPU cores; runs only with --slow")
+
+
+def pytest_collection_modifyitems(config, items):
+    if not config.getoption("--slow"):
+        for item in items:
+            if "slow" in item.keywords:
+                item.add_marker(pytest.mark.skip(reason="slow: run with --slow"))

@@ -1,0 +1,261 @@
+"""Tests for kernel.py, the Triton kernel: on the CPU under TRITON_INTERPRET=1 (set by conftest.py),
+and compiled ahead of time for real GPUs with Triton's bundled ptxas (no GPU needed).
+Run: python -m pytest -q test_kernel.py   (add --slow for the compile table of every target)"""
+import contextlib
+import io
+import multiprocessing
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import attention as A
+from test_attention import assert_same, qkv, random_perm
+
+triton = pytest.importorskip("triton", reason="triton is not installed: the Triton kernel tests need it")
+import kernel  # noqa: E402  (after the skip)
+
+# the interpreter also computes padding rows past T, which may see no key (0 / 0); they are never stored
+pytestmark = pytest.mark.filterwarnings("ignore:.*encountered in:RuntimeWarning")
+KDEV = "cuda" if torch.cuda.is_available() else "cpu"  # conftest.py turns on the interpreter without a GPU
+# small blocks, so that T <= 130 spans several blocks: edge and interior blocks are both exercised
+SMALL = kernel.Config(32, 16, 32, 16, num_warps=4, num_stages=2, precision=None, shared_kb=0)
+
+
+@pytest.fixture
+def small_blocks(monkeypatch):
+    choose = kernel.choose_config
+    monkeypatch.setattr(kernel, "choose_config", lambda *a: SMALL._replace(precision=choose(*a).precision))
+
+
+def kernel_case(B, H, T, D, dtype, pos_kind):
+    q, k, v = qkv(B, H, T, D, dtype=dtype, device=KDEV)
+    pos = {"none": None, "perm": random_perm((), T, device=KDEV), "bht": random_perm((B, H), T, device=KDEV)}
+    return q, k, v, pos[pos_kind]
+
+
+# Every T meets every window once; the pos kind rotates so it meets every T and every window too.
+POS_KINDS = ("none", "perm", "bht")
+KERNEL_CASES = [(T, w, POS_KINDS[(i + j) % 3]) for i, T in enumerate((1, 17, 100, 130))
+                for j, w in enumerate((1, 16, 33, 1000))]
+
+
+@pytest.mark.parametrize("T, window, pos_kind", KERNEL_CASES)
+def test_triton_swa_matches_reference_fp32(small_blocks, T, window, pos_kind):
+    q, k, v, pos = kernel_case(2 if pos_kind == "bht" else 1, 2, T, 16, torch.float32, pos_kind)
+    assert_same(lambda *x: kernel.triton_swa(*x, window, pos), q, k, v, lambda *x: A.swa_reference(*x, window, pos))
+
+
+@pytest.fixture
+def bf16_dot(monkeypatch):
+    """triton's interpreter keeps bf16 as raw uint16 and its tl.dot multiplies the bit
+    patterns (triton-lang/triton#11584, unsupported upstream). Upcast bf16 dot operands
+    to fp32 first, as the GPU's tensor cores effectively do. No-op on a GPU."""
+    if KDEV == "cuda":
+        return
+    import triton.language as tl
+    from triton.runtime import interpreter
+    builder, dot = interpreter.interpreter_builder, interpreter.interpreter_builder.create_dot
+
+    def create_dot(a, b, *rest):
+        a, b = (builder.cast_impl(x, tl.float32) if x.dtype.scalar == tl.bfloat16 else x for x in (a, b))
+        return dot(a, b, *rest)
+    monkeypatch.setattr(builder, "create_dot", create_dot)
+
+
+@pytest.mark.parametrize("T, window, pos_kind, dtype", [
+    (1, 1, "perm", torch.bfloat16), (17, 16, "none", torch.bfloat16), (100, 1000, "perm", torch.bfloat16),
+    (130, 33, "bht", torch.bfloat16), (100, 33, "perm", torch.float16)])
+def test_triton_swa_half_precision(small_blocks, bf16_dot, T, window, pos_kind, dtype):
+    """Half-precision inputs against the fp32 reference on the same (rounded) values."""
+    q, k, v, pos = kernel_case(2 if pos_kind == "bht" else 1, 2, T, 16, dtype, pos_kind)
+    assert_same(lambda *x: kernel.triton_swa(*x, window, pos), q, k, v, lambda *x: A.swa_reference(*x, window, pos))
+
+
+def test_triton_swa_head_dim_64(small_blocks):
+    q, k, v, pos = kernel_case(1, 1, 100, 64, torch.float32, "perm")
+    assert_same(lambda *x: kernel.triton_swa(*x, 33, pos), q, k, v, lambda *x: A.swa_reference(*x, 33, pos))
+
+
+def test_triton_swa_default_config():
+    """The configuration choose_config gives (here the sm_80 one), not only the small test blocks."""
+    q, k, v, pos = kernel_case(1, 1, 300, 64, torch.float32, "perm")
+    assert_same(lambda *x: kernel.triton_swa(*x, 100, pos), q, k, v, lambda *x: A.swa_reference(*x, 100, pos))
+
+
+@pytest.mark.parametrize("perm_shape", [(), (2, 1)])
+def test_stochastic_attention_through_triton(small_blocks, monkeypatch, perm_shape):
+    """SA end to end: gather by perm, triton_swa(pos=perm), scatter back == the dense SA reference."""
+    monkeypatch.setattr(A, "BACKEND", "triton")
+    q, k, v = qkv(2, 2, 100, 16, device=KDEV)
+    perm = random_perm(perm_shape, 100, device=KDEV)
+    assert_same(lambda *x: A.stochastic_attention(*x, 16, perm), q, k, v, lambda *x: A.sa_reference(*x, 16, perm))
+
+
+@pytest.mark.parametrize("D, window, pos, problem", [
+    (24, 4, None, "head dims"), (16, 0, None, "window"), (16, 4, torch.arange(9), "pos"),
+    (16, 4, torch.arange(8).int(), "pos"), (16, 4, torch.arange(8).view(4, 1, 1, 2), "pos")])
+def test_triton_swa_rejects_bad_input(D, window, pos, problem):
+    q = torch.zeros(1, 2, 8, D, device=KDEV)
+    with pytest.raises(ValueError, match=problem):
+        kernel.triton_swa(q, q, q, window, None if pos is None else pos.to(KDEV))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_triton_swa_finite_at_huge_scores(small_blocks, bf16_dot, dtype):
+    """q, k scaled by 1e4 (scores ~1e9): the kernel stays finite wherever SDPA is, forward and
+    backward, and its forward still equals SDPA's. Masked scores were once -1e6, so they beat real
+    scores below -1e6 (wrong output), and the backward's recomputed probabilities could exceed 1
+    by 2^64 (fp16 gradients overflowed)."""
+    T, window = 100, 33
+    q, k, v = qkv(1, 2, T, 16, dtype=dtype, device=KDEV)
+    q, k = (t.detach().mul(1e4).requires_grad_() for t in (q, k))
+    i = torch.arange(T, device=KDEV)
+    mask = (i[:, None] >= i[None, :]) & (i[:, None] - i[None, :] < window)
+    got = [t.float() for t in assert_finite_like_sdpa(lambda *x: kernel.triton_swa(*x, window), q, k, v, mask)]
+    want = [t.float() for t in assert_finite_like_sdpa(lambda *x: F.scaled_dot_product_attention(*x, attn_mask=mask),
+                                                       q, k, v, mask)]
+    torch.testing.assert_close(got[0], want[0], atol=2e-2, rtol=1e-2)
+
+
+def assert_finite_like_sdpa(fn, q, k, v, mask):
+    """fn's output and gradients, asserting each is finite wherever SDPA's (same dtype) is."""
+    do = torch.randn(q.shape, generator=torch.Generator().manual_seed(3)).to(q)
+    sdpa = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    want = [sdpa, *torch.autograd.grad(sdpa, (q, k, v), do)]
+    out = fn(q, k, v)
+    got = [out, *torch.autograd.grad(out, (q, k, v), do)]
+    for name, g, w in zip(("out", "dq", "dk", "dv"), got, want):
+        bad = w.isfinite() & ~g.isfinite()
+        assert not bad.any(), f"{name}: {bad.sum()} non-finite entries where SDPA is finite"
+    return got
+
+
+# -----------------------------------------------------------------------------
+# The fallback: a GPU the kernel cannot run on gets the torch path with a warning under
+# BACKEND="auto", and the error under BACKEND="triton".
+
+@pytest.mark.parametrize("cause, match", [("shared memory", "the GPU has 16 KB"),
+                                          ("launch", "arange")])
+def test_auto_falls_back_to_torch(monkeypatch, cause, match):
+    if cause == "shared memory":   # a device with 16 KB: no configuration fits
+        monkeypatch.setattr(kernel, "INTERPRETER", kernel.Target("cuda", 80, 16 * 1024))
+    else:                          # a configuration that cannot compile: a block of 48 rows is no power of 2
+        monkeypatch.setattr(kernel, "choose_config", lambda *a: SMALL._replace(block_m=48))
+    q, k, v = qkv(1, 2, 50, 16, device=KDEV)
+    perm = random_perm((), 50, device=KDEV)
+    monkeypatch.setattr(A, "BACKEND", "triton")
+    with pytest.raises(Exception, match=match):
+        A.stochastic_attention(q, k, v, 8, perm)
+    monkeypatch.setattr(A, "BACKEND", "auto")
+    monkeypatch.setattr(A, "_backend", lambda q: "triton")   # as "auto" decides for a CUDA tensor
+    with pytest.warns(UserWarning, match=f"torch path instead: .*{match}"):
+        assert_same(lambda *x: A.stochastic_attention(*x, 8, perm), q, k, v, lambda *x: A.sa_reference(*x, 8, perm))
+
+
+def test_check_passes_under_the_interpreter():
+    """`python kernel.py --check`, at sizes the interpreter manages (fp32 only there): every line PASS."""
+    out = subprocess.run([sys.executable, "kernel.py", "--check", "--B=1", "--H=2", "--D=16", "--check_T=70",
+                          "--check_windows=1,20"], capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "TRITON_INTERPRET": "1"})
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = [line for line in out.stdout.splitlines() if "max err" in line]
+    assert len(lines) == 4 and all(line.endswith("PASS") for line in lines), out.stdout
+    assert "all checks PASS" in out.stdout
+
+
+# -----------------------------------------------------------------------------
+# Ahead-of-time compiles for real GPUs: the configuration choose_config picks for each target
+# fits its shared memory, and fp16/bf16 never spill registers.
+
+# shared memory a block may opt into (CUDA programming guide's table; AMD's LDS), in bytes
+TARGETS = {"sm_75": kernel.Target("cuda", 75, 64 * 1024), "sm_80": kernel.Target("cuda", 80, 163 * 1024),
+           "sm_86": kernel.Target("cuda", 86, 99 * 1024), "sm_89": kernel.Target("cuda", 89, 99 * 1024),
+           "sm_90": kernel.Target("cuda", 90, 227 * 1024), "gfx942": kernel.Target("hip", "gfx942", 64 * 1024)}
+if "amd" not in triton.backends.backends:
+    del TARGETS["gfx942"]
+PTR = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32"}
+
+
+def compile_kernel(job):
+    """(shared bytes, registers, spilled bytes, seconds) of one kernel compiled for one target.
+    Runs in a fresh process without TRITON_INTERPRET, so that kernel.py's kernels are JIT functions."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    name, dtype, D, which = job
+    target = TARGETS[name]
+    config = kernel.choose_config(dtype, D, target)
+    if which == "forward":
+        fn, consts = kernel._attn_fwd, dict(D=D, BLOCK_M=config.block_m, BLOCK_N=config.block_n)
+    else:
+        fn, consts = kernel._attn_bwd, dict(D=D, FIXED=config.fixed, MOVE=config.move)
+    consts.update(HAS_POS=True, PRECISION=config.precision, pos_stride_t=1)  # as launched for SA: pos strides (.., 1)
+    signature = {n: "constexpr" if n in consts else PTR[dtype] if n in ("Q", "K", "V", "O", "DO", "DQ", "DK", "DV")
+                 else "*fp32" if n in ("LSE", "Delta") else "*i64" if n == "Pos" else "fp32" if n.endswith("scale")
+                 else "i32" for n in fn.arg_names}
+    aligned = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if signature[n][0] == "*"}
+    triton.knobs.nvidia.dump_ptxas_log = True           # ptxas -v's report is printed: registers and spills
+    log, start = io.StringIO(), time.perf_counter()
+    with tempfile.TemporaryDirectory() as cache, contextlib.redirect_stdout(log):
+        triton.knobs.cache.dir = cache                  # a fresh cache, so that ptxas really runs
+        compiled = triton.compile(ASTSource(fn, signature, consts, aligned),
+                                  target=GPUTarget(target.backend, target.arch, 64 if target.backend == "hip" else 32),
+                                  options=dict(num_warps=config.num_warps, num_stages=config.num_stages))
+    if target.backend == "hip":                         # the code object's metadata; spills counted in 4-byte words
+        report = compiled.asm["amdgcn"]
+        regs = int(re.search(r"\.vgpr_count:\s+(\d+)", report).group(1))
+        spills = 4 * int(re.search(r"\.vgpr_spill_count:\s+(\d+)", report).group(1))
+    else:
+        report = log.getvalue()
+        regs = int(re.search(r"Used (\d+) registers", report).group(1))
+        spills = int(re.search(r"(\d+) bytes spill stores", report).group(1))
+    return compiled.metadata.shared, regs, spills, time.perf_counter() - start
+
+
+def compile_table(jobs, monkeypatch):
+    """Compile jobs (target name, dtype, D, "forward" or "backward") with choose_config's configuration,
+    print the table, and assert: within the configuration's shared_kb (so within the target's shared
+    memory), no register spills for fp16/bf16. Where choose_config declines a target, so does the table."""
+    declined = {}
+    for job in jobs:
+        try:
+            kernel.choose_config(job[1], job[2], TARGETS[job[0]])
+        except ValueError as e:
+            declined[job] = str(e)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "1")   # Triton 3.9's default, without its warning
+    todo = [job for job in jobs if job not in declined]
+    with multiprocessing.get_context("spawn").Pool(os.cpu_count()) as pool:
+        results = dict(zip(todo, pool.map(compile_kernel, todo)))
+    print(f"\nTriton {triton.__version__}\n{'target':>7} {'dtype':>9} {'D':>4} {'kernel':>9} {'shared KB':>10} "
+          f"{'regs':>5} {'spills B':>9} {'compile s':>10}")
+    for job in jobs:
+        name, dtype, D, which = job
+        row = f"{name:>7} {str(dtype)[6:]:>9} {D:>4} {which:>9} "
+        if job in declined:
+            print(row + "torch path: " + declined[job].split(": ", 1)[-1])
+            continue
+        shared, regs, spills, seconds = results[job]
+        print(row + f"{shared / 1024:>10.1f} {regs:>5} {spills:>9} {seconds:>10.1f}")
+    for (name, dtype, D, which), (shared, regs, spills, seconds) in results.items():
+        config = kernel.choose_config(dtype, D, TARGETS[name])
+        assert shared <= config.shared_kb * 1024, f"{name} {dtype} D={D} {which}: {shared} bytes of shared memory"
+        assert dtype == torch.float32 or spills == 0, f"{name} {dtype} D={D} {which}: {spills} bytes spilled"
+    assert all(name == "sm_75" for name, *_ in declined), declined
+
+
+def test_compiles_for_sm86(monkeypatch):
+    """The quick version: bf16 at D=128 (the largest fp16/bf16 tiles) for the 99 KB GPUs (RTX 30xx/40xx, L4)."""
+    compile_table([("sm_86", torch.bfloat16, 128, "forward"), ("sm_86", torch.bfloat16, 128, "backward")], monkeypatch)
+
+
+@pytest.mark.slow
+def test_compiles_for_every_target(monkeypatch):
+    compile_table([(name, dtype, D, which) for name in TARGETS for dtype in PTR for D in (64, 128)
+                   for which in ("forward", "backward")], monkeypatch)
