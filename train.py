@@ -292,14 +292,11 @@ if master:
         # cut the log back to the checkpoint's eval, which this run repeats: a killed run may have
         # logged later iterations, which this run redoes. The log then reads as one run.
         with open(log_path) as f:
-            lines = [line for line in f if line.endswith("\n")]  # a kill can cut the last line short
-        kept = []
-        for line in lines:
-            record = json.loads(line)
-            if record["iter"] < iter_num or (record["iter"] == iter_num and "val_loss" not in record):
-                kept.append(line)
+            records = [json.loads(line) for line in f if line.endswith("\n")]  # a kill can cut the last line short
         with open(log_path + ".tmp", "w") as f:
-            f.writelines(kept)
+            for r in records:
+                if r["iter"] < iter_num or (r["iter"] == iter_num and "val_loss" not in r):
+                    print(json.dumps(r), file=f)
         os.replace(log_path + ".tmp", log_path)
     log_file = open(log_path, "a" if init_from == "resume" else "w")
     print(f"{dataset}: {len(data['train']):,} train / {len(data['val']):,} val tokens; {raw_model.get_num_params() / 1e6:.2f}M "
