@@ -273,7 +273,6 @@ def test_train_errors(root, tmp_path, args, message):
 
 
 @pytest.mark.parametrize("trained_on, args, message", [
-    (None, ["--dataset=mqar"], "(bytes tokens, vocabulary 256), but"),
     # the same padded vocab_size (256), other tokens: bytes, then two different sets of 200 characters
     (None, ["--dataset=chars"], "(bytes tokens, vocabulary 256), but"),
     ("chars", ["--dataset=chars2"], "(chars tokens, vocabulary 200), but"),
