@@ -1,8 +1,8 @@
 """
 The configurator, after nanoGPT's: a script defines its hyperparameters as plain
-globals, then runs
+globals, then runs (from the repo root, as every command here does)
 
-    exec(open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "configurator.py")).read())
+    exec(open("configurator.py").read())
 
 so that
 
@@ -17,14 +17,13 @@ text). An unknown key, a wrong type or a missing config file stops the script
 with a one-line message; --help lists the keys. Afterwards the global `config`
 holds every hyperparameter's final value, for logs and checkpoints.
 """
+import ast
+import builtins  # scripts may shadow builtins with hyperparameters: train.py's `compile`
+import os
+import sys
 
 
 def _configure(g, argv):
-    import ast
-    import builtins  # scripts may shadow builtins with hyperparameters: train.py's `compile`
-    import os
-    import sys
-
     types = (int, float, bool, str, type(None))
     keys = {k: v for k, v in g.items() if k[:1].islower() and isinstance(v, types)}
     verbose = os.environ.get("RANK", "0") == "0"  # under torchrun, print once
@@ -77,5 +76,5 @@ def _configure(g, argv):
     return dict(keys)
 
 
-config = _configure(globals(), __import__("sys").argv[1:])
+config = _configure(globals(), sys.argv[1:])
 del _configure

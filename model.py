@@ -255,15 +255,20 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None):
+        """Append max_new_tokens sampled tokens to idx (B, T). temperature=0: greedy, the most likely token."""
         for _ in range(max_new_tokens):
             idx_cond = idx[:, -self.config.block_size:]
             logits, _ = self(idx_cond)
-            logits = logits[:, -1, :] / temperature                              # (B, vocab)
-            if top_k is not None:
-                v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
-                logits[logits < v[:, [-1]]] = -float("inf")
-            probs = F.softmax(logits, dim=-1)
-            idx = torch.cat((idx, torch.multinomial(probs, num_samples=1)), dim=1)
+            logits = logits[:, -1, :]                                            # (B, vocab)
+            if temperature == 0:
+                idx_next = logits.argmax(-1, keepdim=True)                       # (B, 1)
+            else:
+                logits = logits / temperature
+                if top_k is not None:
+                    v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
+                    logits[logits < v[:, [-1]]] = -float("inf")
+                idx_next = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)  # (B, 1)
+            idx = torch.cat((idx, idx_next), dim=1)
         return idx
 
     @classmethod
@@ -327,25 +332,25 @@ def save_checkpoint(obj, path):
 def load_checkpoint(path, device="cpu"):
     """(model, ckpt) from a train.py checkpoint. Loaded with weights_only=True onto the CPU,
     where the RNG states it holds must stay; the model is then moved to device.
-    A missing, corrupt or foreign file stops with a one-line SystemExit."""
+    A missing, corrupt or foreign file raises a one-line ValueError."""
     if not os.path.isfile(path):
-        raise SystemExit(f"checkpoint {path} not found: train one with train.py, which writes out_dir/ckpt.pt")
+        raise ValueError(f"checkpoint {path} not found: train one with train.py, which writes out_dir/ckpt.pt")
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # truncated zips, random bytes and pickles of arbitrary classes all land here
-        raise SystemExit(f"checkpoint {path} is unreadable ({type(e).__name__}): it is corrupt, truncated, or holds "
-                         "more than tensors and plain Python values; restore it or train again")
+        raise ValueError(f"checkpoint {path} is unreadable ({type(e).__name__}): it is corrupt, truncated, or holds "
+                         "more than tensors and plain Python values; restore it or train again") from None
     args = ckpt.get("model_args") if isinstance(ckpt, dict) else None
     if not isinstance(args, dict) or "model" not in ckpt or "attn" not in args or args.keys() - GPTConfig.__dataclass_fields__.keys():
-        raise SystemExit(f"{path} is not a checkpoint of this repo: it needs 'model' and 'model_args' with GPTConfig's fields")
+        raise ValueError(f"{path} is not a checkpoint of this repo: it needs 'model' and 'model_args' with GPTConfig's fields")
     try:
         model = GPT(GPTConfig(**args))
     except ValueError as e:
-        raise SystemExit(f"{path} has an incompatible config: {e}")
+        raise ValueError(f"{path} has an incompatible config: {e}") from None
     ours, theirs = model.state_dict(), ckpt["model"]
     bad = sorted(ours.keys() ^ theirs.keys()) + sorted(k for k in ours.keys() & theirs.keys() if ours[k].shape != theirs[k].shape)
     if bad:
-        raise SystemExit(f"{path}: its weights do not fit its model_args ({len(bad)} mismatched entries, e.g. {bad[:3]}): "
+        raise ValueError(f"{path}: its weights do not fit its model_args ({len(bad)} mismatched entries, e.g. {bad[:3]}): "
                          "the file was edited or written by other code")
     model.load_state_dict(theirs)
     return model.to(device), ckpt

@@ -6,7 +6,7 @@ Prepare a dataset: text -> tokens -> data/<dataset>/{train,val}.bin + meta.json
   python prepare_data.py --dataset=shakespeare_char     # downloads (~1 MB)
   python prepare_data.py --dataset=fineweb-edu          # downloads via `datasets`; GPT-2 BPE
   python prepare_data.py --dataset=wikitext-103         # downloads via `datasets`; GPT-2 BPE
-  python prepare_data.py --input=notes.txt [--tokenizer=gpt2] [--dataset=notes]
+  python prepare_data.py --input_file=notes.txt [--tokenizer=gpt2] [--dataset=notes]
 
 Format, nanoGPT's: {train,val}.bin are flat arrays of token ids, uint16, or
 uint32 when the vocabulary is larger than 65535 (wikitext-103 also has test.bin).
@@ -27,7 +27,7 @@ Helpers for train.py, sample.py and eval.py (import prepare_data; no side effect
   load_tokens(data_dir, split, meta) -> memmap  one split's tokens, checked against meta
   get_tokenizer(meta) -> (encode, decode)       str -> list[int], list[int] -> str
   mqar_targets(x, meta) -> y                    MQAR targets: the answers, -1 elsewhere
-Bad data stops with a one-line SystemExit naming the file and the fix.
+Bad data raises a one-line ValueError naming the file and the fix.
 """
 import json
 import os
@@ -38,11 +38,11 @@ import sysconfig
 import numpy as np
 
 # -----------------------------------------------------------------------------
-dataset = ""             # pystdlib | mqar | shakespeare_char | fineweb-edu | wikitext-103; "" = pystdlib, or the --input file's name
-input = ""               # a local text file to turn into a dataset instead
-tokenizer = "bytes"      # for --input: bytes | chars | gpt2 (or another tiktoken encoding)
+dataset = ""             # pystdlib | mqar | shakespeare_char | fineweb-edu | wikitext-103; "" = pystdlib, or the --input_file's name
+input_file = ""          # a local text file to turn into a dataset instead
+tokenizer = "bytes"      # for --input_file: bytes | chars | gpt2 (or another tiktoken encoding)
 data_root = "data"       # datasets go to data_root/<dataset>/
-val_fraction = 0.1       # share of files (pystdlib) or of the text (--input, shakespeare_char) held out
+val_fraction = 0.1       # share of files (pystdlib) or of the text (--input_file, shakespeare_char) held out
 adopt = False            # write a meta.json for existing nanoGPT train.bin/val.bin in data_root/<dataset>/
 # mqar: each sequence is num_pairs key-value pairs, filler, then num_queries queried keys, each followed by its value
 mqar_seq_len = 256       # tokens per sequence
@@ -56,6 +56,7 @@ hf_max_docs = 0          # fineweb-edu: stop after this many documents (0: all o
 hf_val_docs = 5000       # fineweb-edu: the first documents of the stream are held out as val
 # -----------------------------------------------------------------------------
 
+DATASETS = ("pystdlib", "mqar", "shakespeare_char", "fineweb-edu", "wikitext-103")  # the ones built here by name
 EXCLUDED_DIRS = {"test", "tests", "idle_test", "site-packages", "dist-packages"}  # pystdlib leaves these out
 SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 
@@ -63,14 +64,22 @@ SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/da
 # -----------------------------------------------------------------------------
 # Loading, for the other scripts
 
+def prepare_command(data_dir):
+    """The command that (re)builds the dataset in data_dir."""
+    name = os.path.basename(os.path.normpath(data_dir))
+    if name in DATASETS:
+        return f"`python prepare_data.py --dataset={name}`"
+    return f"`python prepare_data.py --input_file=FILE --dataset={name}` on your text FILE"
+
+
 def load_meta(data_dir):
     path = os.path.join(data_dir, "meta.json")
-    name = os.path.basename(os.path.normpath(data_dir))
     if not os.path.isfile(path):
         if os.path.isfile(os.path.join(data_dir, "train.bin")):
-            sys.exit(f"{path} not found, but train.bin is there (nanoGPT data?): describe it with "
-                     f"`python prepare_data.py --adopt=True --dataset={name} --tokenizer=gpt2`")
-        sys.exit(f"{path} not found: prepare the dataset first with `python prepare_data.py --dataset={name}`")
+            name = os.path.basename(os.path.normpath(data_dir))
+            raise ValueError(f"{path} not found, but train.bin is there (nanoGPT data?): describe it with "
+                             f"`python prepare_data.py --adopt=True --dataset={name} --tokenizer=gpt2`")
+        raise ValueError(f"{path} not found: prepare the dataset first with {prepare_command(data_dir)}")
     try:
         with open(path) as f:
             meta = json.load(f)
@@ -78,27 +87,28 @@ def load_meta(data_dir):
     except (ValueError, AttributeError) as e:
         missing = f"unreadable: {type(e).__name__}"
     if missing:
-        sys.exit(f"{path} is corrupt or not from this repo ({missing}): re-run `python prepare_data.py --dataset={name}`")
+        raise ValueError(f"{path} is corrupt or not from this repo ({missing}): re-run {prepare_command(data_dir)}")
     return meta
 
 
 def load_tokens(data_dir, split, meta):
     """A read-only np.memmap of one split, after checking its size and a prefix of its ids against meta."""
     path = os.path.join(data_dir, f"{split}.bin")
-    fix = f"re-run `python prepare_data.py --dataset={os.path.basename(os.path.normpath(data_dir))}`"
+    fix = f"re-run {prepare_command(data_dir)}"
     if split not in meta["tokens"]:
-        sys.exit(f"{data_dir} has no {split!r} split (it has {', '.join(meta['tokens'])})")
+        raise ValueError(f"{data_dir} has no {split!r} split (it has {', '.join(meta['tokens'])})")
     if not os.path.isfile(path):
-        sys.exit(f"{path} is missing: {fix}")
+        raise ValueError(f"{path} is missing: {fix}")
     dtype, n = np.dtype(meta["dtype"]), meta["tokens"][split]
     if os.path.getsize(path) != n * dtype.itemsize:
-        sys.exit(f"{path} holds {os.path.getsize(path)} bytes, but meta.json promises {n} {dtype} tokens "
-                 f"({n * dtype.itemsize} bytes): the file is truncated or corrupt; {fix}")
+        raise ValueError(f"{path} holds {os.path.getsize(path)} bytes, but meta.json promises {n} {dtype} tokens "
+                         f"({n * dtype.itemsize} bytes): the file is truncated or corrupt; {fix}")
     if n == 0:
-        sys.exit(f"{path} is empty: {fix} with more text")
+        raise ValueError(f"{path} is empty: {fix} with more text")
     tokens = np.memmap(path, dtype=dtype, mode="r")
     if tokens[:1 << 20].max() >= meta["vocab_size"]:
-        sys.exit(f"{path} holds token ids >= vocab_size {meta['vocab_size']}: it does not belong to this meta.json; {fix}")
+        raise ValueError(f"{path} holds token ids >= vocab_size {meta['vocab_size']}: it does not belong to this "
+                         f"meta.json; {fix}")
     return tokens
 
 
@@ -116,13 +126,15 @@ def get_tokenizer(meta):
         def encode(s):
             unknown = sorted(set(s) - stoi.keys())
             if unknown:
-                sys.exit(f"characters {''.join(unknown)!r} are not in this dataset's vocabulary of {len(chars)}")
+                raise ValueError(f"characters {''.join(unknown)!r} are not in this dataset's vocabulary "
+                                 f"of {len(chars)}")
             return [stoi[c] for c in s]
         return encode, lambda ids: "".join(chars[i] for i in ids if i < len(chars))
     if name == "ids":
         def encode(s):
             if not all(t.isdigit() for t in s.split()):
-                sys.exit(f"this dataset's tokens are numbers: write the prompt as e.g. '3 17 4', not {s[:40]!r}")
+                raise ValueError(f"this dataset's tokens are numbers: write the prompt as e.g. '3 17 4', "
+                                 f"not {s[:40]!r}")
             return [int(t) for t in s.split()]
         return encode, lambda ids: " ".join(str(i) for i in ids)
     enc = tiktoken_encoding(name)
@@ -146,12 +158,16 @@ def mqar_targets(x, meta):
 def tiktoken_encoding(name):
     try:
         import tiktoken
-        return tiktoken.get_encoding(name)
     except ImportError:
-        sys.exit("the gpt2 tokenizer needs tiktoken: pip install tiktoken")
+        raise ValueError(f"the {name} tokenizer needs tiktoken: pip install tiktoken") from None
+    if name not in tiktoken.list_encoding_names():
+        raise ValueError(f"unknown tokenizer {name!r}: use bytes, chars or a tiktoken encoding "
+                         f"({', '.join(tiktoken.list_encoding_names())})")
+    try:
+        return tiktoken.get_encoding(name)
     except Exception as e:  # offline first use: tiktoken downloads the rank table once, then caches it
-        sys.exit(f"tiktoken could not load the {name!r} encoding ({type(e).__name__}: {str(e)[:200]}); "
-                 "it downloads once and caches: go online once, or set TIKTOKEN_CACHE_DIR to a cache")
+        raise ValueError(f"tiktoken could not load the {name!r} encoding ({type(e).__name__}: {str(e)[:200]}); "
+                         "it downloads once and caches: go online once, or set TIKTOKEN_CACHE_DIR to a cache") from None
 
 
 def progress(iterable, **kwargs):
@@ -243,11 +259,16 @@ def split_text(text, frac):
 def prepare_text(data_dir, path, tokenizer_name, frac):
     """Any local text file, split like shakespeare_char."""
     if not os.path.isfile(path):
-        sys.exit(f"--input={path}: no such file")
+        raise ValueError(f"--input_file={path}: no such file")
     with open(path, "rb") as f:
         raw = f.read()
     text = raw if tokenizer_name == "bytes" else raw.decode("utf-8", errors="replace")  # bytes stay exact
-    return write_dataset(data_dir, split_text(text, frac), text_tokenizer(tokenizer_name, text), source=path)
+    if not text:
+        raise ValueError(f"--input_file={path} is empty")
+    splits = split_text(text, frac)
+    if not all(docs[0] for docs in splits.values()):
+        raise ValueError(f"--input_file={path} is too short to split into train and val with val_fraction={frac}")
+    return write_dataset(data_dir, splits, text_tokenizer(tokenizer_name, text), source=path)
 
 
 def pystdlib_files(root):
@@ -265,7 +286,7 @@ def prepare_pystdlib(data_dir, frac, root=None):
     root = root or sysconfig.get_paths()["stdlib"]
     files = pystdlib_files(root)
     if not files:
-        sys.exit(f"no *.py files found under {root}: build pystdlib on a Python with its standard library sources")
+        raise ValueError(f"no *.py files found under {root}: build pystdlib on a Python with its standard library sources")
     is_val = [int((i + 1) * frac) > int(i * frac) for i in range(len(files))]
     splits = {s: [p.read_bytes() for p, v in zip(files, is_val) if v == (s == "val")] for s in ("train", "val")}
     return write_dataset(data_dir, splits, text_tokenizer("bytes"), batch_docs=64,
@@ -312,8 +333,8 @@ def download_text(url):
         with urllib.request.urlopen(url, timeout=30) as r:
             chunks = list(progress(iter(lambda: r.read(1 << 16), b""), desc="download", unit=" chunks"))
     except (urllib.error.URLError, OSError) as e:
-        sys.exit(f"could not download {url} ({getattr(e, 'reason', e)}); offline? fetch it by hand, then "
-                 f"`python prepare_data.py --input=FILE --dataset=NAME --tokenizer=chars`")
+        raise ValueError(f"could not download {url} ({getattr(e, 'reason', e)}); offline? fetch it by hand, then "
+                         "`python prepare_data.py --input_file=FILE --dataset=NAME --tokenizer=chars`") from None
     return b"".join(chunks).decode("utf-8")
 
 
@@ -322,13 +343,13 @@ def hf_dataset(path, name, split, streaming=False):
     try:
         import datasets
     except ImportError:
-        sys.exit(f"{path} is loaded with the `datasets` package: pip install datasets")
+        raise ValueError(f"{path} is loaded with the `datasets` package: pip install datasets") from None
     try:
         return datasets.load_dataset(path, name, split=split, streaming=streaming)
     except Exception as e:  # offline shows up as several exception types, depending on the cache state
         first = (str(e).splitlines() or [""])[0][:200]
-        sys.exit(f"could not load {path} ({type(e).__name__}: {first}); check the network, "
-                 "or set HF_DATASETS_OFFLINE=1 to use a copy already in the Hugging Face cache")
+        raise ValueError(f"could not load {path} ({type(e).__name__}: {first}); check the network, "
+                         "or set HF_DATASETS_OFFLINE=1 to use a copy already in the Hugging Face cache") from None
 
 
 def prepare_shakespeare_char(data_dir, frac):
@@ -359,36 +380,41 @@ def adopt_nanogpt(data_dir, tokenizer_name):
     """meta.json for nanoGPT's train.bin/val.bin (uint16 token ids) already in data_dir."""
     fields, _, eot = text_tokenizer(tokenizer_name)
     if fields["tokenizer"] == "chars":
-        sys.exit("--adopt needs a tokenizer with a fixed vocabulary (bytes or a tiktoken encoding such as gpt2)")
+        raise ValueError("--adopt needs a tokenizer with a fixed vocabulary (bytes or a tiktoken encoding such as gpt2)")
     counts = {}
     for split in ("train", "val"):
         path = os.path.join(data_dir, f"{split}.bin")
         if not os.path.isfile(path) or os.path.getsize(path) % 2:
-            sys.exit(f"{path} is missing or not a uint16 token file")
+            raise ValueError(f"{path} is missing or not a uint16 token file")
         counts[split] = os.path.getsize(path) // 2
     return write_meta(data_dir, {**fields, "dtype": "uint16", "source": f"adopted nanoGPT data in {data_dir}",
                                  "tokens": counts, "eot": eot})
 
 
 if __name__ == "__main__":
-    exec(open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "configurator.py")).read())
-    name = dataset or (pathlib.Path(input).stem if input else "pystdlib")
+    exec(open("configurator.py").read())
+    name = dataset or (pathlib.Path(input_file).stem if input_file else "pystdlib")
     data_dir = os.path.join(data_root, name)
-    if adopt:
-        adopt_nanogpt(data_dir, tokenizer)
-    elif input:
-        prepare_text(data_dir, input, tokenizer, val_fraction)
-    elif name == "pystdlib":
-        prepare_pystdlib(data_dir, val_fraction)
-    elif name == "mqar":
-        prepare_mqar(data_dir, mqar_seq_len, mqar_num_pairs, mqar_num_queries, mqar_vocab,
-                     mqar_train_seqs, mqar_val_seqs, mqar_seed)
-    elif name == "shakespeare_char":
-        prepare_shakespeare_char(data_dir, val_fraction)
-    elif name == "fineweb-edu":
-        prepare_fineweb_edu(data_dir, hf_max_docs, hf_val_docs)
-    elif name == "wikitext-103":
-        prepare_wikitext_103(data_dir)
-    else:
-        sys.exit(f"unknown dataset {name!r}: choose pystdlib, mqar, shakespeare_char, fineweb-edu or "
-                 "wikitext-103, or turn a text file into one with --input=FILE")
+    try:
+        if not 0 < val_fraction < 1:
+            raise ValueError(f"val_fraction={val_fraction}: it must lie between 0 and 1")
+        if adopt:
+            adopt_nanogpt(data_dir, tokenizer)
+        elif input_file:
+            prepare_text(data_dir, input_file, tokenizer, val_fraction)
+        elif name == "pystdlib":
+            prepare_pystdlib(data_dir, val_fraction)
+        elif name == "mqar":
+            prepare_mqar(data_dir, mqar_seq_len, mqar_num_pairs, mqar_num_queries, mqar_vocab,
+                         mqar_train_seqs, mqar_val_seqs, mqar_seed)
+        elif name == "shakespeare_char":
+            prepare_shakespeare_char(data_dir, val_fraction)
+        elif name == "fineweb-edu":
+            prepare_fineweb_edu(data_dir, hf_max_docs, hf_val_docs)
+        elif name == "wikitext-103":
+            prepare_wikitext_103(data_dir)
+        else:
+            raise ValueError(f"unknown dataset {name!r}: choose {', '.join(DATASETS)}, "
+                             "or turn a text file into one with --input_file=FILE")
+    except ValueError as e:
+        sys.exit(str(e))

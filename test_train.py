@@ -51,11 +51,15 @@ def read_split(data_dir, split, meta):
 
 @pytest.fixture(scope="module")
 def root(tmp_path_factory):
-    """data_root with `text` (bytes, from this repo's sources) and a small `mqar`."""
+    """data_root with `text` (bytes, from this repo's sources), `chars` and `chars2` (two vocabularies
+    of 200 characters each, padded to 256 as bytes are) and a small `mqar`."""
     root = tmp_path_factory.mktemp("data")
     src = root / "src.txt"
     src.write_bytes(b"".join(open(os.path.join(REPO, f), "rb").read() for f in ("attention.py", "configurator.py")))
     P.prepare_text(str(root / "text"), str(src), "bytes", 0.1)
+    for name, first in (("chars", 0x400), ("chars2", 0x500)):
+        (root / f"{name}.txt").write_text("".join(map(chr, range(first, first + 200))) * 6, encoding="utf-8")
+        P.prepare_text(str(root / name), str(root / f"{name}.txt"), "chars", 0.1)
     P.prepare_mqar(str(root / "mqar"), seq_len=64, num_pairs=8, num_queries=4, vocab=64,
                    train_seqs=512, val_seqs=64, seed=0)
     return root
@@ -79,13 +83,25 @@ def load(out_dir):
     return torch.load(os.path.join(out_dir, "ckpt.pt"), weights_only=True)
 
 
+def read_log(out_dir, timing=False):
+    """log.jsonl's records; without the timing fields unless timing=True."""
+    with open(os.path.join(out_dir, "log.jsonl")) as f:
+        return [{k: v for k, v in json.loads(line).items() if timing or k not in ("elapsed_s", "ms_per_iter", "tok_per_s")}
+                for line in f]
+
+
+def files(out_dir):
+    """{name: bytes} of every file in out_dir."""
+    return {p.name: p.read_bytes() for p in sorted(out_dir.iterdir())}
+
+
 # -----------------------------------------------------------------------------
 # prepare_data.py
 
 def test_prepare_input_file_bytes(tmp_path):
     text = "def f(x):\n    return x  # naïve → ok\n" * 40
     (tmp_path / "notes.txt").write_text(text, encoding="utf-8")
-    run("prepare_data.py", f"--input={tmp_path / 'notes.txt'}", f"--data_root={tmp_path}")
+    run("prepare_data.py", f"--input_file={tmp_path / 'notes.txt'}", f"--data_root={tmp_path}")
     meta = P.load_meta(tmp_path / "notes")  # named after the file
     raw = text.encode("utf-8")
     assert (meta["tokenizer"], meta["vocab_size"], meta["dtype"]) == ("bytes", 256, "uint16")
@@ -164,10 +180,19 @@ def test_mqar_answers_come_from_the_earlier_pairs(root):
 # train.py
 
 def test_resume_is_bitwise_exact(trained, train_args, tmp_path):
-    """6 iterations == 3 iterations, then resumed to 6 (dropout and SA permutations included)."""
-    run("train.py", *train_args, "--max_iters=3", f"--out_dir={tmp_path}")
+    """6 iterations == 3 iterations, then resumed to 6 (dropout and SA permutations included). The 3
+    iterations --overwrite another run's out_dir; the resume meets what a kill after them leaves:
+    log records past the checkpoint, half a line, a half-written ckpt.pt.tmp. The log ends as one run's."""
+    for name, content in files(trained).items():
+        (tmp_path / name).write_bytes(content)
+    run("train.py", *train_args, "--max_iters=3", f"--out_dir={tmp_path}", "--overwrite=True")
     half = load(tmp_path)
+    assert [r["iter"] for r in read_log(tmp_path) if "val_loss" in r] == [0, 3]  # the other run's log is gone
+    with open(tmp_path / "log.jsonl", "a") as f:
+        f.write('{"iter": 4, "loss": 9.0, "lr": 0.1}\n{"iter": 4, "train_loss": 9.0, "val_loss": 9.0}\n{"iter": 5, "lo')
+    (tmp_path / "ckpt.pt.tmp").write_bytes(b"half a checkpoint")
     r = run("train.py", *train_args, "--max_iters=6", f"--out_dir={tmp_path}", "--init_from=resume")
+    assert read_log(tmp_path) == read_log(trained) and not (tmp_path / "ckpt.pt.tmp").exists()
     a, b = load(tmp_path), load(trained)
     assert a["iter_num"] == b["iter_num"] == 6 and half["iter_num"] == 3
     assert any(not torch.equal(half["model"][k], b["model"][k]) for k in b["model"])
@@ -184,10 +209,12 @@ def test_checkpoint_contents(trained, root):
     ckpt = load(trained)
     assert ckpt["config"]["data_dir"] == str(root / "text") and ckpt["config"]["attn"] == "sa+swa"
     assert ckpt["meta"] == P.load_meta(root / "text") and ckpt["model_args"]["vocab_size"] == 256
-    log = [json.loads(line) for line in open(trained / "log.jsonl")]
+    log = read_log(trained, timing=True)
     evals = [r for r in log if "val_loss" in r]
     assert [r["iter"] for r in evals] == [0, 3, 6]
-    assert all({"loss", "lr", "tok_per_s", "elapsed_s"} <= r.keys() for r in log if "val_loss" not in r)
+    assert [r["iter"] for r in log if "val_loss" not in r] == [1, 2, 3, 4, 5, 6]
+    assert all({"loss", "lr", "tok_per_s", "elapsed_s"} <= r.keys() and r["mfu"] is None  # no mfu on a CPU
+               for r in log if "val_loss" not in r)
 
 
 def test_ddp_two_processes_gloo(root, tmp_path):
@@ -209,14 +236,61 @@ def test_mqar_training_reports_answer_accuracy(root, tmp_path):
     assert len(evals) == 2 and all(0 <= e["val_acc"] <= 1 for e in evals)
 
 
+def test_rerunning_the_main_job_loses_nothing(root, tmp_path):
+    """config/quick.py twice into one out_dir: the second run stops at once and changes nothing.
+    A run of 0 iterations saves no checkpoint: nanoGPT's rule, the untrained model is worth nothing."""
+    job = ["train.py", "config/quick.py", f"--data_root={root}", "--dataset=text", *TINY, f"--out_dir={tmp_path}"]
+    run(*job, "--max_iters=0", "--eval_interval=2")
+    assert not (tmp_path / "ckpt.pt").exists()
+    run(*job, "--max_iters=2", "--eval_interval=2")
+    before = files(tmp_path)
+    for extra in ([], ["--eval_only=True"]):
+        assert_clean_error(run(*job, "--max_iters=2", "--eval_interval=2", *extra, check=False),
+                           "ckpt.pt exists: continue it with --init_from=resume, train in a new --out_dir, or replace it")
+    assert files(tmp_path) == before
+
+
 @pytest.mark.parametrize("args, message", [
+    (["--out_dir=README.md"], "out_dir=README.md is a file"),
+    (["--eval_interval=0"], "eval_interval must be an integer >= 1, got 0"),
+    (["--log_interval=0"], "log_interval must be an integer >= 1, got 0"),
+    (["--eval_iters=0"], "eval_iters must be an integer >= 1, got 0"),
+    (["--batch_size=0"], "batch_size must be an integer >= 1, got 0"),
+    (["--gradient_accumulation_steps=0"], "gradient_accumulation_steps must be an integer >= 1, got 0"),
+    pytest.param(["--device=cuda"], "CUDA is not available here",
+                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is available")),
+    (["--init_from=pretrained"], "init_from='pretrained': use scratch or resume"),
+    (["--dataset=nope"], "prepare_data.py --input_file=FILE --dataset=nope"),
     (["--block_size=100000"], "is larger than the data"),
-    (["--init_from=resume", "--dataset=mqar"], "has vocab_size 256, but"),
-    (["--init_from=resume", "--n_layer=3"], "was trained with n_layer=2, but this run asks for n_layer=3"),
     (["--attn=dense"], "GPTConfig.attn='dense' is invalid"),
 ])
-def test_train_errors(trained, train_args, args, message):
-    assert_clean_error(run("train.py", *train_args, f"--out_dir={trained}", *args, check=False), message)
+def test_train_errors(root, tmp_path, args, message):
+    """One line, and nothing written."""
+    out = tmp_path / "out"
+    assert_clean_error(run("train.py", f"--data_root={root}", "--dataset=text", *TINY, f"--out_dir={out}", *args,
+                           check=False), message)
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("trained_on, args, message", [
+    # the same padded vocab_size (256), other tokens: bytes, then two different sets of 200 characters
+    (None, ["--dataset=chars"], "(bytes tokens, vocabulary 256), but"),
+    ("chars", ["--dataset=chars2"], "(chars tokens, vocabulary 200), but"),
+    (None, ["--n_layer=3"], "was trained with n_layer=2, but this run asks for n_layer=3"),
+])
+def test_resume_refuses_other_data_or_model(trained, train_args, root, tmp_path, trained_on, args, message):
+    """One line, and the out_dir unchanged. trained_on: the dataset whose meta.json the checkpoint
+    is given (a model trained on it would look the same)."""
+    for name, content in files(trained).items():
+        (tmp_path / name).write_bytes(content)
+    if trained_on:
+        ckpt = load(tmp_path)
+        torch.save({**ckpt, "meta": P.load_meta(root / trained_on),
+                    "config": {**ckpt["config"], "data_dir": str(root / trained_on)}}, tmp_path / "ckpt.pt")
+    before = files(tmp_path)
+    r = run("train.py", *train_args, f"--out_dir={tmp_path}", "--init_from=resume", *args, check=False)
+    assert_clean_error(r, message)
+    assert files(tmp_path) == before
 
 
 # -----------------------------------------------------------------------------
@@ -228,6 +302,30 @@ def test_sample_is_seeded(trained):
     samples = a.split("---------------\n")
     assert len(samples) == 3 and samples[-1] == "" and all(s.startswith("def ") for s in samples[:2])
     assert samples[0] != samples[1] and a == b  # fresh randomness per sample, the same per seed
+    assert run(*args, "--temperature=0").stdout.startswith("def ")
+
+
+def test_temperature_zero_is_greedy(trained):
+    """temperature=0 takes the most likely token: the same tokens as sampling from the top 1."""
+    model, _ = load_checkpoint(os.path.join(trained, "ckpt.pt"))
+    x = torch.tensor([[100, 101, 102]])
+    outs = []
+    for kwargs in (dict(temperature=0), dict(temperature=1.0, top_k=1)):
+        model.sa_generator.manual_seed(0)  # the same SA permutations for both
+        outs.append(model.eval().generate(x, 12, **kwargs))
+    assert torch.equal(outs[0], outs[1]) and outs[0].shape == (1, 15)
+
+
+def test_sample_errors(trained, tmp_path):
+    """One line each, before any model is loaded."""
+    (tmp_path / "prompt.bin").write_bytes(bytes(range(128, 256)))
+    for args, message in [(["--temperature=-1"], "temperature=-1.0: use a value > 0, or 0 for greedy"),
+                          (["--top_k=-3"], "top_k=-3: use a value >= 1, or 0 to sample among all tokens"),
+                          (["--max_new_tokens=-5"], "max_new_tokens=-5, num_samples=2: use max_new_tokens >= 0"),
+                          ([f"--start=FILE:{tmp_path / 'prompt.bin'}"], "is not UTF-8 text"),
+                          (["--start=FILE:nope.txt"], "--start=FILE:nope.txt: No such file or directory")]:
+        assert_clean_error(run("sample.py", f"--out_dir={trained}", *args, check=False), message)
+    assert_clean_error(run("sample.py", f"--out_dir={tmp_path}", check=False), "ckpt.pt not found")
 
 
 # -----------------------------------------------------------------------------
@@ -238,28 +336,30 @@ def test_data_errors(root, tmp_path):
     (tmp_path / "cut").mkdir()
     (tmp_path / "cut" / "meta.json").write_text(json.dumps(meta))
     (tmp_path / "cut" / "train.bin").write_bytes((root / "text" / "train.bin").read_bytes()[:-2])
-    with pytest.raises(SystemExit, match="truncated or corrupt"):
+    with pytest.raises(ValueError, match="truncated or corrupt"):
         P.load_tokens(tmp_path / "cut", "train", meta)
-    with pytest.raises(SystemExit, match="val.bin is missing"):
+    with pytest.raises(ValueError, match="val.bin is missing"):
         P.load_tokens(tmp_path / "cut", "val", meta)
-    with pytest.raises(SystemExit, match="token ids >= vocab_size"):
+    with pytest.raises(ValueError, match="token ids >= vocab_size"):
         P.load_tokens(root / "text", "train", {**meta, "vocab_size": 10})
-    with pytest.raises(SystemExit, match="has no 'test' split"):
+    with pytest.raises(ValueError, match="has no 'test' split"):
         P.load_tokens(root / "text", "test", meta)
     (tmp_path / "cut" / "meta.json").write_text("{not json")
-    with pytest.raises(SystemExit, match="corrupt or not from this repo"):
+    with pytest.raises(ValueError, match="corrupt or not from this repo"):
         P.load_meta(tmp_path / "cut")
     os.remove(tmp_path / "cut" / "meta.json")
-    with pytest.raises(SystemExit, match="nanoGPT data"):
+    with pytest.raises(ValueError, match="nanoGPT data"):
         P.load_meta(tmp_path / "cut")
-    with pytest.raises(SystemExit, match="meta.json not found: prepare the dataset first"):
+    with pytest.raises(ValueError, match="first with `python prepare_data.py --input_file=FILE --dataset=nope`"):
         P.load_meta(tmp_path / "nope")
+    with pytest.raises(ValueError, match="first with `python prepare_data.py --dataset=shakespeare_char`"):
+        P.load_meta(tmp_path / "shakespeare_char")  # a name prepare_data.py knows
 
 
 def test_load_checkpoint_errors(trained, tmp_path):
     good = load(trained)
     path = str(tmp_path / "ckpt.pt")
-    with pytest.raises(SystemExit, match="not found"):
+    with pytest.raises(ValueError, match="not found"):
         load_checkpoint(path)
     raw = open(os.path.join(trained, "ckpt.pt"), "rb").read()
     cases = [(raw[:len(raw) // 2], "unreadable"), (b"garbage", "unreadable"),
@@ -271,7 +371,7 @@ def test_load_checkpoint_errors(trained, tmp_path):
             open(path, "wb").write(content)
         else:
             torch.save(content, path)
-        with pytest.raises(SystemExit, match=message):
+        with pytest.raises(ValueError, match=message):
             load_checkpoint(path)
     model, ckpt = load_checkpoint(os.path.join(trained, "ckpt.pt"))
     assert all(torch.equal(v, good["model"][k]) for k, v in model.state_dict().items())
@@ -307,6 +407,18 @@ def test_configurator(monkeypatch, tmp_path):
             configure(monkeypatch, *argv)
 
 
-def test_script_errors_are_one_line():
-    assert_clean_error(run("prepare_data.py", "--mqar_seq_len=ten", check=False), "mqar_seq_len must be of type int")
-    assert_clean_error(run("prepare_data.py", "--dataset=nope", check=False), "unknown dataset 'nope'")
+def test_prepare_errors_are_one_line(tmp_path):
+    """One line each, and nothing written."""
+    (tmp_path / "empty.txt").write_text("")
+    (tmp_path / "short.txt").write_text("a")
+    short, readme = f"--input_file={tmp_path / 'short.txt'}", f"--input_file={REPO}/README.md"
+    for args, message in [(["--mqar_seq_len=ten"], "mqar_seq_len must be of type int"),
+                          (["--dataset=nope"], "unknown dataset 'nope'"),
+                          ([f"--input_file={tmp_path / 'empty.txt'}"], "empty.txt is empty"),
+                          ([short], "short.txt is too short to split into train and val"),
+                          ([short, "--val_fraction=0"], "val_fraction=0.0: it must lie"),
+                          ([readme, "--tokenizer=bogus"], "unknown tokenizer 'bogus': use bytes, chars")]:
+        r = run("prepare_data.py", f"--data_root={tmp_path / 'data'}", *args, check=False)
+        assert_clean_error(r, message)
+        assert "online" not in r.stderr
+    assert not (tmp_path / "data").exists()

@@ -10,8 +10,10 @@ DDP, one node with 8 GPUs / two nodes:
   torchrun --standalone --nproc_per_node=8 train.py config/paper_360m.py
   torchrun --nproc_per_node=8 --nnodes=2 --node_rank=0 --master_addr=IP --master_port=1234 train.py ...
 
-Every eval writes out_dir/ckpt.pt (atomically) holding the weights, the optimizer,
-the config and every RNG state of every rank, and appends to out_dir/log.jsonl.
+Every eval after iteration 0 writes out_dir/ckpt.pt (atomically) holding the weights,
+the optimizer, the config and every RNG state of every rank, and appends to
+out_dir/log.jsonl. A run from scratch refuses an out_dir that holds a ckpt.pt
+(unless --overwrite=True); a resumed run first cuts log.jsonl back to its checkpoint.
 The defaults below are a one-A100 run: a GPT-2-small-sized (124M) SA+SWA model
 on FineWeb-Edu, 5000 iterations of 0.5M tokens (2.6B tokens).
 """
@@ -28,6 +30,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from attention import check_positive
 from model import GPT, GPTConfig, load_checkpoint, save_checkpoint
 from prepare_data import load_meta, load_tokens, mqar_targets
 
@@ -40,6 +43,7 @@ eval_iters = 50                 # batches per split per evaluation (the same bat
 eval_only = False               # evaluate once and exit
 always_save_checkpoint = True   # save at every eval; False: only when val loss improves
 init_from = "scratch"           # "scratch" or "resume" (from out_dir/ckpt.pt)
+overwrite = False               # scratch: delete a ckpt.pt already in out_dir instead of refusing to start
 # data
 dataset = "fineweb-edu"         # data_root/<dataset>/ from prepare_data.py
 data_root = "data"
@@ -78,8 +82,29 @@ compile = False                 # torch.compile the model
 backend = ""                    # DDP backend; "": nccl on CUDA, gloo on the CPU
 seed = 1337
 # -----------------------------------------------------------------------------
-exec(open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "configurator.py")).read())
+config_keys = [k for k, v in globals().items() if k[:1].islower() and isinstance(v, (int, float, bool, str, type(None)))]
+exec(open("configurator.py").read())  # overrides from config files and --key=value
+config = {k: globals()[k] for k in config_keys}  # logged in every checkpoint
 # -----------------------------------------------------------------------------
+
+# bad settings stop here with one line, before any data is read or anything written
+try:
+    for key in ("eval_interval", "log_interval", "eval_iters", "batch_size", "gradient_accumulation_steps"):
+        check_positive(config[key], key)
+except ValueError as e:
+    sys.exit(str(e))
+if init_from not in ("scratch", "resume"):
+    sys.exit(f"init_from={init_from!r}: use scratch or resume")
+if dtype not in ("float32", "bfloat16"):
+    sys.exit(f"dtype={dtype!r}: use bfloat16 (CUDA, Ampere or newer) or float32")
+if device.startswith("cuda") and not torch.cuda.is_available():
+    sys.exit(f"device={device}, but CUDA is not available here: use --device=cpu")
+if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+    sys.exit(f"out_dir={out_dir} is a file, not a directory: choose another --out_dir")
+ckpt_path = os.path.join(out_dir, "ckpt.pt")
+if init_from == "scratch" and os.path.exists(ckpt_path) and not overwrite:
+    sys.exit(f"{ckpt_path} exists: continue it with --init_from=resume, train in a new --out_dir, "
+             "or replace it with --overwrite=True")
 
 # DDP: torchrun sets RANK. Each rank draws its own SA permutations (seeded by
 # seed and rank), just as each micro-step draws new ones. So an iteration of N
@@ -100,8 +125,6 @@ if ddp:
     gradient_accumulation_steps //= world_size
 master = rank == 0
 device_type = "cuda" if device.startswith("cuda") else "cpu"
-if dtype not in ("float32", "bfloat16"):
-    sys.exit(f"dtype={dtype!r}: use bfloat16 (CUDA, Ampere or newer) or float32")
 ctx = nullcontext() if dtype == "float32" else torch.autocast(device_type, dtype=torch.bfloat16)
 torch.backends.cuda.matmul.allow_tf32 = True
 torch.backends.cudnn.allow_tf32 = True
@@ -109,8 +132,11 @@ torch.backends.cudnn.allow_tf32 = True
 # data
 data_dir = os.path.join(data_root, dataset)
 config["data_dir"] = data_dir
-meta = load_meta(data_dir)
-data = {split: load_tokens(data_dir, split, meta) for split in ("train", "val")}
+try:
+    meta = load_meta(data_dir)
+    data = {split: load_tokens(data_dir, split, meta) for split in ("train", "val")}
+except ValueError as e:
+    sys.exit(str(e))
 mqar = meta.get("mqar")
 T = mqar["seq_len"] if mqar else block_size  # tokens per training sequence
 if mqar and block_size < T:
@@ -120,7 +146,7 @@ for split, tokens in data.items():
         sys.exit(f"block_size={T} is larger than the data: {data_dir}/{split}.bin holds only {len(tokens)} tokens; "
                  "lower --block_size or prepare more data")
 data_vocab = meta["vocab_size"]
-vocab_size = vocab_size or -(-data_vocab // 64) * 64
+vocab_size = vocab_size or math.ceil(data_vocab / 64) * 64
 if vocab_size < data_vocab:
     sys.exit(f"vocab_size={vocab_size} is smaller than the vocabulary of {data_dir} ({data_vocab}): use --vocab_size=0")
 config["vocab_size"] = vocab_size
@@ -144,7 +170,9 @@ def get_batch(split, gen):
 
 # model: all ranks build identical weights from `seed`; then each rank gets its own
 # streams for dropout, data sampling and SA permutations
-model_args = {k: config[k] for k in GPTConfig.__dataclass_fields__ if k in config}
+model_args = dict(n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=block_size, bias=bias,
+                  vocab_size=vocab_size, dropout=dropout, attn=attn, window=window, moba_block=moba_block,
+                  moba_topk=moba_topk, sa_perm=sa_perm, pos_emb=pos_emb, rope_base=rope_base)
 try:
     gptconf = GPTConfig(**model_args)
 except ValueError as e:
@@ -156,14 +184,18 @@ torch.manual_seed(dropout_seed)
 sampler = torch.Generator().manual_seed(sampler_seed)
 optimizer = raw_model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type)
 iter_num, best_val_loss = 0, float("inf")
-ckpt_path = os.path.join(out_dir, "ckpt.pt")
 
 if init_from == "resume":
-    _, ckpt = load_checkpoint(ckpt_path)  # checks the file; its weights then go into our model
+    try:
+        _, ckpt = load_checkpoint(ckpt_path)  # checks the file; its weights then go into our model
+    except ValueError as e:
+        sys.exit(str(e))
+    old = ckpt.get("meta", {})  # the data must mean what it meant: the same tokenizer, the same vocabulary
+    if any(old.get(k) != meta.get(k) for k in ("tokenizer", "vocab_size", "chars")):
+        sys.exit(f"{ckpt_path} was trained on {ckpt['config'].get('data_dir')} ({old.get('tokenizer')} tokens, "
+                 f"vocabulary {old.get('vocab_size')}), but {data_dir} has another vocabulary ({meta['tokenizer']} "
+                 f"tokens, {meta['vocab_size']}): resume on the data it was trained on, or start a new out_dir")
     theirs = ckpt["model_args"]
-    if theirs["vocab_size"] != vocab_size:
-        sys.exit(f"{ckpt_path} has vocab_size {theirs['vocab_size']}, but {data_dir} needs {vocab_size}: resume "
-                 f"on the data it was trained on (dataset={ckpt['config'].get('dataset')}) or start a new out_dir")
     diff = [k for k in model_args if k != "dropout" and theirs.get(k) != model_args[k]]
     if diff:
         sys.exit(f"{ckpt_path} was trained with {', '.join(f'{k}={theirs.get(k)!r}' for k in diff)}, but this run "
@@ -186,8 +218,6 @@ if init_from == "resume":
         print(f"rank {rank}: {ckpt_path} has RNG states for {len(states)} ranks only; this rank continues "
               "from fresh seeds, so the run is no longer an exact continuation")
     del ckpt
-elif init_from != "scratch":
-    sys.exit(f"init_from={init_from!r}: use scratch or resume")
 
 model = torch.compile(raw_model) if compile else raw_model   # evaluation runs this one, on the master only
 train_model = DDP(model, device_ids=[local_rank] if device_type == "cuda" else None,
@@ -253,7 +283,22 @@ tokens_per_iter = gradient_accumulation_steps * world_size * batch_size * T
 log_file = None
 if master:
     os.makedirs(out_dir, exist_ok=True)
-    log_file = open(os.path.join(out_dir, "log.jsonl"), "a" if init_from == "resume" else "w")
+    if os.path.exists(ckpt_path + ".tmp"):
+        os.remove(ckpt_path + ".tmp")  # the half-written file of an interrupted save
+    if init_from == "scratch" and os.path.exists(ckpt_path):
+        os.remove(ckpt_path)  # --overwrite=True: the old checkpoint must not outlive its log
+    log_path = os.path.join(out_dir, "log.jsonl")
+    if init_from == "resume" and os.path.exists(log_path):
+        # cut the log back to the checkpoint's eval, which this run repeats: a killed run may have
+        # logged later iterations, which this run redoes. The log then reads as one run.
+        with open(log_path) as f:
+            records = [json.loads(line) for line in f if line.endswith("\n")]  # a kill can cut the last line short
+        with open(log_path + ".tmp", "w") as f:
+            for r in records:
+                if r["iter"] < iter_num or (r["iter"] == iter_num and "val_loss" not in r):
+                    print(json.dumps(r), file=f)
+        os.replace(log_path + ".tmp", log_path)
+    log_file = open(log_path, "a" if init_from == "resume" else "w")
     print(f"{dataset}: {len(data['train']):,} train / {len(data['val']):,} val tokens; {raw_model.get_num_params() / 1e6:.2f}M "
           f"parameters, attn={attn}, window={window}; {tokens_per_iter:,} tokens per iteration "
           f"({world_size} x {gradient_accumulation_steps} x {batch_size} x {T}) on {device}")
@@ -280,7 +325,7 @@ while True:
             print(f"step {iter_num}: train loss {ev['train_loss']:.4f}, val loss {ev['val_loss']:.4f}{acc}")
             log({"iter": iter_num, **ev, "lr": lr, "elapsed_s": round(time.time() - t_start, 2)})
             best_val_loss = min(best_val_loss, ev["val_loss"])
-            if not eval_only and (always_save_checkpoint or ev["val_loss"] <= best_val_loss):
+            if iter_num > 0 and not eval_only and (always_save_checkpoint or ev["val_loss"] <= best_val_loss):
                 save_checkpoint({"model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
                                  "model_args": raw_model.model_args(), "iter_num": iter_num,
                                  "best_val_loss": best_val_loss, "config": config, "meta": meta, "rng": states},
@@ -312,9 +357,10 @@ while True:
             torch.cuda.synchronize()
         dt = (time.time() - t_last) / iters_since_log
         tok_s = tokens_per_iter / dt
-        mfu = raw_model.estimate_mfu(tokens_per_iter // world_size, dt, T)
-        print(f"iter {iter_num}: loss {lossf:.4f}, lr {lr:.2e}, {dt * 1000:.0f} ms/iter, {tok_s:,.0f} tok/s, "
-              f"mfu {mfu * 100:.2f}% (of an A100's bf16 peak)")
+        # mfu is measured against an A100's peak: on a CPU it means nothing
+        mfu = raw_model.estimate_mfu(tokens_per_iter // world_size, dt, T) if device_type == "cuda" else None
+        print(f"iter {iter_num}: loss {lossf:.4f}, lr {lr:.2e}, {dt * 1000:.0f} ms/iter, {tok_s:,.0f} tok/s"
+              + (f", mfu {mfu * 100:.2f}% (of an A100's bf16 peak)" if mfu is not None else ""))
         log({"iter": iter_num, "loss": lossf, "lr": lr, "ms_per_iter": round(dt * 1000, 2), "tok_per_s": round(tok_s),
              "mfu": mfu, "elapsed_s": round(time.time() - t_start, 2)})
         t_last, iters_since_log = time.time(), 0
