@@ -49,21 +49,20 @@ Swaps: --attn (a comma list) with --window or --windows; MoBA gets the same key 
 moba_block = window // moba_topk (unless --moba_block is set). sa+swa needs its trained
 gates, so it cannot be swapped in. SA draws fresh permutations every forward pass; --seeds=N
 reports mean ± std over seeds 0..N-1. A sweep prints a kind x window table per task and plots
-it next to --json (else into out_dir).
+it next to --json_out (else into out_dir).
 """
-import json as json_lib
+import json
 import math
 import os
 import sys
-from contextlib import nullcontext
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 import attention
-from model import ATTN_KINDS, GPT, load_checkpoint
-from prepare_data import get_tokenizer, load_meta, load_tokens, progress
+from model import ATTN_KINDS, DTYPES, GPT, GPT2_SIZES, autocast, load_checkpoint
+from prepare_data import get_tokenizer, load_meta, load_tokens, progress, pyplot
 from tasks import TASKS, Tokenizer, evaluate_task, load_task, load_task_file
 
 # -----------------------------------------------------------------------------
@@ -86,11 +85,10 @@ batch_size = 8         # sequences per forward pass
 bootstrap_iters = 100000  # resamples for the LAMBADA ppl stderr, lm-eval's default (0 = none)
 device = "cuda" if torch.cuda.is_available() else "cpu"
 dtype = "bfloat16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "float32"
-json = ""              # also write the results to this JSON file
-plot = "sweep.png"     # a sweep's plot; a bare file name goes next to --json, else into out_dir ("" = no plot)
+json_out = ""          # also write the results to this JSON file
+plot = "sweep.png"     # a sweep's plot; a bare file name goes next to --json_out, else into out_dir ("" = no plot)
 # -----------------------------------------------------------------------------
 DEFAULTS = {k: v for k, v in globals().items() if k[:1].islower() and isinstance(v, (int, float, bool, str, type(None)))}
-GPT2_SIZES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
 GPT2_META = {"tokenizer": "gpt2", "vocab_size": 50257, "eot": 50256}  # what prepare_data.py writes for GPT-2 BPE
 
 
@@ -129,12 +127,12 @@ def run(cfg):
     if len({r["window"] for r in results if r["attn"] != "full"}) > 1:
         print(sweep_tables(results))
         if cfg["plot"]:
-            where = "" if os.path.dirname(cfg["plot"]) else os.path.dirname(cfg["json"]) or cfg["out_dir"]
+            where = "" if os.path.dirname(cfg["plot"]) else os.path.dirname(cfg["json_out"]) or cfg["out_dir"]
             plot_sweep(results, os.path.join(where, cfg["plot"]))
-    if cfg["json"]:
-        os.makedirs(os.path.dirname(cfg["json"]) or ".", exist_ok=True)
-        with open(cfg["json"], "w") as f:
-            json_lib.dump({"config": cfg, "results": results, "per_seed": rows}, f, indent=1)
+    if cfg["json_out"]:
+        os.makedirs(os.path.dirname(cfg["json_out"]) or ".", exist_ok=True)
+        with open(cfg["json_out"], "w") as f:
+            json.dump({"config": cfg, "results": results, "per_seed": rows}, f, indent=1)
     return results
 
 
@@ -342,12 +340,7 @@ def register_hf_attention(attn, window=None, moba_block=64, moba_topk=4, generat
 def load_model(cfg):
     """(lm, dataset of the checkpoint or "") for cfg["init_from"]."""
     dev = cfg["device"]
-    device_type = "cuda" if "cuda" in dev else "cpu"
-    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-    if cfg["dtype"] not in dtypes:
-        raise ValueError(f"dtype must be one of {', '.join(dtypes)}, got {cfg['dtype']!r}")
-    ptdtype = dtypes[cfg["dtype"]]
-    ctx = nullcontext() if device_type == "cpu" else torch.amp.autocast(device_type=device_type, dtype=ptdtype)
+    ctx = autocast(dev, cfg["dtype"])
     ours = lambda meta: Tokenizer(meta["tokenizer"], *get_tokenizer(meta), meta.get("eot"), get_tokenizer(meta)[0])
     if cfg["init_from"] == "resume":
         model, ckpt = load_checkpoint(os.path.join(cfg["out_dir"], "ckpt.pt"), dev)
@@ -359,7 +352,7 @@ def load_model(cfg):
     except ImportError:
         raise ValueError(f"--init_from={cfg['init_from']} loads a Hugging Face model: pip install transformers") from None
     hf_tok = AutoTokenizer.from_pretrained(cfg["init_from"])
-    model = AutoModelForCausalLM.from_pretrained(cfg["init_from"], dtype=ptdtype).to(dev)
+    model = AutoModelForCausalLM.from_pretrained(cfg["init_from"], dtype=DTYPES[cfg["dtype"]]).to(dev)
     prefix = hf_tok.bos_token_id if hf_tok.bos_token_id is not None else hf_tok.eos_token_id  # lm-eval's prefix token
     prefix_text = hf_tok.decode(prefix) if prefix is not None else None
     tok = Tokenizer(f"hf:{cfg['init_from']}", lambda s: hf_tok.encode(s, add_special_tokens=False), hf_tok.decode, prefix,
@@ -479,11 +472,9 @@ def sweep_cells(results):
 
 def plot_sweep(results, path):
     try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("(pip install matplotlib for the sweep's plot)")
+        plt = pyplot("the sweep's plot")
+    except ValueError as e:
+        print(f"({e})")
         return
     panels = sweep_cells(results)
     fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.2), squeeze=False)

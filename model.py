@@ -13,6 +13,7 @@ A GPT language model with a switchable attention, after nanoGPT.
 import inspect
 import math
 import os
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, replace
 
 import torch
@@ -24,6 +25,8 @@ import attention
 ATTN_KINDS = ("full", "swa", "sa", "sa+swa", "moba")
 SA_PERM_MODES = ("layer", "head")
 POS_EMBS = ("rope", "learned")
+GPT2_SIZES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass
@@ -56,9 +59,7 @@ class GPTConfig:
         if self.pos_emb not in POS_EMBS:
             bad("pos_emb", f"one of {POS_EMBS}")
         for field in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd", "window", "moba_block", "moba_topk"):
-            value = getattr(self, field)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                bad(field, "an integer >= 1")
+            attention.check_positive(getattr(self, field), f"GPTConfig.{field}")
         if self.n_embd % self.n_head:
             bad("n_embd", f"divisible by n_head={self.n_head}")
         if self.pos_emb == "rope" and (self.n_embd // self.n_head) % 2:
@@ -285,12 +286,12 @@ class GPT(nn.Module):
         if isinstance(model_type, nn.Module):
             hf = model_type
         else:
-            if model_type not in ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl"):
-                raise ValueError(f"unknown GPT-2 model_type {model_type!r}: use gpt2, gpt2-medium, gpt2-large or gpt2-xl")
+            if model_type not in GPT2_SIZES:
+                raise ValueError(f"unknown GPT-2 model_type {model_type!r}: use one of {', '.join(GPT2_SIZES)}")
             try:
                 from transformers import GPT2LMHeadModel
             except ImportError:
-                raise SystemExit("loading GPT-2 weights needs transformers: pip install transformers") from None
+                raise ValueError("loading GPT-2 weights needs transformers: pip install transformers") from None
             hf = GPT2LMHeadModel.from_pretrained(model_type)
         c = hf.config
         # our Block must compute exactly what GPT-2's does
@@ -318,6 +319,14 @@ class GPT(nn.Module):
 
     def model_args(self):
         return asdict(self.config)
+
+
+def autocast(device, dtype):
+    """The mixed-precision context of train.py, sample.py and eval.py: none for "float32",
+    else torch.autocast to "bfloat16" or "float16" on device's type."""
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype={dtype!r}: use one of {', '.join(DTYPES)}")
+    return nullcontext() if dtype == "float32" else torch.autocast(device.split(":")[0], dtype=DTYPES[dtype])
 
 
 # -----------------------------------------------------------------------------

@@ -179,6 +179,17 @@ def progress(iterable, **kwargs):
     return tqdm(iterable, **kwargs)
 
 
+def pyplot(purpose):
+    """matplotlib.pyplot, drawing to files only, for the scripts' plots; ValueError if it is not installed."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise ValueError(f"{purpose} needs matplotlib: pip install matplotlib") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
 def text_tokenizer(name, text=None):
     """For writing: (meta fields, encode_batch: list of str or bytes -> list of id arrays, eot id or None).
     "chars" builds its vocabulary from `text`."""

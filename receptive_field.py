@@ -31,17 +31,19 @@ only simulated up to --max_layers (the table quotes the formula beside it).
 
   python receptive_field.py --n=16384 --window=16 --kind=sa+swa
   python receptive_field.py --setting=bidirectional --kind=sa --heads=4
-  python receptive_field.py --grid=True --json=results/coverage.json --plot=results/coverage.png
+  python receptive_field.py --grid=True --json_out=results/coverage.json --plot=results/coverage.png
 
 The hyperparameters are the globals below, overridden as --key=value by configurator.py.
 """
-import json as json_lib
+import json
 import math
 import os
 import sys
 import time
 
 import numpy as np
+
+from prepare_data import pyplot
 
 # -----------------------------------------------------------------------------
 n = 4096                # sequence length
@@ -55,7 +57,7 @@ grid = False            # run every grid_runs entry for every n in grid_n and w 
 grid_n = "256,1024,4096,16384"  # comma list of n
 grid_window = "16,64"           # comma list of w
 grid_runs = "causal:swa,causal:sa,causal:sa+swa,bidirectional:sa"  # comma list of setting:kind
-json = ""               # write all results (per-seed layer counts, pairs connected per layer) here
+json_out = ""           # write all results (per-seed layer counts, pairs connected per layer) here
 plot = ""               # plot coverage against depth here (needs matplotlib)
 # -----------------------------------------------------------------------------
 KINDS = ("swa", "sa", "sa+swa")
@@ -193,12 +195,7 @@ def make_plot(results, path):
     """One panel per (w, n): the fraction of pairs NOT yet connected against
     depth, log-log, so that slow tails show; a curve that reaches full coverage
     drops to the bottom edge and ends in a triangle."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise SystemExit("receptive_field.py: --plot needs matplotlib (pip install matplotlib)")
+    plt = pyplot("--plot")
     ws, ns = sorted({r["window"] for r in results}), sorted({r["n"] for r in results})
     fig, axes = plt.subplots(len(ws), len(ns), figsize=(3.2 * len(ns) + 1, 2.8 * len(ws) + 0.8),
                              squeeze=False, sharex=True)
@@ -242,6 +239,8 @@ def main():
             runs = [(n, window, kind, setting)]
         for N, w, k, s in runs:
             check(N, w, k, s, heads, seeds, max_layers)
+        if plot:
+            pyplot("--plot")  # before the long run, not after it
     except ValueError as e:
         raise SystemExit(f"receptive_field.py: {e}")
     results = []
@@ -253,16 +252,16 @@ def main():
         r = results[0]
         print("\nlayer  covered fraction  pairs not yet connected  (median over seeds)")
         print("\n".join(f"{i:5d}  {f:16.6f}  {round((1 - f) * r['pairs']):23d}" for i, f in enumerate(median_curve(r))))
-    for path in (json, plot):
+    for path in (json_out, plot):
         if path and os.path.dirname(path):
             os.makedirs(os.path.dirname(path), exist_ok=True)
-    if json:
-        with open(json, "w") as f:
-            json_lib.dump(dict(command="python receptive_field.py " + " ".join(sys.argv[1:]), results=results), f)
+    if json_out:
+        with open(json_out, "w") as f:
+            json.dump(dict(command="python receptive_field.py " + " ".join(sys.argv[1:]), results=results), f)
     if plot:
         make_plot(results, plot)
 
 
 if __name__ == "__main__":
-    exec(open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "configurator.py")).read())
+    exec(open("configurator.py").read())
     main()

@@ -11,11 +11,10 @@ at every forward pass; --seed fixes them, together with the sampling itself.
 """
 import os
 import sys
-from contextlib import nullcontext
 
 import torch
 
-from model import load_checkpoint
+from model import autocast, load_checkpoint
 from prepare_data import get_tokenizer
 
 # -----------------------------------------------------------------------------
@@ -65,7 +64,10 @@ if max(start_ids) >= model.config.vocab_size:
     sys.exit(f"--start holds token ids >= the model's vocab_size {model.config.vocab_size}")
 torch.manual_seed(seed)
 model.sa_generator.manual_seed(seed)
-ctx = nullcontext() if dtype == "float32" else torch.autocast(device.split(":")[0], dtype=torch.bfloat16)
+try:
+    ctx = autocast(device, dtype)
+except ValueError as e:
+    sys.exit(str(e))
 
 x = torch.tensor(start_ids, dtype=torch.long, device=device)[None, :]  # (1, T)
 with ctx:

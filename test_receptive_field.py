@@ -108,7 +108,7 @@ def test_cli_grid_writes_table_json_and_plot(tmp_path):
     pytest.importorskip("matplotlib")
     out = tmp_path / "cov.json"
     p = subprocess.run([sys.executable, "receptive_field.py", "--grid=True", "--grid_n=64,128", "--grid_window=4,8",
-                        "--seeds=2", f"--json={out}", f"--plot={tmp_path / 'cov.png'}"],
+                        "--seeds=2", f"--json_out={out}", f"--plot={tmp_path / 'cov.png'}"],
                        capture_output=True, text=True, check=True)
     assert p.stdout.count("| causal | sa+swa |") == 4 and "| bidirectional | sa |" in p.stdout
     res = json.loads(out.read_text())["results"]

@@ -23,7 +23,6 @@ import os
 import random
 import sys
 import time
-from contextlib import nullcontext
 
 import numpy as np
 import torch
@@ -31,7 +30,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from attention import check_positive
-from model import GPT, GPTConfig, load_checkpoint, save_checkpoint
+from model import GPT, GPTConfig, autocast, load_checkpoint, save_checkpoint
 from prepare_data import load_meta, load_tokens, mqar_targets
 
 # -----------------------------------------------------------------------------
@@ -125,7 +124,7 @@ if ddp:
     gradient_accumulation_steps //= world_size
 master = rank == 0
 device_type = "cuda" if device.startswith("cuda") else "cpu"
-ctx = nullcontext() if dtype == "float32" else torch.autocast(device_type, dtype=torch.bfloat16)
+ctx = autocast(device, dtype)
 torch.backends.cuda.matmul.allow_tf32 = True
 torch.backends.cudnn.allow_tf32 = True
 
