@@ -40,10 +40,9 @@ Zero-shot scoring, lm-evaluation-harness 0.4.13's (tasks.py):
   context length    the model's own (lm-eval's: n_positions, max_position_embeddings or n_ctx
                     of the config, else the tokenizer's model_max_length, else 2048);
                     --block_size caps it. Longer inputs lose tokens on the left.
-Batches are right-padded and every kind is causal, so no pad reaches a real token. In a
-Hugging Face model SA permutes only each row's real tokens, so a document's score does not
-depend on its batch; our GPT's SA permutes the padded length (model.py), so its SA numbers
-move a little with --batch_size.
+Batches are right-padded and every kind is causal, so no pad reaches a real token. SA
+permutes only each row's real tokens (our GPT and Hugging Face models alike), so a
+document's score does not depend on what else is in its batch.
 
 Swaps: --attn (a comma list) with --window or --windows; MoBA gets the same key budget,
 moba_block = window // moba_topk (unless --moba_block is set). sa+swa needs its trained
@@ -190,8 +189,9 @@ class OurLM:
         self.native = {"attn": kind, **({"window": model.config.window} if kind in ("swa", "sa", "sa+swa") else {})}
 
     def logits(self, idx, lengths=None):
+        """lengths (B,): each row's real tokens; SA then permutes only those (GPT.draw_perms)."""
         with self.ctx:
-            return self.model(idx)[0]                                            # (B, T, vocab)
+            return self.model(idx, lengths=lengths)[0]                           # (B, T, vocab)
 
     def use(self, setting):
         self.model.swap_attention(**setting)

@@ -188,19 +188,33 @@ class GPT(nn.Module):
     def get_num_params(self):
         return sum(p.numel() for p in self.parameters())
 
-    def draw_perms(self, B, T, device):
-        """One fresh permutation per layer for SA, (T,) or (B, nh, T) per config.sa_perm."""
+    def draw_perms(self, B, T, device, lengths=None):
+        """One fresh permutation per layer for SA, (T,) or (B, nh, T) per config.sa_perm.
+        With lengths (B,), the real tokens of right-padded rows: each row permutes only its
+        first lengths[b] tokens (pads keep their slots after them), from a per-layer seed, so
+        a row's permutation depends on that seed and its length, never on the rest of the batch."""
         cfg = self.config
         if cfg.attn not in ("sa", "sa+swa"):
             return [None] * cfg.n_layer
         g = self.sa_generator
-        if cfg.sa_perm == "layer":
+        if lengths is not None:
+            perms = []
+            for seed in torch.randint(2**62, (cfg.n_layer,), generator=g).tolist():
+                rows = []
+                for n in lengths.tolist():
+                    gr = torch.Generator().manual_seed(seed)
+                    heads = 1 if cfg.sa_perm == "layer" else cfg.n_head
+                    real = torch.rand(heads, n, generator=gr).argsort(-1)                       # (1 or nh, n)
+                    rows.append(torch.cat([real, torch.arange(n, T).expand(heads, -1)], -1))    # (1 or nh, T)
+                perms.append(torch.stack(rows))                                                  # (B, 1 or nh, T)
+        elif cfg.sa_perm == "layer":
             perms = [torch.randperm(T, generator=g) for _ in range(cfg.n_layer)]                 # (T,) each
         else:
             perms = [torch.rand(B, cfg.n_head, T, generator=g).argsort(-1) for _ in range(cfg.n_layer)]  # (B, nh, T)
         return [p.to(device) for p in perms]
 
-    def forward(self, idx, targets=None):
+    def forward(self, idx, targets=None, lengths=None):
+        """idx (B, T) -> logits (B, T, vocab), and the loss if targets. lengths: see draw_perms."""
         B, T = idx.size()
         if T > self.config.block_size:
             raise ValueError(f"sequence length {T} exceeds block_size {self.config.block_size}")
@@ -211,7 +225,7 @@ class GPT(nn.Module):
         else:
             rope = (self.rope_cos, self.rope_sin)
         x = self.transformer.drop(x)
-        for block, perm in zip(self.transformer.h, self.draw_perms(B, T, idx.device)):
+        for block, perm in zip(self.transformer.h, self.draw_perms(B, T, idx.device, lengths)):
             x = block(x, perm, rope)
         logits = self.lm_head(self.transformer.ln_f(x))                          # (B, T, vocab)
         loss = None

@@ -427,6 +427,23 @@ def padded_batch(a, b, side):
     return x, mask, (slice(len(pad), None) if side == "left" else slice(0, len(b)))
 
 
+@pytest.mark.parametrize("sa_perm", ["layer", "head"])
+def test_our_sa_score_does_not_depend_on_the_batch(sa_perm):
+    """SA's permutations covered the padded length, so a document's SA logits moved with the
+    batch it was scored in; now each row permutes only its own real tokens."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=32, vocab_size=64, n_layer=2, n_head=2, n_embd=16, attn="sa", window=3,
+                          sa_perm=sa_perm))
+    lm = ev.OurLM(model, None, 32, "cpu", torch.no_grad())
+    a, b = torch.randint(64, (2, 30))
+    batch = torch.stack([a, torch.cat([b[:11], torch.zeros(19, dtype=torch.long)])])   # row 1: 11 real tokens
+    lm.seed(5)
+    together = lm.logits(batch, torch.tensor([30, 11]))
+    lm.seed(5)
+    alone = lm.logits(b[None, :11], torch.tensor([11]))
+    assert (together[1, :11] - alone[0]).abs().max() < 1e-5
+
+
 @needs_transformers
 def test_hf_attention_honours_left_and_right_padding(qwen):
     """Left padding gave wrong logits (transformers passed no mask), and SA's permutation covered the
