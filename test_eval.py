@@ -1,4 +1,17 @@
-"""Tests for eval.py and GPT.from_pretrained, all offline. Run: python -m pytest -q test_eval.py"""
+"""Tests for eval.py, tasks.py and GPT.from_pretrained, all offline. Run: python -m pytest -q test_eval.py
+
+- the scoring definitions on hand-built task files with a stand-in model whose log-probabilities
+  are known: acc vs acc_norm, partial scoring, stderr and bootstrap stderr, the context/continuation
+  split with and without BOS, left truncation, LAMBADA greedy accuracy and perplexity;
+- the harness prompt formats of HellaSwag, PIQA, ARC and WinoGrande on sample rows;
+- perplexity and bits per byte of a tiny checkpoint against a by-hand loop;
+- window sweeps: tables, seeds' mean ± std, plot and JSON placement; budgets covering T equal full;
+- SA scores independent of the batch (our GPT and Hugging Face models);
+- GPT-2's weight import against a tiny random GPT2LMHeadModel;
+- the Hugging Face adapter on tiny random Qwen3/Mistral models: equal to sdpa at budgets covering
+  T, left and right padding, no future leakage, SWA decoding with a KV cache equal to
+  recomputation and to transformers' own sliding window, unsupported kwargs rejected;
+- one-line errors: unknown task, malformed task file (which line), bad windows, missing packages."""
 import importlib.util
 import json
 import math

@@ -1,5 +1,15 @@
 """Tests for prepare_data.py, train.py, sample.py, configurator.py and model.py's checkpoints.
-Run: python -m pytest -q test_train.py. The scripts run as subprocesses on tiny models."""
+Run: python -m pytest -q test_train.py. The scripts run as subprocesses on tiny models.
+
+- prepare_data on small inputs, and the downloadable datasets offline through their real code
+  with a tiny BPE; MQAR's answers depend on the pairs;
+- exact resume: 2N iterations equal N + resume to N, bitwise (dropout, SA, sa_perm=head, grad
+  accumulation), also after a simulated kill; log.jsonl cut back to the checkpoint;
+- nothing lost: rerunning the main job refuses to overwrite its checkpoint; no save at iter 0;
+  a resume on another dataset is refused even when the padded vocab sizes match;
+- a 2-process gloo DDP run; sampling (greedy = top_k 1, seeds reproduce);
+- every bad input (config keys, values, files, checkpoints, datasets) gets one line, a non-zero
+  exit, and nothing written."""
 import json
 import os
 import subprocess
