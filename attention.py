@@ -26,10 +26,12 @@ Triton kernel in kernel.py all follow them, and test_attention.py checks that):
   moba_attention(q, k, v, block_size, top_k):
       keys are split into blocks of block_size. Query i always attends to its
       own block (causally, j <= i) plus the top_k - 1 strictly-past blocks with
-      the largest q_i . mean(K_block). top_k * block_size >= T gives full attention.
+      the largest q_i . mean(K_block) (scored in fp32). top_k * block_size >= T
+      gives full attention.
 
-Every query sees at least itself, so no row is ever fully masked; masks still
-use a finite large negative so that padding rows can never produce NaN.
+Every query sees at least itself, so no row is ever fully masked. Scores and
+softmax are computed in fp32 for every input dtype (fp16 overflows no sooner
+than in PyTorch's SDPA). Speed and memory on the CPU: python bench.py.
 """
 import importlib.util
 import math
@@ -40,7 +42,7 @@ import torch.nn.functional as F
 # The one switch: which implementation the fast functions below run.
 #   "auto":      the Triton kernel (kernel.py) for CUDA tensors with a head dim it supports,
 #                the blocked torch path otherwise
-#   "torch":     the blocked torch path: O(T * window) time and memory, no T x T tensor
+#   "torch":     the blocked torch path: O(T * window) time and memory, no T x T tensor, forward and backward
 #   "triton":    the Triton kernel (also runs on the CPU under TRITON_INTERPRET=1)
 #   "reference": the dense-mask O(T^2) oracle
 BACKEND = "auto"
@@ -313,7 +315,7 @@ def _moba_layout(q, k, block_size, top_k):
     - picked: the (query, block) pairs moba_select chose, sorted by key block and cut into
       tiles of C queries, so each tile is one small matmul against one key block.
     A query sits in 1 + (top_k - 1) groups; the engine merges them into one softmax."""
-    B, H, T, D = q.shape
+    B, H, T = q.shape[:3]
     BH, bs, device = B * H, block_size, q.device
     nblk = math.ceil(T / bs)
     C = BLOCK
