@@ -48,7 +48,7 @@ import torch.nn.functional as F
 BACKEND = "auto"
 BACKENDS = ("auto", "torch", "triton", "reference")
 BLOCK = 64        # query rows per block in the blocked torch path
-CHUNK = 1 << 18   # score elements per step of the blocked torch path: a chunk's scores stay in cache
+CHUNK = 1 << 19   # score elements per step of the blocked torch path: a chunk's scores stay in cache
 NEG = float("-inf")  # the blocked path's additive masks hide with -inf (exp is fast there; no row is all -inf)
 TRITON_HEAD_DIMS = (16, 32, 64, 128)  # what kernel.py compiles for
 
@@ -119,8 +119,9 @@ class _GroupedAttention(torch.autograd.Function):
     def forward(ctx, q, k, v, layout):
         B, H, T, D = q.shape
         qf, kf, vf = _flat(q) / math.sqrt(D), _flat(k), _flat(v)            # (BH*T + 1, D)
-        # running softmax per query row over all the groups it is in (online, as FlashAttention
-        # merges its key blocks): max logsumexp so far, sum of exp(lse - top), and the output sum
+        # Each query's softmax over all the groups it is in: SWA and SA put a query in exactly one
+        # group, MoBA in several, merged online as FlashAttention merges its key blocks: the
+        # largest logsumexp so far (top), the sum of exp(lse - top) (total) and the output sum.
         top = torch.full_like(qf[:, 0], NEG)                                # (BH*T + 1,)
         total, out = torch.zeros_like(top), torch.zeros_like(qf)
         for qrows, krows, mask in layout():                                 # (..., C), (..., L), (..., C, L)
@@ -130,6 +131,10 @@ class _GroupedAttention(torch.autograd.Function):
             p = s.sub_(m).exp_()                                            # (..., C, L), unnormalised
             l = p.sum(-1, keepdim=True)                                     # (..., C, 1)
             rows, lse = qrows.flatten(), (m + l.log()).flatten()            # (n,): this chunk's group rows
+            if not layout.merge:
+                out.index_copy_(0, rows, (p @ vc).div_(l).flatten(0, -2))
+                top.index_copy_(0, rows, lse)
+                continue
             seen = rows.unique()                                            # a row may be in several groups
             old = top[seen]
             top.scatter_reduce_(0, rows, lse, "amax")
@@ -139,8 +144,10 @@ class _GroupedAttention(torch.autograd.Function):
             w = (lse - top[rows]).exp_()                                    # (n,)
             total.index_add_(0, rows, w)
             out.index_add_(0, rows, (p @ vc).mul_((w / l.flatten()).view_as(l)).flatten(0, -2))
-        out /= total[:, None]
-        ctx.save_for_backward(q, k, v, out, top + total.log())
+        if layout.merge:
+            out /= total[:, None]
+            top += total.log()                                              # the logsumexp of each row
+        ctx.save_for_backward(q, k, v, out, top)
         ctx.layout = layout
         return out[:-1].view(B, H, T, D).to(q.dtype)
 
@@ -207,6 +214,7 @@ def _band_layout(B, H, T, window, idx, pos, two_sided):
             kpos = pos[:, s * C:(e - 1) * C + L].unfold(1, L, C)                  # (BH or 1, n, L)
             seen = band & (kpos[..., None, :] <= qpos[..., :, None])              # (BH or 1, n, C, L)
             yield qrows, krows, torch.zeros(seen.shape, device=device).masked_fill_(~seen, NEG)
+    chunks.merge = False  # every query is in one group
     return chunks
 
 
@@ -350,6 +358,7 @@ def _moba_layout(q, k, block_size, top_k):
             yield own[:, s:s + m], own[:, s:s + m], own_mask + keymask[s:s + m, None, :]  # (BH, m, bs), .., (m, bs, bs)
         for s in range(0, len(tile_q), n):
             yield tile_q[s:s + n], tile_k[s:s + n], tile_mask[s:s + n]          # (n, C), (n, bs), (n, 1, bs)
+    chunks.merge = True  # a query is in 1 + (top_k - 1) groups
     return chunks
 
 
