@@ -152,6 +152,7 @@ class _GroupedAttention(torch.autograd.Function):
         return out[:-1].view(B, H, T, D).to(q.dtype)
 
     @staticmethod
+    @torch.autograd.function.once_differentiable
     def backward(ctx, dout):
         q, k, v, out, lse = ctx.saved_tensors
         B, H, T, D = q.shape
