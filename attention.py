@@ -26,10 +26,12 @@ Triton kernel in kernel.py all follow them, and test_attention.py checks that):
   moba_attention(q, k, v, block_size, top_k):
       keys are split into blocks of block_size. Query i always attends to its
       own block (causally, j <= i) plus the top_k - 1 strictly-past blocks with
-      the largest q_i . mean(K_block). top_k * block_size >= T gives full attention.
+      the largest q_i . mean(K_block) (scored in fp32). top_k * block_size >= T
+      gives full attention.
 
-Every query sees at least itself, so no row is ever fully masked; masks still
-use a finite large negative so that padding rows can never produce NaN.
+Every query sees at least itself, so no row is ever fully masked. Scores and
+softmax are computed in fp32 for every input dtype (fp16 overflows no sooner
+than in PyTorch's SDPA). Speed and memory on the CPU: python bench.py.
 """
 import importlib.util
 import math
@@ -40,13 +42,14 @@ import torch.nn.functional as F
 # The one switch: which implementation the fast functions below run.
 #   "auto":      the Triton kernel (kernel.py) for CUDA tensors with a head dim it supports,
 #                the blocked torch path otherwise
-#   "torch":     the blocked torch path: O(T * window) time and memory, no T x T tensor
+#   "torch":     the blocked torch path: O(T * window) time and memory, no T x T tensor, forward and backward
 #   "triton":    the Triton kernel (also runs on the CPU under TRITON_INTERPRET=1)
 #   "reference": the dense-mask O(T^2) oracle
 BACKEND = "auto"
 BACKENDS = ("auto", "torch", "triton", "reference")
 BLOCK = 64        # query rows per block in the blocked torch path
-CHUNK = 1 << 18   # score elements computed per step in the blocked torch path
+CHUNK = 1 << 19   # score elements per step of the blocked torch path: a chunk's scores stay in cache
+NEG = float("-inf")  # the blocked path's additive masks hide with -inf (exp is fast there; no row is all -inf)
 
 
 def check_positive(value, name="window"):
@@ -75,14 +78,102 @@ def _backend(q):
     return BACKEND
 
 
-def _masked_softmax_av(scores, mask, v):
-    """softmax(scores where mask else -big) @ v, the softmax in fp32."""
-    scores = scores.float().masked_fill_(~mask, torch.finfo(torch.float32).min)
-    return torch.softmax(scores, dim=-1).to(v.dtype) @ v
+# -----------------------------------------------------------------------------
+# The dense references: obviously correct, O(T^2), the oracle for every test. Each
+# kind's mask (the rule, written directly) sits next to its fast path below.
+
+def full_attention(q, k, v):
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+def masked_attention(q, k, v, mask):
+    """softmax(q k^T / sqrt(D) where mask else -inf) @ v, the scores and softmax in fp32 (no fp16 overflow)."""
+    scores = (q.float() @ k.float().transpose(-1, -2)) / math.sqrt(q.shape[-1])  # (B, H, T, T)
+    scores = scores.masked_fill_(~mask, torch.finfo(torch.float32).min)
+    return torch.softmax(scores, dim=-1).to(v.dtype) @ v                          # (B, H, T, D)
 
 
 # -----------------------------------------------------------------------------
-# Dense-mask references: obviously correct, O(T^2), the oracle for every test.
+# The blocked torch path: O(T * window) time and memory, forward and backward.
+#
+# One engine serves SWA, SA and MoBA. A kind is a layout: it yields chunks of GROUPS, a group
+# being C query rows, the L key rows they may see and an additive mask (C, L) of 0 or -inf that
+# applies the rule. Rows index q, k, v flattened to (B*H*T + 1, D); the extra last row is zeros
+# and is what padding reads. A chunk's scores stay in cache; a query in several groups (MoBA)
+# gets one softmax over all of them, merged by logsumexp as FlashAttention merges its blocks.
+# The backward recomputes each chunk's probabilities from the saved logsumexp, so nothing of
+# size T * window is kept between the passes and autograd never sees the chunk loop.
+
+def _flat(t):
+    """(B, H, T, D) -> (B*H*T + 1, D) in fp32 (scores in fp32: fp16 cannot overflow), the last row zero."""
+    return F.pad(t.detach().float().flatten(0, 2), (0, 0, 0, 1))
+
+
+def _gather(t, rows):
+    """t (N, D) at rows (...) -> (..., D); index_select is several times faster than t[rows]."""
+    return t.index_select(0, rows.flatten()).view(*rows.shape, t.shape[-1])
+
+
+class _GroupedAttention(torch.autograd.Function):
+
+    @staticmethod
+    def forward(ctx, q, k, v, layout):
+        B, H, T, D = q.shape
+        qf, kf, vf = _flat(q) / math.sqrt(D), _flat(k), _flat(v)            # (BH*T + 1, D)
+        # Each query's softmax over all the groups it is in: SWA and SA put a query in exactly one
+        # group, MoBA in several, merged online as FlashAttention merges its key blocks: the
+        # largest logsumexp so far (top), the sum of exp(lse - top) (total) and the output sum.
+        top = torch.full_like(qf[:, 0], NEG)                                # (BH*T + 1,)
+        total, out = torch.zeros_like(top), torch.zeros_like(qf)
+        for qrows, krows, mask in layout():                                 # (..., C), (..., L), (..., C, L)
+            qc, kc, vc = _gather(qf, qrows), _gather(kf, krows), _gather(vf, krows)  # (..., C|L, D)
+            s = (qc @ kc.transpose(-1, -2)).add_(mask)                      # (..., C, L)
+            m = s.amax(-1, keepdim=True)                                    # (..., C, 1)
+            p = s.sub_(m).exp_()                                            # (..., C, L), unnormalised
+            l = p.sum(-1, keepdim=True)                                     # (..., C, 1)
+            rows, lse = qrows.flatten(), (m + l.log()).flatten()            # (n,): this chunk's group rows
+            if not layout.merge:
+                out.index_copy_(0, rows, (p @ vc).div_(l).flatten(0, -2))
+                top.index_copy_(0, rows, lse)
+                continue
+            seen = rows.unique()                                            # a row may be in several groups
+            old = top[seen]
+            top.scatter_reduce_(0, rows, lse, "amax")
+            rescale = (old - top[seen]).exp_()                              # earlier groups, to the new max
+            total[seen] *= rescale
+            out[seen] *= rescale[:, None]
+            w = (lse - top[rows]).exp_()                                    # (n,)
+            total.index_add_(0, rows, w)
+            out.index_add_(0, rows, (p @ vc).mul_((w / l.flatten()).view_as(l)).flatten(0, -2))
+        if layout.merge:
+            out /= total[:, None]
+            top += total.log()                                              # the logsumexp of each row
+        ctx.save_for_backward(q, k, v, out, top)
+        ctx.layout = layout
+        return out[:-1].view(B, H, T, D).to(q.dtype)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dout):
+        q, k, v, out, lse = ctx.saved_tensors
+        B, H, T, D = q.shape
+        qf, kf, vf, dof = _flat(q) / math.sqrt(D), _flat(k), _flat(v), _flat(dout)
+        delta = (dof * out).sum(-1)                                         # (BH*T + 1,): rowsum(dO * O)
+        dq, dk, dv = torch.zeros_like(qf), torch.zeros_like(kf), torch.zeros_like(vf)
+        for qrows, krows, mask in ctx.layout():
+            qc, doc, kc, vc = _gather(qf, qrows), _gather(dof, qrows), _gather(kf, krows), _gather(vf, krows)
+            p = (qc @ kc.transpose(-1, -2)).add_(mask).sub_(lse[qrows][..., None]).exp_()  # (..., C, L)
+            dv.index_add_(0, krows.flatten(), (p.transpose(-1, -2) @ doc).flatten(0, -2))
+            dp = doc @ vc.transpose(-1, -2)                                 # (..., C, L)
+            ds = p.mul_(dp.sub_(delta[qrows][..., None]))                   # (..., C, L): dloss/dscores
+            dq.index_add_(0, qrows.flatten(), (ds @ kc).flatten(0, -2))
+            dk.index_add_(0, krows.flatten(), (ds.transpose(-1, -2) @ qc).flatten(0, -2))
+        dq /= math.sqrt(D)
+        return *(g[:-1].view(B, H, T, D).to(q.dtype) for g in (dq, dk, dv)), None
+
+
+# -----------------------------------------------------------------------------
+# SWA, and SA through it: the band.
 
 def swa_mask(T, window, pos=None, device=None):
     """The rule itself: (..., T, T) bool, True where query i may see key j."""
@@ -92,143 +183,47 @@ def swa_mask(T, window, pos=None, device=None):
     return band & (pos[..., None, :] <= pos[..., :, None])               # (..., T, T)
 
 
-def sa_mask(window, perm):
-    """SA's mask in ORIGINAL token order: tokens a >= b interact iff their slots are < window apart."""
-    slot = torch.argsort(perm, dim=-1)                                   # slot[t]: where token t sits
-    idx = torch.arange(perm.shape[-1], device=perm.device)
-    near = (slot[..., :, None] - slot[..., None, :]).abs() < window      # (..., T, T)
-    return near & (idx[None, :] <= idx[:, None])
-
-
-@torch.no_grad()  # routing is a hard choice: no gradient flows through it, as in MoBA
-def moba_select(q, k, block_size, top_k):
-    """MoBA's routing, shared by both MoBA paths so they pick identical blocks.
-    Returns (B, H, T, top_k-1) indices of the chosen strictly-past blocks and a
-    validity mask of the same shape (early queries have fewer past blocks)."""
-    B, H, T, D = q.shape
-    nblk = math.ceil(T / block_size)
-    n = min(top_k - 1, nblk)
-    kpad = F.pad(k, (0, 0, 0, nblk * block_size - T))                    # (B, H, nblk*bs, D)
-    counts = torch.full((nblk,), block_size, device=k.device)
-    counts[-1] = T - (nblk - 1) * block_size
-    kmean = kpad.view(B, H, nblk, block_size, D).sum(3) / counts[:, None]  # (B, H, nblk, D)
-    idx, ok = [], []
-    step = max(1, CHUNK // (B * H * nblk))  # query rows per step: the scores are O(T^2 / block_size)
-    for s in range(0, T, step):
-        rows = torch.arange(s, min(s + step, T), device=q.device)
-        scores = (q[:, :, rows] @ kmean.transpose(-1, -2)).float()      # (B, H, rows, nblk)
-        past = torch.arange(nblk, device=q.device) < (rows // block_size)[:, None]  # (rows, nblk)
-        top, i = scores.masked_fill(~past, float("-inf")).topk(n, dim=-1)  # (B, H, rows, n)
-        idx.append(i)
-        ok.append(top > float("-inf"))
-    return torch.cat(idx, 2), torch.cat(ok, 2)
-
-
-def full_attention(q, k, v):
-    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
-
-
-def masked_attention(q, k, v, mask):
-    scores = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])          # (B, H, T, T)
-    return _masked_softmax_av(scores, mask, v)
-
-
 def swa_reference(q, k, v, window, pos=None):
     return masked_attention(q, k, v, swa_mask(q.shape[2], window, pos, q.device))
 
 
-def sa_reference(q, k, v, window, perm):
-    return masked_attention(q, k, v, sa_mask(window, perm))
-
-
-def moba_reference(q, k, v, block_size, top_k):
-    T = q.shape[2]
-    idx, ok = moba_select(q, k, block_size, top_k)
-    nblk = math.ceil(T / block_size)
-    chosen = torch.zeros(*idx.shape[:3], nblk, dtype=torch.bool, device=q.device)
-    chosen.scatter_(-1, idx, ok)                                         # (B, H, T, nblk)
-    blk = torch.arange(T, device=q.device) // block_size
-    chosen[..., torch.arange(T), blk] = True                             # own block
-    causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
-    return masked_attention(q, k, v, chosen[..., blk] & causal)          # (B, H, T, T)
-
-
-# -----------------------------------------------------------------------------
-# Blocked torch path: O(T * window) time and memory.
-
-def _swa_blocked(q, k, v, window, pos=None):
-    """Query block b (BLOCK rows) attends to one contiguous key span of length
-    L = BLOCK + left + right around it, taken as an overlapping unfold view.
-    Padding slots get positions that make the rule mask them by itself: left
-    pads are 'in everyone's future', right pads only see themselves."""
-    B, H, T, D = q.shape
-    w = min(window, T)                                  # |i - j| < T always holds
-    C = min(BLOCK, 1 << (T - 1).bit_length())           # block rows; small T needs no 64-row block
+def _band_layout(B, H, T, window, idx, pos, two_sided):
+    """Slot s reads row idx[s] of q, k, v and has position pos[s] (SWA: idx = pos = arange(T); SA:
+    idx = pos = perm, so the gather by perm happens here, a chunk at a time). Query block b (C slots)
+    sees the key span of L = C + left + right slots around it; swa_mask's rule inside the span is
+    the additive mask. Pad slots read the zero row and have a pos in everyone's future."""
+    BH, w, device = B * H, min(window, T), idx.device   # |i - j| < T always holds
+    C = min(BLOCK, 1 << (T - 1).bit_length())          # block rows; small T needs no full block
     nb = math.ceil(T / C)
-    Tp = nb * C
-    left, right = w - 1, (0 if pos is None else w - 1)  # the band's reach in slots
+    left, right = w - 1, (w - 1 if two_sided else 0)   # the band's reach in slots
     L = C + left + right
-    big = torch.iinfo(torch.long).max
-    pos = torch.arange(T, device=q.device) if pos is None else pos
-    lead = pos.shape[:-1]
-    pos = torch.cat([pos.new_full((*lead, left), big), pos,
-                     torch.arange(T, Tp + right, device=q.device).expand(*lead, -1)], -1)  # (..., left+Tp+right)
-    pos_q = pos[..., left:left + Tp].unflatten(-1, (nb, C))             # (..., nb, C)
-    pos_k = pos.unfold(-1, L, C)                                        # (..., nb, L)
-    r, c = torch.arange(C, device=q.device), torch.arange(L, device=q.device)
-    band = (r[:, None] + left - c[None, :]).abs() < w                   # (C, L): same for every block
+    pad = (left, nb * C - T + right)
+    rows = idx.expand(B, H, T).reshape(BH, T) + torch.arange(BH, device=device)[:, None] * T  # (BH, T)
+    rows = F.pad(rows, pad, value=BH * T)                                     # (BH, left+Tp+right)
+    pos = pos.expand(B, H, T).reshape(BH, T) if pos.dim() == 3 else pos[None]  # (BH or 1, T)
+    big = pos.new_full((pos.shape[0], 1), torch.iinfo(torch.long).max)
+    pos = torch.cat([big.expand(-1, pad[0]), pos, big.expand(-1, pad[1])], 1)  # (BH or 1, left+Tp+right)
+    r, c = torch.arange(C, device=device), torch.arange(L, device=device)
+    band = (r[:, None] + left - c[None, :]).abs() < w                        # (C, L): the same for every block
+    n = max(1, CHUNK // (BH * C * L))                                         # blocks per chunk
 
-    qb = (F.pad(q, (0, 0, 0, Tp - T)) / math.sqrt(D)).unflatten(2, (nb, C))  # (B, H, nb, C, D)
-    kw = F.pad(k, (0, 0, left, Tp - T + right)).unfold(2, L, C)         # (B, H, nb, D, L)
-    vw = F.pad(v, (0, 0, left, Tp - T + right)).unfold(2, L, C).transpose(-1, -2)  # (B, H, nb, L, D)
-    # A few query blocks at a time, so the (.., C, L) scores stay in cache: this
-    # loop makes the CPU path several times faster than one big batched matmul.
-    step = max(1, CHUNK // (B * H * C * L))
-    ys = []
-    for s in range(0, nb, step):
-        blk = slice(s, s + step)
-        mask = band & (pos_k[..., blk, None, :] <= pos_q[..., blk, :, None])  # (..., step, C, L)
-        ys.append(_masked_softmax_av(qb[:, :, blk] @ kw[:, :, blk], mask, vw[:, :, blk]))  # (B, H, step, C, D)
-    y = torch.cat(ys, 2)                                                # (B, H, nb, C, D)
-    return y.flatten(2, 3)[:, :, :T]                                    # (B, H, T, D)
+    def chunks():
+        for s in range(0, nb, n):
+            e = min(s + n, nb)
+            qrows = rows[:, left + s * C:left + e * C].unflatten(1, (e - s, C))   # (BH, n, C)
+            krows = rows[:, s * C:(e - 1) * C + L].unfold(1, L, C)                # (BH, n, L)
+            qpos = pos[:, left + s * C:left + e * C].unflatten(1, (e - s, C))     # (BH or 1, n, C)
+            kpos = pos[:, s * C:(e - 1) * C + L].unfold(1, L, C)                  # (BH or 1, n, L)
+            seen = band & (kpos[..., None, :] <= qpos[..., :, None])              # (BH or 1, n, C, L)
+            yield qrows, krows, torch.zeros(seen.shape, device=device).masked_fill_(~seen, NEG)
+    chunks.merge = False  # every query is in one group
+    return chunks
 
-
-def _moba_gathered(q, k, v, block_size, top_k):
-    """Each query's scores are its own block (causal) plus its chosen past
-    blocks, gathered by index; one softmax over both parts."""
-    B, H, T, D = q.shape
-    bs = block_size
-    nblk = math.ceil(T / bs)
-    Tp = nblk * bs
-    scale = 1 / math.sqrt(D)
-    kb = F.pad(k, (0, 0, 0, Tp - T)).unflatten(2, (nblk, bs))           # (B, H, nblk, bs, D)
-    vb = F.pad(v, (0, 0, 0, Tp - T)).unflatten(2, (nblk, bs))           # (B, H, nblk, bs, D)
-    qb = F.pad(q, (0, 0, 0, Tp - T)).unflatten(2, (nblk, bs))           # (B, H, nblk, bs, D)
-    own = (qb @ kb.transpose(-1, -2)) * scale                           # (B, H, nblk, bs, bs)
-    own_mask = torch.ones(bs, bs, dtype=torch.bool, device=q.device).tril().expand(nblk, bs, bs)
-
-    idx, ok = moba_select(q, k, bs, top_k)                              # (B, H, T, n)
-    n = idx.shape[-1]
-    idx = F.pad(idx, (0, 0, 0, Tp - T)).unflatten(2, (nblk, bs))        # (B, H, nblk, bs, n)
-    ok = F.pad(ok, (0, 0, 0, Tp - T)).unflatten(2, (nblk, bs))          # (B, H, nblk, bs, n)
-    bh = (torch.arange(B, device=q.device)[:, None, None, None, None],
-          torch.arange(H, device=q.device)[None, :, None, None, None])
-    ksel = kb[bh + (idx,)].flatten(-3, -2)                              # (B, H, nblk, bs, n*bs, D)
-    vsel = vb[bh + (idx,)].flatten(-3, -2)                              # (B, H, nblk, bs, n*bs, D)
-    past = (qb.unsqueeze(-2) @ ksel.transpose(-1, -2)).squeeze(-2) * scale  # (B, H, nblk, bs, n*bs)
-    past_mask = ok.repeat_interleave(bs, dim=-1)                        # (B, H, nblk, bs, n*bs)
-
-    scores = torch.cat([own, past], -1).float()                         # (B, H, nblk, bs, bs + n*bs)
-    mask = torch.cat([own_mask.expand_as(own), past_mask], -1)
-    p = torch.softmax(scores.masked_fill(~mask, torch.finfo(torch.float32).min), -1).to(v.dtype)
-    y = p[..., :bs] @ vb + (p[..., bs:].unsqueeze(-2) @ vsel).squeeze(-2)  # (B, H, nblk, bs, D)
-    return y.flatten(2, 3)[:, :, :T]                                    # (B, H, T, D)
-
-
-# -----------------------------------------------------------------------------
-# The functions the model calls.
 
 def sliding_window_attention(q, k, v, window, pos=None):
+    """Causal sliding-window attention, with positions: out (B, H, T, D) for q, k, v (B, H, T, D);
+    key j is visible to query i iff |i - j| < window and pos[j] <= pos[i], pos (T,) or broadcastable
+    to (B, H, T), default arange(T): plain SWA over the last `window` keys. Equals swa_reference."""
     check_positive(window)
     backend = _backend(q)
     if backend == "reference":
@@ -243,7 +238,22 @@ def sliding_window_attention(q, k, v, window, pos=None):
             import warnings
             cause = (str(e).strip().splitlines() or [""])[0]
             warnings.warn(f"the Triton kernel failed, using the torch path instead: {type(e).__name__}: {cause}")
-    return _swa_blocked(q, k, v, window, pos)
+    B, H, T, D = q.shape
+    idx = torch.arange(T, device=q.device)
+    return _GroupedAttention.apply(q, k, v, _band_layout(B, H, T, window, idx, idx if pos is None else pos,
+                                                         pos is not None))
+
+
+def sa_mask(window, perm):
+    """SA's mask in ORIGINAL token order: tokens a >= b interact iff their slots are < window apart."""
+    slot = torch.argsort(perm, dim=-1)                                   # slot[t]: where token t sits
+    idx = torch.arange(perm.shape[-1], device=perm.device)
+    near = (slot[..., :, None] - slot[..., None, :]).abs() < window      # (..., T, T)
+    return near & (idx[None, :] <= idx[:, None])
+
+
+def sa_reference(q, k, v, window, perm):
+    return masked_attention(q, k, v, sa_mask(window, perm))
 
 
 def _take(t, idx):
@@ -258,78 +268,115 @@ def _take(t, idx):
 
 
 def stochastic_attention(q, k, v, window, perm):
+    """Stochastic attention: out (B, H, T, D) for q, k, v (B, H, T, D) and perm, a permutation of
+    range(T) of shape (T,) or (B, H, T). The tokens are placed in slots by perm, SWA runs over the
+    slots with pos=perm (so no token sees its future) and the output returns to token order:
+    tokens a >= b interact iff their slots are fewer than `window` apart. Equals sa_reference."""
     B, H, T, D = q.shape
     _check_perm(perm, B, H, T)
+    if _backend(q) == "torch":  # the gather by perm and the scatter back happen in the layout, a chunk at a time
+        return _GroupedAttention.apply(q, k, v, _band_layout(B, H, T, check_positive(window), perm, perm, True))
     qs, ks, vs = (_take(t, perm) for t in (q, k, v))                    # (B, H, T, D) in slot order
     ys = sliding_window_attention(qs, ks, vs, window, pos=perm)        # (B, H, T, D) in slot order
     return _take(ys, torch.argsort(perm, dim=-1))                      # (B, H, T, D) in token order
 
 
+# -----------------------------------------------------------------------------
+# MoBA: each query's own block plus the past blocks its router picks.
+
+@torch.no_grad()  # routing is a hard choice: no gradient flows through it, as in MoBA
+def moba_select(q, k, block_size, top_k):
+    """MoBA's routing, shared by both MoBA paths so they pick identical blocks; scored in fp32,
+    as MoBA's own code does. Returns (B, H, T, top_k-1) indices of the chosen strictly-past
+    blocks and a validity mask of the same shape (early queries have fewer past blocks)."""
+    B, H, T, D = q.shape
+    nblk = math.ceil(T / block_size)
+    n = min(top_k - 1, nblk)
+    kpad = F.pad(k.float(), (0, 0, 0, nblk * block_size - T))           # (B, H, nblk*bs, D)
+    counts = torch.full((nblk,), block_size, device=k.device)
+    counts[-1] = T - (nblk - 1) * block_size
+    kmean = kpad.view(B, H, nblk, block_size, D).sum(3) / counts[:, None]  # (B, H, nblk, D)
+    idx, ok = [], []
+    step = max(1, CHUNK // (B * H * nblk))  # query rows per step: the scores are O(T^2 / block_size)
+    for s in range(0, T, step):
+        rows = torch.arange(s, min(s + step, T), device=q.device)
+        scores = q[:, :, rows].float() @ kmean.transpose(-1, -2)        # (B, H, rows, nblk)
+        past = torch.arange(nblk, device=q.device) < (rows // block_size)[:, None]  # (rows, nblk)
+        top, i = scores.masked_fill(~past, float("-inf")).topk(n, dim=-1)  # (B, H, rows, n)
+        idx.append(i)
+        ok.append(top > float("-inf"))
+    return torch.cat(idx, 2), torch.cat(ok, 2)
+
+
+def moba_mask(q, k, block_size, top_k):
+    """MoBA's rule: (B, H, T, T) bool, True where query i sees key j: j <= i, in i's own block
+    or in one of the blocks moba_select picked for i."""
+    T = q.shape[2]
+    idx, ok = moba_select(q, k, block_size, top_k)
+    nblk = math.ceil(T / block_size)
+    chosen = torch.zeros(*idx.shape[:3], nblk, dtype=torch.bool, device=q.device)
+    chosen.scatter_(-1, idx, ok)                                         # (B, H, T, nblk)
+    blk = torch.arange(T, device=q.device) // block_size
+    chosen[..., torch.arange(T), blk] = True                             # own block
+    causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
+    return chosen[..., blk] & causal                                     # (B, H, T, T)
+
+
+def moba_reference(q, k, v, block_size, top_k):
+    return masked_attention(q, k, v, moba_mask(q, k, block_size, top_k))
+
+
+def _moba_layout(q, k, block_size, top_k):
+    """Two kinds of groups, each a block of keys (L = block_size) and the queries that see it:
+    - own: query block b and key block b, causal;
+    - picked: the (query, block) pairs moba_select chose, sorted by key block and cut into
+      tiles of C queries, so each tile is one small matmul against one key block.
+    A query sits in 1 + (top_k - 1) groups; the engine merges them into one softmax."""
+    B, H, T = q.shape[:3]
+    BH, bs, device = B * H, block_size, q.device
+    nblk = math.ceil(T / bs)
+    C = BLOCK
+    base = torch.arange(BH, device=device)[:, None] * T                      # (BH, 1): row offset of each head
+    rows = F.pad(torch.arange(T, device=device) + base, (0, nblk * bs - T), value=BH * T)  # (BH, nblk*bs)
+    own = rows.view(BH, nblk, bs)                                             # (BH, nblk, bs): queries = keys
+    r = torch.arange(bs, device=device)
+    own_mask = torch.zeros(bs, bs, device=device).masked_fill_(r[None, :] > r[:, None], NEG)  # (bs, bs)
+    keymask = torch.zeros(nblk, bs, device=device)                            # (nblk, bs): pads of the last block
+    keymask.view(-1)[T:] = NEG
+
+    idx, ok = moba_select(q, k, bs, top_k)                                    # (B, H, T, n)
+    pair_blk = (idx + torch.arange(BH, device=device).view(B, H, 1, 1) * nblk)[ok]  # (P,): head * nblk + block
+    pair_row = (torch.arange(T, device=device) + base.view(B, H, 1)).unsqueeze(-1).expand_as(idx)[ok]  # (P,)
+    pair_blk, order = pair_blk.sort(stable=True)
+    pair_row = pair_row[order]
+    count = torch.bincount(pair_blk, minlength=BH * nblk)                     # (BH*nblk,) queries per key block
+    first = torch.cumsum(count, 0) - count                                    # where each block's pairs start
+    ntile = (count + C - 1) // C
+    tile0 = torch.cumsum(ntile, 0) - ntile                                    # each block's first tile
+    rank = torch.arange(len(pair_blk), device=device) - first[pair_blk]       # rank of a pair in its block
+    tile_q = torch.full((int(ntile.sum()), C), BH * T, device=device)         # (tiles, C): pad = the zero row
+    tile_q.view(-1)[tile0[pair_blk] * C + rank] = pair_row
+    tile_blk = torch.repeat_interleave(torch.arange(BH * nblk, device=device), ntile)  # (tiles,)
+    tile_k = rows.view(BH * nblk, bs)[tile_blk]                               # (tiles, bs)
+    tile_mask = keymask[tile_blk % nblk][:, None, :]                          # (tiles, 1, bs)
+    n = max(1, CHUNK // (C * bs))                                             # tiles per chunk
+    m = max(1, n // BH)                                                       # own blocks per chunk
+
+    def chunks():
+        for s in range(0, nblk, m):
+            yield own[:, s:s + m], own[:, s:s + m], own_mask + keymask[s:s + m, None, :]  # (BH, m, bs), .., (m, bs, bs)
+        for s in range(0, len(tile_q), n):
+            yield tile_q[s:s + n], tile_k[s:s + n], tile_mask[s:s + n]          # (n, C), (n, bs), (n, 1, bs)
+    chunks.merge = True  # a query is in 1 + (top_k - 1) groups
+    return chunks
+
+
 def moba_attention(q, k, v, block_size, top_k):
-    check_positive(block_size, "block_size"), check_positive(top_k, "top_k")
+    """MoBA (Mixture of Block Attention): out (B, H, T, D) for q, k, v (B, H, T, D). Keys are split
+    into blocks of block_size; query i sees its own block causally plus the top_k - 1 strictly-past
+    blocks whose mean key scores highest against q_i (moba_select). Equals moba_reference."""
+    check_positive(block_size, "block_size")
+    check_positive(top_k, "top_k")
     if _backend(q) == "reference":
         return moba_reference(q, k, v, block_size, top_k)
-    return _moba_gathered(q, k, v, block_size, top_k)
-
-
-# -----------------------------------------------------------------------------
-# CPU benchmark of the torch paths against full attention:
-#   python attention.py [--sizes=1024,4096,16384] [--json=path]
-# Each case runs in a fresh process so that its peak resident memory can be read.
-
-if __name__ == "__main__":
-    import json
-    import resource
-    import statistics
-    import subprocess
-    import sys
-    import time
-
-    B, H, D, W = 1, 8, 64, 256
-    args = dict(a[2:].split("=", 1) for a in sys.argv[1:])
-
-    if "case" in args:  # one measurement, in this fresh process
-        kind, T = args["case"].split(","), None
-        kind, T = kind[0], int(kind[1])
-        torch.manual_seed(0)
-        q, k, v = torch.randn(3, B, H, T, D).unbind(0)
-        perm = torch.randperm(T)
-        fn = {"full": lambda: full_attention(q, k, v),
-              "swa-ref": lambda: swa_reference(q, k, v, W),
-              "sa-ref": lambda: sa_reference(q, k, v, W, perm),
-              "swa": lambda: _swa_blocked(q, k, v, W),
-              "sa": lambda: stochastic_attention(q, k, v, W, perm)}[kind]
-        BACKEND = "torch"
-        base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        times = []
-        with torch.no_grad():
-            for _ in range(6):
-                t0 = time.perf_counter()
-                fn()
-                times.append(time.perf_counter() - t0)
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base  # KiB above the inputs
-        print(statistics.median(times[1:]), peak / 1024)
-        sys.exit()
-
-    lines = [f"forward, fp32, B={B} H={H} D={D} window={W}, torch {torch.__version__}, {torch.get_num_threads()} "
-             "threads; median of 5 after a warm-up; peak RSS above the inputs",
-             f"{'T':>6} {'kind':>8} {'ms':>9} {'peak MiB':>9} {'full/this':>10}"]
-    print("\n".join(lines), flush=True)
-    rows = []
-    for T in map(int, args.get("sizes", "1024,4096,16384").split(",")):
-        res = {}
-        for kind in ("full", "swa-ref", "sa-ref", "swa", "sa"):
-            if kind.endswith("ref") and T > 4096:
-                continue  # the dense reference would need ~3 * H * T^2 * 4 bytes (> 20 GB)
-            out = subprocess.run([sys.executable, __file__, f"--case={kind},{T}"], capture_output=True, text=True,
-                                 check=True)
-            ms, mib = (float(x) for x in out.stdout.split())
-            res[kind] = ms
-            rows.append(dict(T=T, kind=kind, ms=1000 * ms, peak_mib=mib))
-            lines.append(f"{T:>6} {kind:>8} {1000 * ms:>9.1f} {mib:>9.0f} {res['full'] / ms:>9.1f}x")
-            print(lines[-1], flush=True)
-        lines.append(f"{'':>6} {'sa/swa':>8} {res['sa'] / res['swa']:>9.2f}x (the floor is 2x: SA's band is two-sided)")
-        print(lines[-1], flush=True)
-    if "json" in args:
-        with open(args["json"], "w") as f:
-            json.dump(dict(rows=rows, table="\n".join(lines)), f, indent=1)
+    return _GroupedAttention.apply(q, k, v, _moba_layout(q, k, block_size, top_k))

@@ -155,6 +155,50 @@ def test_fast_path_never_materialises_t_by_t(kind):
     assert dense.max >= 1024 * 1024
 
 
+def test_moba_memory_is_bounded_at_32k():
+    """MoBA's fast path works in chunks: at T=32768, H=8, D=64 no op output is larger than about
+    one input (64 MB in fp32), where gathering K/V per query block needed 12 GB (192 inputs)."""
+    T = 32768
+    q, k, v = (torch.randn(1, 8, T, 64) for _ in range(3))
+    with MaxNumel() as seen, torch.no_grad():
+        A.moba_attention(q, k, v, 64, 4)
+    assert seen.max < 1.01 * q.numel(), f"moba created a tensor of {seen.max} elements"
+
+
+# -----------------------------------------------------------------------------
+# Numerics: no kind produces NaN or inf where PyTorch's SDPA stays finite.
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("backend", ["torch", "reference"])
+def test_finite_wherever_sdpa_is_finite(monkeypatch, backend, dtype):
+    """q, k = 150 * randn at D=64: q.k reaches ~1e6, past fp16's 65504 when computed in fp16; SDPA
+    scales first and stays finite. So must every kind, forward and gradients."""
+    monkeypatch.setattr(A, "BACKEND", backend)
+    T, perm = 100, random_perm((), 100)
+    kinds = {"full": A.full_attention, "swa": lambda q, k, v: A.sliding_window_attention(q, k, v, 16),
+             "sa": lambda q, k, v: A.stochastic_attention(q, k, v, 16, perm),
+             "moba": lambda q, k, v: A.moba_attention(q, k, v, 16, 3)}
+    for scale in (1, 150):
+        q, k, v = (x.detach() for x in qkv(1, 2, T, 64))
+        q, k = (scale * x for x in (q, k))
+        q, k, v = (x.to(dtype).requires_grad_() for x in (q, k, v))
+        sdpa = out_and_grads(lambda *x: torch.nn.functional.scaled_dot_product_attention(*x, is_causal=True), q, k, v)
+        for name, fn in kinds.items():
+            for what, want, got in zip(("out", "dq", "dk", "dv"), sdpa, out_and_grads(fn, q, k, v)):
+                assert got.isfinite().all() or not want.isfinite().all(), f"{name} {what} at scale {scale}"
+    assert all(t.isfinite().all() for t in sdpa), "the inputs must keep SDPA finite, else the test is void"
+
+
+def test_moba_routes_in_fp32():
+    """bf16 inputs are routed by fp32 scores, as MoBA's own code does: the same blocks as for the
+    same (rounded) values in fp32. Scoring in bf16 picks other blocks on some rows."""
+    q, k = (x.detach().to(torch.bfloat16) for x in qkv(2, 4, 2048, 64)[:2])
+    idx16, ok16 = A.moba_select(q, k, 16, 4)
+    idx32, ok32 = A.moba_select(q.float(), k.float(), 16, 4)
+    assert torch.equal(ok16, ok32)
+    assert torch.equal(idx16.sort(-1).values, idx32.sort(-1).values)
+
+
 # -----------------------------------------------------------------------------
 # Bad input gets a clear error.
 

@@ -234,7 +234,7 @@ def coverage():
 
 
 def speed():
-    run("attention.py", f"--json={os.path.join(out, 'speed_cpu.json')}", *SPEED)
+    run("bench.py", f"--json_out={os.path.join(out, 'speed_cpu.json')}", *SPEED)
     with open(os.path.join(out, "speed_cpu.json")) as f:
         return json.load(f)["table"]
 
