@@ -3,12 +3,12 @@ Evaluate a language model: perplexity, zero-shot tasks scored as EleutherAI's
 lm-evaluation-harness 0.4.13 scores them, and training-free attention swaps, for our
 checkpoints, GPT-2 and any Hugging Face causal LM.
 
-  python eval.py --out_dir=out                                   # perplexity on the checkpoint's val.bin
-  python eval.py --out_dir=out --tasks=ppl,lambada,hellaswag     # + zero-shot tasks (needs `datasets`)
-  python eval.py --out_dir=out --task_file=mine.jsonl            # a task from a local JSONL file (tasks.py)
-  python eval.py --out_dir=out --attn=sa --window=64 --seeds=5   # a swap; SA as mean ± std over seeds
+  python eval.py --out_dir=out-quick                                   # perplexity on the checkpoint's val.bin
+  python eval.py --out_dir=out-quick --tasks=ppl,lambada,hellaswag     # + zero-shot tasks (needs `datasets`)
+  python eval.py --out_dir=out-quick --task_file=mine.jsonl            # a task from a local JSONL file (tasks.py)
+  python eval.py --out_dir=out-quick --attn=sa --window=64 --seeds=5   # a swap; SA as mean ± std over seeds
   python eval.py --init_from=gpt2 --dataset=wikitext-103 --split=test --windows=16,32,64,128,256
-  python eval.py --init_from=Qwen/Qwen3-0.6B --tasks=lambada --windows=32,64,128 --json=res/qwen.json
+  python eval.py --init_from=Qwen/Qwen3-0.6B --tasks=lambada --windows=32,64,128 --json_out=res/qwen.json
 
 --init_from: resume (out_dir/ckpt.pt, its dataset's tokenizer), a GPT-2 size (its weights in
 our GPT), or any Hugging Face causal LM id or path, whose attention our swa, sa and moba

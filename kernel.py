@@ -1,8 +1,8 @@
 """
 Sliding-window attention in Triton, forward and backward: triton_swa(q, k, v, window, pos).
 
-The rule is stated once, in attention.py's docstring (key j is visible to query i iff
-|i - j| < window and pos[j] <= pos[i]); this file only makes it fast. It imports nothing
+The rule is stated once, in attention.py's docstring (sliding_window_attention with pos);
+this file only makes it fast. It imports nothing
 from this repo. Stochastic attention reuses it: attention.stochastic_attention gathers
 q, k, v by perm, calls triton_swa(..., pos=perm) and scatters the output back.
 

@@ -15,13 +15,11 @@ Kinds (the union of all paths is a layer's graph):
   sa+swa  both paths in every layer, as in the gated SA + SWA model
 
 Settings:
-  causal         exactly attention.py's rules: tokens a >= b interact iff their
-                 slots are fewer than `window` apart (SWA: slot = token, so
-                 a - window < b <= a). Every pair j <= i must get connected.
-  bidirectional  the paper's theorem setting: the same band with the causal
-                 rule dropped, i.e. a and b interact iff |slot(a) - slot(b)| <
-                 window, up to 2 * window - 1 keys around the query, the band
-                 not wrapping around the ends. Every pair (i, j) must get connected.
+  causal         exactly the rules in attention.py's docstring. Every pair j <= i
+                 must get connected.
+  bidirectional  the paper's theorem setting: the same band with the causal rule
+                 dropped (up to 2 * window - 1 keys around the query, the band not
+                 wrapping around the ends). Every pair (i, j) must get connected.
 
 Reported per run: layers until every allowed pair is connected, layers until
 the last token sees every token (its whole past when causal), the covered
