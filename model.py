@@ -131,8 +131,8 @@ class CausalSelfAttention(nn.Module):
 
     # -- The KV cache of one layer, for full, swa and moba (GPT.generate) ----------------------
     # The token at absolute position p sits in slot p % S of the k, v buffers (B, nh, S, hs).
-    # full and moba: S >= block_size, so nothing is ever overwritten. swa: S = window, so a key
-    # is overwritten exactly when it leaves every later query's window: O(window) memory.
+    # full and moba: S >= block_size (moba rounds it up to whole blocks), so nothing is overwritten.
+    # swa: S = window, so a key is overwritten exactly when it leaves every later query's window.
     # moba also keeps kmean (B, nh, S // moba_block, hs), the key mean of each complete block.
 
     def store(self, cache, k, v, pos):
@@ -140,7 +140,7 @@ class CausalSelfAttention(nn.Module):
         cfg, (B, nh, T, hs) = self.config, k.shape
         if not cache:
             bs = cfg.moba_block
-            S = min(cfg.window, cfg.block_size) if cfg.attn == "swa" else -(-cfg.block_size // bs) * bs
+            S = {"swa": min(cfg.window, cfg.block_size), "moba": -(-cfg.block_size // bs) * bs}.get(cfg.attn, cfg.block_size)
             cache.update(k=k.new_zeros(B, nh, S, hs), v=v.new_zeros(B, nh, S, hs))
             if cfg.attn == "moba":
                 cache["kmean"] = k.new_zeros(B, nh, S // bs, hs)
@@ -164,7 +164,8 @@ class CausalSelfAttention(nn.Module):
             mask = torch.ones(keys.shape[2], dtype=torch.bool, device=q.device)
         else:
             bs = cfg.moba_block
-            own, nc = pos // bs * bs, pos // bs                   # own block's start; complete blocks, all strictly past
+            nc = pos // bs                                       # complete blocks, all strictly past
+            own = nc * bs                                        # the own block's first position
             keys, vals = cache["k"][:, :, own:pos + 1], cache["v"][:, :, own:pos + 1]  # (B, nh, pos+1-own, hs)
             mask = torch.ones(keys.shape[2], dtype=torch.bool, device=q.device)
             if cfg.moba_topk > 1 and nc > 0:
