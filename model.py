@@ -9,10 +9,12 @@ A GPT language model with a switchable attention, after nanoGPT.
     "sa+swa" the paper's gated dual path: Y = sigmoid(x W_sa) * Y_sa + sigmoid(x W_swa) * Y_swa
     "moba"   mixture of block attention (block top-k routing), the baseline
   The exact visibility rules live in attention.py's docstring.
+  GPT.generate decodes full, swa and moba from a KV cache (KVCache below), exactly.
 """
 import inspect
 import math
 import os
+import sys
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, replace
 
@@ -23,6 +25,7 @@ from torch.nn import functional as F
 import attention
 
 ATTN_KINDS = ("full", "swa", "sa", "sa+swa", "moba")
+CACHEABLE = ("full", "swa", "moba")  # the kinds GPT.generate can decode from a KV cache exactly
 SA_PERM_MODES = ("layer", "head")
 POS_EMBS = ("rope", "learned")
 GPT2_SIZES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
@@ -94,7 +97,10 @@ class CausalSelfAttention(nn.Module):
             # one sigmoid gate per head and path, from the block's input: 2 * n_embd * n_head parameters
             self.gate = nn.Linear(config.n_embd, 2 * config.n_head, bias=False)
 
-    def forward(self, x, perm=None, rope=None):
+    def forward(self, x, perm=None, rope=None, cache=None, pos=0):
+        """x (B, T, C). With a cache (this layer's dict of a KVCache), x holds the tokens at absolute
+        positions pos..pos+T-1: a prefill (pos == 0) runs the attention below and fills the cache,
+        a decode step (T == 1) attends over the cache."""
         B, T, C = x.size()
         cfg, nh = self.config, self.config.n_head
         q, k, v = self.c_attn(x).split(C, dim=2)
@@ -103,8 +109,12 @@ class CausalSelfAttention(nn.Module):
         v = v.view(B, T, nh, C // nh).transpose(1, 2)                            # (B, nh, T, hs)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        if cache is not None:
+            self.store(cache, k, v, pos)
 
-        if cfg.attn == "full":
+        if cache is not None and pos > 0:
+            y = self.decode_step(q, cache, pos)
+        elif cfg.attn == "full":
             y = attention.full_attention(q, k, v)
         elif cfg.attn == "swa":
             y = attention.sliding_window_attention(q, k, v, cfg.window)
@@ -118,6 +128,61 @@ class CausalSelfAttention(nn.Module):
                  + g[:, nh:] * attention.sliding_window_attention(q, k, v, cfg.window))
         y = y.transpose(1, 2).contiguous().view(B, T, C)                         # (B, T, C)
         return self.resid_dropout(self.c_proj(y))
+
+    # -- The KV cache of one layer, for full, swa and moba (GPT.generate) ----------------------
+    # The token at absolute position p sits in slot p % S of the k, v buffers (B, nh, S, hs).
+    # full and moba: S >= block_size (moba rounds it up to whole blocks), so nothing is overwritten.
+    # swa: S = window, so a key is overwritten exactly when it leaves every later query's window.
+    # moba also keeps kmean (B, nh, S // moba_block, hs), the key mean of each complete block.
+
+    def store(self, cache, k, v, pos):
+        """Write k, v (B, nh, T, hs) of positions pos..pos+T-1 into cache, allocating it on the first call."""
+        cfg, (B, nh, T, hs) = self.config, k.shape
+        if not cache:
+            bs = cfg.moba_block
+            S = {"swa": min(cfg.window, cfg.block_size), "moba": -(-cfg.block_size // bs) * bs}.get(cfg.attn, cfg.block_size)
+            cache.update(k=k.new_zeros(B, nh, S, hs), v=v.new_zeros(B, nh, S, hs))
+            if cfg.attn == "moba":
+                cache["kmean"] = k.new_zeros(B, nh, S // bs, hs)
+        S = cache["k"].shape[2]
+        n = min(T, S)                                            # only the last S positions can ever be seen
+        slots = torch.arange(pos + T - n, pos + T, device=k.device) % S
+        cache["k"][:, :, slots] = k[:, :, T - n:]                               # (B, nh, n, hs) into their slots
+        cache["v"][:, :, slots] = v[:, :, T - n:]
+        if cfg.attn == "moba":  # the blocks these tokens complete, averaged as attention.moba_select does
+            bs = cfg.moba_block
+            lo, hi = pos // bs, (pos + T) // bs
+            cache["kmean"][:, :, lo:hi] = cache["k"][:, :, lo * bs:hi * bs].unflatten(2, (hi - lo, bs)).sum(3) / bs
+
+    def decode_step(self, q, cache, pos):
+        """The attention of one query q (B, nh, 1, hs) at position pos over the cache (which holds
+        it already), by the rules of attention.py's docstring; a plain masked softmax in fp32."""
+        cfg, (B, nh, _, hs) = self.config, q.shape
+        S = cache["k"].shape[2]
+        if cfg.attn != "moba":  # full: every position so far; swa: the last `window` of them
+            keys, vals = cache["k"][:, :, :min(pos + 1, S)], cache["v"][:, :, :min(pos + 1, S)]  # (B, nh, n, hs)
+            mask = torch.ones(keys.shape[2], dtype=torch.bool, device=q.device)
+        else:
+            bs = cfg.moba_block
+            nc = pos // bs                                       # complete blocks, all strictly past
+            own = nc * bs                                        # the own block's first position
+            keys, vals = cache["k"][:, :, own:pos + 1], cache["v"][:, :, own:pos + 1]  # (B, nh, pos+1-own, hs)
+            mask = torch.ones(keys.shape[2], dtype=torch.bool, device=q.device)
+            if cfg.moba_topk > 1 and nc > 0:
+                # score as moba_select scores the last row of a forward over pos + 1 tokens: the own block
+                # is one more column, masked to -inf, so that topk sees the same row and breaks ties alike
+                scores = (q @ cache["kmean"][:, :, :nc].transpose(-1, -2)).float()   # (B, nh, 1, nc)
+                scores = F.pad(scores, (0, 1), value=float("-inf"))                   # (B, nh, 1, nc+1)
+                top, idx = scores.topk(min(cfg.moba_topk - 1, nc + 1), dim=-1)       # (B, nh, 1, n)
+                bh = (torch.arange(B, device=q.device)[:, None, None], torch.arange(nh, device=q.device)[None, :, None])
+                blocks = idx[:, :, 0]                                                  # (B, nh, n)
+                ksel = cache["k"].unflatten(2, (-1, bs))[bh + (blocks,)].flatten(2, 3)  # (B, nh, n*bs, hs)
+                vsel = cache["v"].unflatten(2, (-1, bs))[bh + (blocks,)].flatten(2, 3)  # (B, nh, n*bs, hs)
+                keys, vals = torch.cat([keys, ksel], 2), torch.cat([vals, vsel], 2)    # (B, nh, n_keys, hs)
+                mask = torch.cat([mask.expand(B, nh, 1, -1), (top > float("-inf")).repeat_interleave(bs, -1)], -1)
+        scores = (q @ keys.transpose(-1, -2)) / math.sqrt(hs)                   # (B, nh, 1, n_keys)
+        scores = scores.float().masked_fill(~mask, torch.finfo(torch.float32).min)
+        return torch.softmax(scores, dim=-1).to(vals.dtype) @ vals              # (B, nh, 1, hs)
 
 
 class MLP(nn.Module):
@@ -141,8 +206,8 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = MLP(config)
 
-    def forward(self, x, perm=None, rope=None):
-        x = x + self.attn(self.ln_1(x), perm, rope)
+    def forward(self, x, perm=None, rope=None, cache=None, pos=0):
+        x = x + self.attn(self.ln_1(x), perm, rope, cache, pos)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -213,20 +278,29 @@ class GPT(nn.Module):
             perms = [torch.rand(B, cfg.n_head, T, generator=g).argsort(-1) for _ in range(cfg.n_layer)]  # (B, nh, T)
         return [p.to(device) for p in perms]
 
-    def forward(self, idx, targets=None, lengths=None):
-        """idx (B, T) -> logits (B, T, vocab), and the loss if targets. lengths: see draw_perms."""
+    def forward(self, idx, targets=None, lengths=None, cache=None):
+        """idx (B, T) -> logits (B, T, vocab), and the loss if targets. lengths: see draw_perms.
+        cache: a KVCache (see generate); idx continues the tokens it has seen, all at once
+        into an empty cache or one at a time."""
         B, T = idx.size()
-        if T > self.config.block_size:
-            raise ValueError(f"sequence length {T} exceeds block_size {self.config.block_size}")
+        pos = 0 if cache is None else cache.pos                                  # idx[:, 0]'s absolute position
+        if pos + T > self.config.block_size:
+            raise ValueError(f"sequence length {pos + T} exceeds block_size {self.config.block_size}")
+        if cache is not None and (self.config.attn not in CACHEABLE or lengths is not None or (pos and T > 1)):
+            raise ValueError(f"a KV cache takes attn in {CACHEABLE}, no lengths, and one token at a time "
+                             f"after the prompt; got attn={self.config.attn!r}, {T} tokens at position {pos}")
         x = self.transformer.wte(idx)                                            # (B, T, C)
         rope = None
         if self.config.pos_emb == "learned":
-            x = x + self.transformer.wpe(torch.arange(T, device=idx.device))     # (B, T, C)
+            x = x + self.transformer.wpe(torch.arange(pos, pos + T, device=idx.device))  # (B, T, C)
         else:
-            rope = (self.rope_cos, self.rope_sin)
+            rope = (self.rope_cos[pos:pos + T], self.rope_sin[pos:pos + T])      # (T, hs/2) each
         x = self.transformer.drop(x)
-        for block, perm in zip(self.transformer.h, self.draw_perms(B, T, idx.device, lengths)):
-            x = block(x, perm, rope)
+        layers = [None] * self.config.n_layer if cache is None else cache.layers
+        for block, perm, layer in zip(self.transformer.h, self.draw_perms(B, T, idx.device, lengths), layers):
+            x = block(x, perm, rope, layer, pos)
+        if cache is not None:
+            cache.pos += T
         logits = self.lm_head(self.transformer.ln_f(x))                          # (B, T, vocab)
         loss = None
         if targets is not None:  # targets of -1 are ignored (MQAR scores answers only)
@@ -269,11 +343,31 @@ class GPT(nn.Module):
         return self.flops_per_token(T) * tokens_per_iter / dt / peak_flops
 
     @torch.no_grad()
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None):
-        """Append max_new_tokens sampled tokens to idx (B, T). temperature=0: greedy, the most likely token."""
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True):
+        """Append max_new_tokens sampled tokens to idx (B, T). temperature=0: greedy, the most likely token.
+        use_cache: keep every layer's keys and values (a KVCache), so that a step computes one token,
+        not the whole prefix. Exact for attn in CACHEABLE: each step's logits equal those of one
+        forward over all the tokens so far. Rank-rule SA (sa, sa+swa) cannot be cached: whether key
+        j is visible to query i depends on the slots of the tokens after i, so it recomputes the
+        prefix at every step, as without the cache, and says so on stderr.
+        Past block_size, without the cache every step crops the context to its last block_size
+        tokens (nanoGPT); with it, a full cache is refilled from the last block_size // 2 tokens
+        by one forward, so a step sees between block_size // 2 and block_size tokens."""
+        cfg = self.config
+        if use_cache and cfg.attn not in CACHEABLE:
+            print(f"use_cache: attn={cfg.attn!r} cannot be decoded from a KV cache exactly; "
+                  "recomputing the whole prefix for every token", file=sys.stderr)
+            use_cache = False
+        cache = None
         for _ in range(max_new_tokens):
-            idx_cond = idx[:, -self.config.block_size:]
-            logits, _ = self(idx_cond)
+            if not use_cache:
+                logits, _ = self(idx[:, -cfg.block_size:])
+            elif cache is None or cache.pos == cfg.block_size:  # the prompt, or a full cache: (re)fill it
+                keep = cfg.block_size if cache is None else max(1, cfg.block_size // 2)
+                cache = KVCache(cfg.n_layer)
+                logits, _ = self(idx[:, -keep:], cache=cache)
+            else:
+                logits, _ = self(idx[:, -1:], cache=cache)
             logits = logits[:, -1, :]                                            # (B, vocab)
             if temperature == 0:
                 idx_next = logits.argmax(-1, keepdim=True)                       # (B, 1)
@@ -333,6 +427,15 @@ class GPT(nn.Module):
 
     def model_args(self):
         return asdict(self.config)
+
+
+class KVCache:
+    """What GPT.generate keeps between steps: pos, the number of tokens seen (the absolute
+    position of the next one), and one dict per layer that CausalSelfAttention.store fills."""
+
+    def __init__(self, n_layer):
+        self.pos = 0
+        self.layers = [{} for _ in range(n_layer)]
 
 
 def autocast(device, dtype):

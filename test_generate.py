@@ -1,0 +1,104 @@
+"""Tests for GPT.generate and its KV cache (model.py). Run: python -m pytest -q test_generate.py"""
+import pytest
+import torch
+
+from model import CACHEABLE, GPT, GPTConfig, KVCache
+from test_attention import MaxNumel
+
+# lengths that are no multiple of the window (7) or the MoBA block (8)
+PROMPT, TOTAL = 13, 90
+
+
+def tiny(attn, **kw):
+    torch.manual_seed(0)
+    cfg = dict(block_size=96, vocab_size=61, n_layer=2, n_head=2, n_embd=32, window=7, moba_block=8, moba_topk=3)
+    return GPT(GPTConfig(attn=attn, **{**cfg, **kw})).eval()
+
+
+def tokens(B, T, seed=1):
+    return torch.randint(61, (B, T), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("attn,kw", [("full", {}), ("full", dict(pos_emb="learned")), ("swa", {}),
+                                     ("swa", dict(pos_emb="learned")), ("swa", dict(window=200)),
+                                     ("moba", {}), ("moba", dict(pos_emb="learned")), ("moba", dict(moba_topk=1))])
+def test_cached_logits_equal_one_full_forward(attn, kw):
+    """Teacher forcing: a prefill, then one token at a time across many windows and MoBA blocks,
+    gives at every step the logits of one forward over all the tokens."""
+    model, idx = tiny(attn, **kw), tokens(2, TOTAL)
+    with torch.no_grad():
+        want, _ = model(idx)                                                  # (2, TOTAL, vocab)
+        cache = KVCache(model.config.n_layer)
+        got = [model(idx[:, :PROMPT], cache=cache)[0]]
+        got += [model(idx[:, t:t + 1], cache=cache)[0] for t in range(PROMPT, TOTAL)]
+    diff = (torch.cat(got, 1) - want).abs().max().item()
+    assert diff <= 1e-5, f"{attn} {kw}: cached logits differ by {diff:.2e}"
+
+
+@pytest.mark.parametrize("attn", CACHEABLE)
+def test_greedy_with_cache_equals_without(attn):
+    model, idx = tiny(attn), tokens(2, 11)
+    a, b = (model.generate(idx, 60, temperature=0, use_cache=c) for c in (True, False))
+    assert a.shape == (2, 71) and torch.equal(a, b)
+
+
+def test_moba_cache_breaks_ties_as_moba_select():
+    """With the query weights zeroed every MoBA routing score ties, and which blocks topk picks
+    depends on the width of the row it sees. Each cached step must pick the blocks that
+    generate without a cache picks: those of a forward over the tokens so far, its last row.
+    One layer: under ties moba_select's choice for a row depends on T, so in a deeper model
+    the earlier rows of that forward differ from the ones the cache computed, by design."""
+    model, idx = tiny("moba", n_layer=1), tokens(2, TOTAL)
+    for block in model.transformer.h:
+        block.attn.c_attn.weight.data[:model.config.n_embd] = 0
+    cache = KVCache(1)
+    with torch.no_grad():
+        model(idx[:, :PROMPT], cache=cache)
+        for t in range(PROMPT, TOTAL):
+            got, want = model(idx[:, t:t + 1], cache=cache)[0][:, 0], model(idx[:, :t + 1])[0][:, -1]
+            torch.testing.assert_close(got, want, atol=1e-5, rtol=0, msg=lambda m: f"step {t}: {m}")
+
+
+def test_past_block_size_the_cache_is_refilled_from_half_a_block():
+    """The documented rule (GPT.generate): a full cache is refilled from the last block_size // 2 tokens."""
+    model, bs = tiny("swa", block_size=32), 32
+    got = model.generate(tokens(1, 20), 50, temperature=0)[0].tolist()
+    seq, start = got[:20], 0
+    while len(seq) < 70:
+        if len(seq) - start > bs:
+            start = len(seq) - bs // 2
+        seq.append(model(torch.tensor([seq[start:]]))[0][0, -1].argmax().item())
+    assert got == seq
+
+
+def largest_tensor_of_a_decode_step(model, T):
+    cache = KVCache(model.config.n_layer)
+    with torch.no_grad():
+        model(tokens(1, T), cache=cache)
+        with MaxNumel() as seen:
+            model(tokens(1, 1), cache=cache)
+    return seen.max, cache
+
+
+def test_swa_decode_is_o_window():
+    """SWA's cache holds `window` positions per layer, and a decode step's largest tensor does not
+    grow with T (its size is set by the weights); the probe does see full attention's O(T) step."""
+    kw = dict(block_size=2048, vocab_size=61, n_layer=2, n_head=2, n_embd=32, window=8)
+    swa, full = GPT(GPTConfig(attn="swa", **kw)).eval(), GPT(GPTConfig(attn="full", **kw)).eval()
+    (short, _), (long, cache) = (largest_tensor_of_a_decode_step(swa, T) for T in (300, 2000))
+    assert all(layer[kv].shape[2] == 8 for layer in cache.layers for kv in ("k", "v"))
+    assert short == long, f"a swa decode step made a tensor of {short} elements at T=300, {long} at T=2000"
+    assert largest_tensor_of_a_decode_step(full, 2000)[0] >= 2000 * 32 > long
+
+
+@pytest.mark.parametrize("attn", ["sa", "sa+swa"])
+def test_sa_cannot_be_cached_says_so_and_recomputes(attn, capsys):
+    model, idx = tiny(attn), tokens(1, 11)
+    outs = []
+    for use_cache in (True, False):
+        model.sa_generator.manual_seed(0)
+        outs.append(model.generate(idx, 5, temperature=0, use_cache=use_cache))
+    err = capsys.readouterr().err
+    assert torch.equal(*outs) and err.count("\n") == 1 and "cannot be decoded from a KV cache" in err
+    with pytest.raises(ValueError, match="a KV cache takes attn in"):
+        model(idx, cache=KVCache(model.config.n_layer))
