@@ -27,6 +27,7 @@ Helpers for train.py, sample.py and eval.py (import prepare_data; no side effect
   load_tokens(data_dir, split, meta) -> memmap  one split's tokens, checked against meta
   get_tokenizer(meta) -> (encode, decode)       str -> list[int], list[int] -> str
   mqar_targets(x, meta) -> y                    MQAR targets: the answers, -1 elsewhere
+  mqar_batch(rng, n, meta) -> (x, y)            n fresh MQAR sequences and their targets
 Bad data raises a one-line ValueError naming the file and the fix.
 """
 import json
@@ -44,14 +45,15 @@ tokenizer = "bytes"      # for --input_file: bytes | chars | gpt2 (or another ti
 data_root = "data"       # datasets go to data_root/<dataset>/
 val_fraction = 0.1       # share of files (pystdlib) or of the text (--input_file, shakespeare_char) held out
 adopt = False            # write a meta.json for existing nanoGPT train.bin/val.bin in data_root/<dataset>/
-# mqar: each sequence is num_pairs key-value pairs, filler, then num_queries queried keys, each followed by its value
-mqar_seq_len = 256       # tokens per sequence
+# mqar: num_pairs key-value pairs, filler, then num_queries keys asked at random positions of the second half
+mqar_seq_len = 128       # tokens per sequence
 mqar_num_pairs = 8       # key-value pairs at the start of each sequence
-mqar_num_queries = 8     # queries at the end (a random subset of the keys, in random order)
-mqar_vocab = 128         # token 0 is filler, then keys, then values, half and half
-mqar_train_seqs = 20000  # sequences in train.bin
+mqar_num_queries = 32    # scored queries per sequence, each asking for a random one of the pairs
+mqar_vocab = 256         # token 0 is filler, then keys, then values, half and half
+mqar_train_seqs = 1000   # sequences in train.bin, a sample: train.py draws fresh ones every batch
 mqar_val_seqs = 1000     # sequences in val.bin
 mqar_seed = 0            # the generator's seed (val uses its own stream)
+mqar_ordered = False     # ask every pair once, in order, at a fixed distance (a copy task: position finds the answer)
 hf_max_docs = 0          # fineweb-edu: stop after this many documents (0: all of sample-10BT, ~10B tokens, ~20 GB)
 hf_val_docs = 5000       # fineweb-edu: the first documents of the stream are held out as val
 # -----------------------------------------------------------------------------
@@ -144,12 +146,33 @@ def get_tokenizer(meta):
 
 def mqar_targets(x, meta):
     """Targets for MQAR sequences x, an integer numpy array (..., seq_len): at each
-    query key the value that follows it, -1 (ignored) everywhere else."""
-    m = meta["mqar"]
-    pos = np.arange(m["seq_len"] - 2 * m["num_queries"], m["seq_len"], 2)  # the query keys
+    query (a key in the second half) the value paired with it at the start, -1 (ignored)
+    everywhere else."""
+    P, half = meta["mqar"]["num_pairs"], meta["mqar"]["seq_len"] // 2
+    keys, values = x[..., 0:2 * P:2], x[..., 1:2 * P:2]                 # (..., P) each
+    match = x[..., half:, None] == keys[..., None, :]                   # (..., T/2, P); filler 0 is no key
     y = np.full_like(x, -1)
-    y[..., pos] = x[..., pos + 1]
+    y[..., half:] = np.where(match.any(-1), (match * values[..., None, :]).sum(-1), -1)
     return y
+
+
+def mqar_batch(rng, n, meta):
+    """n fresh MQAR sequences drawn with the numpy Generator rng: (x, y), int64 (n, seq_len)
+    each, y = mqar_targets(x, meta). train.py draws every training batch this way."""
+    m, V = meta["mqar"], meta["vocab_size"]
+    T, P, Q, K = m["seq_len"], m["num_pairs"], m["num_queries"], m["num_keys"]
+    firsts = lambda lo, hi, k: rng.permuted(np.tile(np.arange(lo, hi), (n, 1)), axis=1)[:, :k]  # k distinct per row
+    keys, values = firsts(1, K + 1, P), firsts(K + 1, V, P)             # (n, P) each
+    x = np.zeros((n, T), np.int64)                                      # (n, T), filler 0
+    x[:, 0:2 * P:2], x[:, 1:2 * P:2] = keys, values
+    if m.get("ordered"):  # pair i asked at T/2 + 2i: every answer exactly T/2 - 1 tokens back
+        where = np.broadcast_to(T // 2 + 2 * np.arange(P), (n, P))      # (n, P) query positions
+        asked = np.broadcast_to(np.arange(P), (n, P))                   # (n, P)
+    else:
+        where = firsts(T // 2, T, Q)                                    # (n, Q) query positions
+        asked = rng.integers(P, size=(n, Q))                            # (n, Q) pair each query asks for
+    np.put_along_axis(x, where, np.take_along_axis(keys, asked, 1), 1)
+    return x, mqar_targets(x, meta)
 
 
 # -----------------------------------------------------------------------------
@@ -305,36 +328,43 @@ def prepare_pystdlib(data_dir, frac, root=None):
                          files={"train": is_val.count(False), "val": is_val.count(True)})
 
 
-def prepare_mqar(data_dir, seq_len, num_pairs, num_queries, vocab, train_seqs, val_seqs, seed):
-    """Multi-query associative recall (Zoology). Each sequence of seq_len tokens is
+def prepare_mqar(data_dir, seq_len, num_pairs, num_queries, vocab, train_seqs, val_seqs, seed, ordered=False):
+    """Multi-query associative recall, Zoology's layout (Arora et al. 2023). Each sequence of
+    seq_len tokens is
 
-        k1 v1 k2 v2 ... kP vP  0 0 ... 0  q1 a1 q2 a2 ... qQ aQ
+        k1 v1 k2 v2 ... kP vP  0 0 ... 0  |  0 q 0 0 q q 0 ... q 0   (| = seq_len // 2)
 
-    P distinct keys from [1, K] with values from [K+1, vocab), filler 0, then Q of
-    the keys in random order, each followed by its value. Only the answers a_i are
-    scored (mqar_targets). Every query is at least min_gap tokens after the value
-    it asks for, so an SWA model of n_layer layers and window w, whose reach is
-    n_layer * (w - 1) tokens, cannot answer when that reach is < min_gap."""
+    P distinct keys from [1, K] with P distinct values from [K+1, vocab), filler 0, and in
+    the second half num_queries keys at random positions, each asking for one of the P pairs
+    at random; the values never reappear. ordered=True asks every pair once, in order, at
+    positions seq_len // 2 + 2i (a query, then filler): each answer is then exactly
+    seq_len // 2 - 1 tokens back, so position alone finds it, as in a copy task, and the
+    task tests reach, not content matching. The target at each query is its value, and only
+    those are scored (mqar_targets). Every query is at least min_gap = seq_len // 2 - (2P - 1)
+    tokens after the value it asks for, so an SWA model of n_layer layers and window w,
+    whose reach is n_layer * (w - 1) tokens, can only guess when that reach is < min_gap.
+    train.bin holds a sample (train.py draws fresh sequences with mqar_batch); val.bin
+    is the fixed val set, from its own seed stream."""
     K = (vocab - 1) // 2
-    min_gap = (seq_len - 2 * num_queries) - (2 * num_pairs - 1)
-    if not (1 <= num_queries <= num_pairs <= K and vocab - 1 - K >= 1 and min_gap >= 1):
-        sys.exit(f"mqar needs 1 <= num_queries ({num_queries}) <= num_pairs ({num_pairs}) <= (vocab-1)//2 ({K}) "
-                 f"and seq_len ({seq_len}) > 2 * (num_pairs + num_queries)")
+    min_gap = seq_len // 2 - (2 * num_pairs - 1)
+    if not (1 <= num_pairs <= K and 1 <= num_queries <= seq_len - seq_len // 2 and min_gap >= 1):
+        raise ValueError(f"mqar needs 1 <= num_pairs ({num_pairs}) <= (vocab-1)//2 ({K}), "
+                         f"1 <= num_queries ({num_queries}) <= seq_len - seq_len // 2 and seq_len ({seq_len}) > 4 * num_pairs")
+    if ordered and (num_queries != num_pairs or 4 * num_pairs > seq_len):
+        raise ValueError(f"mqar_ordered asks each pair once: it needs num_queries = num_pairs ({num_pairs}) "
+                         f"and seq_len ({seq_len}) >= 4 * num_pairs")
+    if ordered:
+        min_gap = seq_len // 2 - 1
     start_dataset(data_dir)
-    counts = {}
+    mqar = dict(seq_len=seq_len, num_pairs=num_pairs, num_queries=num_queries, num_keys=K, min_gap=min_gap, seed=seed,
+                ordered=ordered)
+    meta = {"vocab_size": vocab, "tokenizer": "ids", "dtype": np.dtype(token_dtype(vocab)).name,
+            "source": f"synthetic MQAR, seed {seed}", "tokens": {}, "eot": None, "mqar": mqar}
     for split, n, rng in zip(("train", "val"), (train_seqs, val_seqs), np.random.default_rng(seed).spawn(2)):
-        keys = rng.permuted(np.tile(np.arange(1, K + 1), (n, 1)), axis=1)[:, :num_pairs]        # (n, P) distinct per row
-        values = rng.integers(K + 1, vocab, (n, num_pairs))                                      # (n, P)
-        asked = rng.permuted(np.tile(np.arange(num_pairs), (n, 1)), axis=1)[:, :num_queries]    # (n, Q) pair indices
-        seqs = np.zeros((n, seq_len), token_dtype(vocab))                                        # (n, seq_len), filler 0
-        seqs[:, 0:2 * num_pairs:2], seqs[:, 1:2 * num_pairs:2] = keys, values
-        seqs[:, seq_len - 2 * num_queries::2] = np.take_along_axis(keys, asked, 1)               # (n, Q) query keys
-        seqs[:, seq_len - 2 * num_queries + 1::2] = np.take_along_axis(values, asked, 1)         # (n, Q) answers
-        seqs.tofile(os.path.join(data_dir, f"{split}.bin"))
-        counts[split] = seqs.size
-    mqar = dict(seq_len=seq_len, num_pairs=num_pairs, num_queries=num_queries, num_keys=K, min_gap=min_gap, seed=seed)
-    return write_meta(data_dir, {"vocab_size": vocab, "tokenizer": "ids", "dtype": np.dtype(token_dtype(vocab)).name,
-                                 "source": f"synthetic MQAR, seed {seed}", "tokens": counts, "eot": None, "mqar": mqar})
+        x, _ = mqar_batch(rng, n, meta)                                 # (n, seq_len)
+        x.astype(token_dtype(vocab)).tofile(os.path.join(data_dir, f"{split}.bin"))
+        meta["tokens"][split] = x.size
+    return write_meta(data_dir, meta)
 
 
 def download_text(url):
@@ -417,7 +447,7 @@ if __name__ == "__main__":
             prepare_pystdlib(data_dir, val_fraction)
         elif name == "mqar":
             prepare_mqar(data_dir, mqar_seq_len, mqar_num_pairs, mqar_num_queries, mqar_vocab,
-                         mqar_train_seqs, mqar_val_seqs, mqar_seed)
+                         mqar_train_seqs, mqar_val_seqs, mqar_seed, mqar_ordered)
         elif name == "shakespeare_char":
             prepare_shakespeare_char(data_dir, val_fraction)
         elif name == "fineweb-edu":

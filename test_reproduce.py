@@ -14,18 +14,24 @@ def test_reproduce_fast_writes_every_result(tmp_path):
                        cwd=REPO, capture_output=True, text=True, timeout=900,
                        env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert r.returncode == 0, r.stderr[-3000:]
-    for png in ("sa_picture", "lm", "swap", "mqar", "coverage"):
+    for png in ("sa_picture", "lm", "swap", "mqar", "recall_swap", "coverage"):
         assert (out / f"{png}.png").stat().st_size > 1000, png
     kinds = {"full", "swa", "sa", "sa+swa", "moba"}
     mqar = json.loads((out / "mqar.json").read_text())
     assert {r["attn"] for r in mqar["runs"]} == kinds and all(0 <= r["val_acc"] <= 1 for r in mqar["runs"])
+    assert {r["sa_perm"] for r in mqar["runs"] if r["attn"] == "sa+swa"} == {"layer", "head"}
+    assert mqar["predicted_reachable"]["swa/layer/2"] == 0 and mqar["predicted_reachable"]["full/layer/2"] == 1
+    search = json.loads((out / "mqar_search.json").read_text())
+    assert len(search["runs"]) > 1 and all(0 <= r["val_acc"] <= 1 for r in search["runs"])
+    recall = json.loads((out / "recall_swap.json").read_text())
+    assert {r["attn"] for r in recall["runs"]} == {"swa", "sa", "moba"} and 0 <= recall["full"] <= 1
     lm = json.loads((out / "lm.json").read_text())
     assert {r["attn"] for r in lm["runs"]} == kinds - {"moba"}
     assert all(len(curve) >= 2 for curve in lm["curves"].values())
     swap = json.loads((out / "swap.json").read_text())["results"]
     assert {r["attn"] for r in swap} == {"full", "swa", "sa", "moba"}
     speed = json.loads((out / "speed_cpu.json").read_text())
-    assert {r["kind"] for r in speed["rows"]} == {"full", "swa", "sa", "swa-ref", "sa-ref"}
+    assert {r["kind"] for r in speed["rows"]} == {"full", "swa", "sa", "moba"}
     summary = (out / "summary.md").read_text()
-    for section in ("figure", "lm", "swap", "mqar", "coverage", "speed"):
+    for section in ("figure", "lm", "swap", "mqar_search", "mqar", "recall_swap", "coverage", "speed"):
         assert f"## {section} (" in summary

@@ -167,23 +167,25 @@ def test_mqar_answers_come_from_the_earlier_pairs(root):
     meta = P.load_meta(root / "mqar")
     m = meta["mqar"]
     T, Q = m["seq_len"], m["num_queries"]
-    x = np.asarray(P.load_tokens(root / "mqar", "train", meta), np.int64).reshape(-1, T)  # (N, T)
-    y = P.mqar_targets(x, meta)                                                           # (N, T)
-    answers = np.nonzero(y[0] != -1)[0]
-    assert len(answers) == Q and (y[:, answers] != -1).all() and ((y != -1).sum(1) == Q).all()
-    by_key = {}
-    for seq, tgt in zip(x, y):
-        pairs = dict(zip(seq[0:2 * m["num_pairs"]:2], seq[1:2 * m["num_pairs"]:2]))
-        where = {k: 2 * i + 1 for i, k in enumerate(seq[0:2 * m["num_pairs"]:2])}
-        for t in answers:
-            assert tgt[t] == pairs[seq[t]]  # the value paired with the queried key
-            assert t - where[seq[t]] >= m["min_gap"] > 2 * (8 - 1)  # beyond a 2-layer window-8 SWA's reach
-            by_key.setdefault(seq[t], []).append(tgt[t])
-    # the key alone says little: guessing each key's most frequent answer is near chance
-    key_only = sum(np.bincount(v).max() for v in by_key.values()) / sum(len(v) for v in by_key.values())
-    assert key_only < 0.2
+    train = np.asarray(P.load_tokens(root / "mqar", "train", meta), np.int64).reshape(-1, T)  # (N, T)
+    fresh = P.mqar_batch(np.random.default_rng(1), len(train), meta)                          # what train.py draws
+    for x, y in ((train, P.mqar_targets(train, meta)), fresh):
+        assert ((y != -1).sum(1) == Q).all() and (y[:, :T // 2] == -1).all()
+        assert len({tuple(np.nonzero(t != -1)[0]) for t in y}) > len(y) // 2  # queries at varied positions
+        by_key = {}
+        for seq, tgt in zip(x, y):
+            pairs = dict(zip(seq[0:2 * m["num_pairs"]:2], seq[1:2 * m["num_pairs"]:2]))
+            where = {k: 2 * i + 1 for i, k in enumerate(seq[0:2 * m["num_pairs"]:2])}
+            assert not set(seq[2 * m["num_pairs"]:]) & set(pairs.values())  # the values never reappear
+            for t in np.nonzero(tgt != -1)[0]:
+                assert tgt[t] == pairs[seq[t]]  # the value paired with the queried key
+                assert t - where[seq[t]] >= m["min_gap"] > 2 * (8 - 1)  # beyond a 2-layer window-8 SWA's reach
+                by_key.setdefault(seq[t], []).append(tgt[t])
+        # the key alone says little: guessing each key's most frequent answer is near chance
+        key_only = sum(np.bincount(v).max() for v in by_key.values()) / sum(len(v) for v in by_key.values())
+        assert key_only < 0.2
     val = np.asarray(P.load_tokens(root / "mqar", "val", meta)).reshape(-1, T)
-    assert not (val[:8] == x[:8]).all()  # val is its own stream
+    assert not (val[:8] == train[:8]).all() and not (fresh[0][:8] == train[:8]).all()  # each its own stream
 
 
 # -----------------------------------------------------------------------------

@@ -31,7 +31,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from attention import check_positive
 from model import GPT, GPTConfig, autocast, load_checkpoint, save_checkpoint
-from prepare_data import load_meta, load_tokens, mqar_targets
+from prepare_data import load_meta, load_tokens, mqar_batch, mqar_targets
 
 # -----------------------------------------------------------------------------
 # I/O
@@ -153,14 +153,19 @@ config["vocab_size"] = vocab_size
 
 def get_batch(split, gen):
     """batch_size sequences drawn with the generator gen: random windows, or whole
-    MQAR sequences whose targets are the answers only."""
+    MQAR sequences whose targets are the answers only, fresh ones for training
+    (seeded from gen, so a resumed run draws the same) and val.bin's for val."""
     tokens = data[split]
-    if mqar:
+    if mqar and split == "train":
+        x, y = mqar_batch(np.random.default_rng(torch.randint(2**62, (), generator=gen).item()), batch_size, meta)
+    elif mqar:
         starts = torch.randint(len(tokens) // T, (batch_size,), generator=gen).numpy() * T
+        x = np.stack([tokens[i:i + T] for i in starts]).astype(np.int64)             # (B, T)
+        y = mqar_targets(x, meta)
     else:
         starts = torch.randint(len(tokens) - T, (batch_size,), generator=gen).numpy()
-    x = np.stack([tokens[i:i + T] for i in starts]).astype(np.int64)                 # (B, T)
-    y = mqar_targets(x, meta) if mqar else np.stack([tokens[i + 1:i + 1 + T] for i in starts]).astype(np.int64)
+        x = np.stack([tokens[i:i + T] for i in starts]).astype(np.int64)             # (B, T)
+        y = np.stack([tokens[i + 1:i + 1 + T] for i in starts]).astype(np.int64)     # (B, T)
     x, y = torch.from_numpy(x), torch.from_numpy(y)
     if device_type == "cuda":
         return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)

@@ -3,24 +3,27 @@ Reproduce the paper in miniature on a CPU: every table and plot in the README's 
 
     python results/reproduce.py                 # everything (about 1.5 h on 2 CPU cores)
     python results/reproduce.py --fast=True     # a tiny version of everything, a couple of minutes (tested in CI)
-    python results/reproduce.py --only=mqar,lm  # some experiments: figure, lm, swap, mqar, coverage, speed
+    python results/reproduce.py --only=mqar,lm  # some experiments: figure, lm, swap, mqar_search, mqar,
+                                                # recall_swap, coverage, speed
 
 Each experiment runs the repo's own scripts (train.py, eval.py, receptive_field.py,
-attention.py) as subprocesses, printing every command, and writes one JSON (and its
+bench.py) as subprocesses, printing every command, and writes one JSON (and its
 PNG plots) into --out (default results/). summary.md collects the tables that the
-README quotes. The swap experiment evaluates the full-attention model that lm trained.
+README quotes. swap evaluates the full-attention model that lm trained, recall_swap the
+full-attention model that mqar trained (depth 2, first seed).
 """
 import json
 import math
 import os
-from concurrent.futures import ThreadPoolExecutor
 import statistics
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+from prepare_data import pyplot  # noqa: E402 (the repo's modules, after the path)
 
 # -----------------------------------------------------------------------------
 fast = False            # tiny sizes everywhere: checks the pipeline, not the claims
@@ -28,18 +31,22 @@ only = ""               # comma list of experiments ("" = all)
 out = os.path.join(ROOT, "results")  # JSON, PNG and summary.md go here
 work = os.path.join(ROOT, "out-reproduce")  # data and checkpoints (not committed)
 jobs = 2                # training runs in parallel, one thread each (2 cores: faster than 2 threads per run)
+deep_seeds = 3          # MQAR seeds at depths past the first (fewer when time is short)
 # -----------------------------------------------------------------------------
 exec(open(os.path.join(ROOT, "configurator.py")).read())
 
 KINDS = ["full", "swa", "sa", "sa+swa", "moba"]
 if fast:
-    MQAR = dict(iters=30, seeds=[0], depths=[1, 2], data=["--mqar_train_seqs=512", "--mqar_val_seqs=64"])
+    MQAR = dict(iters=8, seeds=[0], depths=[2], probe=0.01, T=128, window=8, swap_windows=[8, 128], swap_seeds=2,
+                swap_seqs=20, data=["--mqar_train_seqs=64", "--mqar_val_seqs=100"], train=["--eval_iters=2"])
     LM = dict(iters=20, seeds=[0], eval_interval=10)
     SWAP = dict(windows="8,32", seeds=2, limit=4)
     COVER = ["--grid_n=256,1024", "--seeds=2"]
-    SPEED = ["--sizes=256,1024"]
+    SPEED = ["--sizes=256,1024", "--kinds=full,swa,sa,moba", "--reps=2"]
 else:
-    MQAR = dict(iters=1200, seeds=[0, 1], depths=[1, 2, 3, 4], data=[])
+    MQAR = dict(iters=300, seeds=[0, 1, 2], depths=[2, 4], probe=1.0, T=128, window=8,
+                swap_windows=[4, 8, 16, 32, 64, 128], swap_seeds=3, swap_seqs=300, data=["--mqar_val_seqs=1000"],
+                train=[])
     LM = dict(iters=500, seeds=[0, 1], eval_interval=50)
     SWAP = dict(windows="8,16,32,64,128,256", seeds=3, limit=64)
     COVER = []
@@ -62,7 +69,7 @@ def train_all(runs):
         if os.path.exists(os.path.join(out_dir, "log.jsonl")) and evals(out_dir)[-1]["iter"] == args["max_iters"]:
             return
         run("train.py", *args["config"], f"--out_dir={out_dir}", *(f"--{k}={v}" for k, v in args.items() if k != "config"),
-            threads=1 if jobs > 1 else None)
+            "--overwrite=True", threads=1 if jobs > 1 else None)  # an unfinished run starts again
     with ThreadPoolExecutor(jobs) as pool:
         list(pool.map(lambda r: train(*r), runs))
 
@@ -85,12 +92,9 @@ def mean_std(xs):
 
 def plt():
     try:
-        import matplotlib
-    except ImportError:
-        sys.exit("results/reproduce.py draws its plots with matplotlib: pip install matplotlib")
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as pyplot
-    return pyplot
+        return pyplot("results/reproduce.py's plots")
+    except ValueError as e:
+        sys.exit(str(e))
 
 
 # -----------------------------------------------------------------------------
@@ -121,51 +125,189 @@ def figure():
     return "sa_picture.png"
 
 
-# MQAR, sized to learn on a CPU: 128-token sequences, 4 key-value pairs queried at least
-# 113 tokens later, 32 keys and 32 values. Window 16 (SWA reaches 15 tokens per layer);
-# MoBA gets the same key budget, 4 blocks of 4.
-MQAR_DATA = ["--mqar_seq_len=128", "--mqar_num_pairs=4", "--mqar_num_queries=4", "--mqar_vocab=64"]
-MQAR_TRAIN = ["--block_size=128", "--window=16", "--moba_block=4", "--moba_topk=4", "--learning_rate=3e-3",
-              "--min_lr=3e-4"]
+# Recall, two layouts of prepare_data.prepare_mqar, both 128 tokens from a vocabulary of 256
+# (keys and values half and half), window 8 (SWA reaches 7 tokens per layer, 28 in 4 layers),
+# MoBA at the same key budget (4 blocks of 2), fresh training sequences every batch, a fixed val set:
+#   "zoology": 8 key-value pairs, then 32 queries at random positions of the second half, each
+#              asking a random pair (>= 49 tokens back): the answer must be found by content.
+#   "ordered": 32 pairs, then each pair asked once, in order: every answer is exactly 63 tokens
+#              back, so position finds it (a copy task) and only reach is tested.
+# Full attention did not learn the zoology layout within a CPU budget (see mqar_search), so the
+# grid and recall_swap run the ordered one.
+MQAR_LAYOUTS = {
+    "zoology": ["--mqar_seq_len=128", "--mqar_num_pairs=8", "--mqar_num_queries=32", "--mqar_vocab=256"],
+    "ordered": ["--mqar_seq_len=128", "--mqar_num_pairs=32", "--mqar_num_queries=32", "--mqar_vocab=256",
+                "--mqar_ordered=True"]}
+# The recipe search, full attention at depth 2: every setting tried (config/mqar.py's values,
+# RECIPE, unless named). The grid trains with RECIPE. Small heads cannot copy: 4 heads of 16.
+RECIPE = dict(n_embd=128, n_head=2, learning_rate=3e-3, weight_decay=0.0, batch_size=32)
+SMALL = dict(n_embd=64, n_head=4)
+SEARCH = ([dict(layout="zoology", iters=1500, **SMALL, learning_rate=1e-2, min_lr=1e-3),
+           dict(layout="zoology", iters=1500)]
+          + [dict(layout="ordered", iters=300, **SMALL, learning_rate=lr, min_lr=lr / 10) for lr in (3e-3, 1e-2)]
+          + [dict(layout="ordered", iters=300, n_embd=64, n_head=1)]
+          + [dict(layout="ordered", iters=300, learning_rate=lr, min_lr=lr / 10) for lr in (3e-4, 1e-3, 3e-3, 1e-2)]
+          + [dict(layout="ordered", iters=300, weight_decay=0.1), dict(layout="ordered", iters=300, batch_size=16)])
+
+
+def mqar_data(layout="ordered"):
+    """data_root holding the layout's dataset, prepared once (it is deterministic)."""
+    data = os.path.join(work, f"data-{layout}")
+    if not os.path.exists(os.path.join(data, "mqar", "meta.json")):
+        run("prepare_data.py", "--dataset=mqar", f"--data_root={data}", *MQAR_LAYOUTS[layout], *MQAR["data"])
+    return data
+
+
+def mqar_search():
+    """Full attention at depth 2 with each SEARCH setting: val accuracy over training."""
+    scale = lambda st: max(1, round(st["iters"] * MQAR["probe"]))  # --fast shrinks every probe
+    search = SEARCH[:1] + SEARCH[-1:] if fast else SEARCH  # --fast: one probe per layout
+    name = lambda st: "-".join(f"{k}{v:g}" if not isinstance(v, str) else v for k, v in st.items())
+    named = lambda st: " ".join(f"{k}={v:g}" for k, v in st.items() if k not in ("layout", "iters")) or "RECIPE"
+    runs = [(os.path.join(work, "mqar-search-" + name(st)), st) for st in search]
+    train_all([(od, dict(config=["config/mqar.py", *MQAR["train"]], data_root=mqar_data(st["layout"]), attn="full",
+                         seed=0, max_iters=scale(st), eval_interval=max(1, scale(st) // 8),
+                         **{k: v for k, v in st.items() if k not in ("layout", "iters")}))
+               for od, st in runs])
+    rows = [dict(setting=st, iters=scale(st), val_acc=evals(od)[-1]["val_acc"], wall_s=evals(od)[-1]["elapsed_s"],
+                 curve=[(r["iter"], r["val_acc"]) for r in evals(od)]) for od, st in runs]
+    save("mqar_search.json", dict(layouts=MQAR_LAYOUTS, train=["config/mqar.py", *MQAR["train"]], attn="full",
+                                  n_layer=2, runs=rows, recipe=RECIPE))
+    lines = ["| layout | setting (else RECIPE) | iterations | val accuracy | wall time |", "|---|---|---|---|---|"]
+    lines += [f"| {r['setting']['layout']} | {named(r['setting'])} | {r['iters']} | {r['val_acc']:.3f} "
+              f"| {r['wall_s']:.0f} s |" for r in rows]
+    return "\n".join(lines)
+
+
+def reachable(kind, depth, sa_perm="layer", seeds=20):
+    """The prediction: with receptive_field.py's exact graph (causal), the fraction of the
+    ordered layout's (query, answer) pairs, query T/2 + 2i and answer 2i + 1, that `depth`
+    layers connect; mean over seeds of the permutations. Full attention connects all in one
+    layer; MoBA's graph is chosen by content, and any past block can be chosen, so the graph
+    allows it all (1.0): whether routing finds it is learned."""
+    import numpy as np
+
+    import receptive_field as rf
+    if kind in ("full", "moba"):
+        return 1.0
+    T, w = MQAR["T"], MQAR["window"]
+    heads = RECIPE["n_head"] if sa_perm == "head" else 1  # sa_perm=head: a permutation per head, the graph their union
+    query, answer = T // 2 + 2 * np.arange(T // 4), 2 * np.arange(T // 4) + 1   # (T/4,) each
+    fractions = []
+    for s in range(1 if kind == "swa" else seeds):
+        rng = np.random.default_rng(s)
+        R = rf.identity_bits(T)                                                # (T, ceil(T/64)) bitsets
+        for _ in range(depth):
+            perms = [rng.permutation(T) for _ in range(heads)] if kind != "swa" else []
+            R = rf.apply_layer(R, *rf.layer_graph(T, w, kind, "causal", perms), True)
+        fractions.append(np.mean((R[query, answer >> 6] >> (answer & 63).astype(np.uint64)) & np.uint64(1)))
+    return float(np.mean(fractions))
 
 
 def mqar():
-    """Multi-query associative recall at equal budget: accuracy on the answers by kind, seed and depth."""
-    data = os.path.join(work, "data")
-    run("prepare_data.py", "--dataset=mqar", f"--data_root={data}", *MQAR_DATA, *MQAR["data"])
+    """MQAR at equal budget: answer accuracy by kind, depth and seed, beside the graph's prediction."""
+    data = mqar_data("ordered")
+    cells = [(kind, "layer") for kind in KINDS] + [("sa+swa", "head")]
+    first = MQAR["depths"][0]
+    runs = [(k, p, d, s) for d in MQAR["depths"] for s in MQAR["seeds"][:None if d == first else deep_seeds]
+            for k, p in cells if p == "layer" or d == first]  # every kind's seed 0 first
+    dirs = [os.path.join(work, f"mqar-{k}{'-head' if p == 'head' else ''}-L{d}-s{s}") for k, p, d, s in runs]
+    train_all([(od, dict(config=["config/mqar.py", *MQAR["train"]], data_root=data, attn=k, sa_perm=p, n_layer=d, seed=s,
+                         max_iters=MQAR["iters"], eval_interval=MQAR["iters"] // 4))
+               for (k, p, d, s), od in zip(runs, dirs)])
     rows = []
-    runs = [(k, 2, s) for k in KINDS for s in MQAR["seeds"]]
-    runs += [(k, d, MQAR["seeds"][0]) for k in KINDS for d in MQAR["depths"] if d != 2]
-    dirs = [os.path.join(work, f"mqar-{kind}-L{depth}-s{seed}") for kind, depth, seed in runs]
-    train_all([(od, dict(config=["config/mqar.py", *MQAR_TRAIN], data_root=data, attn=kind, n_layer=depth, seed=seed,
-                         max_iters=MQAR["iters"], eval_interval=MQAR["iters"]))
-               for (kind, depth, seed), od in zip(runs, dirs)])
-    for (kind, depth, seed), od in zip(runs, dirs):
+    for (kind, perm, depth, seed), od in zip(runs, dirs):
         last = evals(od)[-1]
-        rows.append(dict(attn=kind, n_layer=depth, seed=seed, val_acc=last["val_acc"], val_loss=last["val_loss"],
-                         wall_s=last["elapsed_s"]))
-    save("mqar.json", dict(iters=MQAR["iters"], data=MQAR_DATA, train=["config/mqar.py", *MQAR_TRAIN], runs=rows))
+        rows.append(dict(attn=kind, sa_perm=perm, n_layer=depth, seed=seed, val_acc=last["val_acc"],
+                         val_loss=last["val_loss"], wall_s=last["elapsed_s"]))
+    predicted = {f"{k}/{p}/{d}": reachable(k, d, p) for k, p in cells for d in MQAR["depths"]}
+    save("mqar.json", dict(iters=MQAR["iters"], data=MQAR_LAYOUTS["ordered"], train=["config/mqar.py", *MQAR["train"]],
+                           recipe=RECIPE, runs=rows, predicted_reachable=predicted))
 
-    depths = sorted({r["n_layer"] for r in rows})
+    name = lambda k, p: k + (" (sa_perm=head)" if p == "head" else "")
+    cell = lambda k, p, d: [r["val_acc"] for r in rows if (r["attn"], r["sa_perm"], r["n_layer"]) == (k, p, d)]
     p = plt()
-    fig, ax = p.subplots(figsize=(5, 3.4))
-    for kind in KINDS:
-        accs = [statistics.mean(r["val_acc"] for r in rows if r["attn"] == kind and r["n_layer"] == d) for d in depths]
-        ax.plot(depths, accs, marker="o", label=kind)
+    fig, ax = p.subplots(figsize=(5.5, 3.6))
+    for i, (k, pm) in enumerate(cells):
+        ds = [d for d in MQAR["depths"] if cell(k, pm, d)]
+        accs = [cell(k, pm, d) for d in ds]
+        ax.errorbar(ds, [statistics.mean(a) for a in accs], yerr=[statistics.pstdev(a) for a in accs], marker="o",
+                    color=f"C{i}", capsize=3, label=name(k, pm), ls="-" if pm == "layer" else "none")
+        ax.plot(ds, [predicted[f"{k}/{pm}/{d}"] for d in ds], color=f"C{i}", ls=":", alpha=0.7)
     ax.set_xlabel("layers")
     ax.set_ylabel("MQAR answer accuracy (val)")
-    ax.set_xticks(depths)
-    ax.legend(fontsize=8)
+    ax.set_xticks(MQAR["depths"])
+    ax.set_title("solid: measured (mean ± std over seeds); dotted: graph's reachable fraction", fontsize=8)
+    ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(os.path.join(out, "mqar.png"), dpi=120)
 
-    lines = ["| attn | accuracy, 2 layers (mean ± std over seeds) | " + " | ".join(f"{d} layers" for d in depths) + " |",
-             "|---|---|" + "---|" * len(depths)]
-    for kind in KINDS:
-        two = [r["val_acc"] for r in rows if r["attn"] == kind and r["n_layer"] == 2]
-        by_depth = [statistics.mean(r["val_acc"] for r in rows if r["attn"] == kind and r["n_layer"] == d)
-                    for d in depths]
-        lines.append(f"| {kind} | {mean_std(two)} | " + " | ".join(f"{a:.3f}" for a in by_depth) + " |")
+    lines = ["| attn | layers | val accuracy (mean ± std over seeds) | seeds | reachable in the graph |",
+             "|---|---|---|---|---|"]
+    lines += [f"| {name(k, pm)} | {d} | {mean_std(cell(k, pm, d))} | {len(cell(k, pm, d))} "
+              f"| {predicted[f'{k}/{pm}/{d}']:.3f} |" for d in MQAR["depths"] for k, pm in cells if cell(k, pm, d)]
+    return "\n".join(lines)
+
+
+def recall_swap():
+    """Training-free, where long range matters: the full-attention MQAR model (2 layers, seed 0)
+    evaluated on the val set with swa, sa (several permutation seeds) and moba at each window, no training."""
+    import numpy as np
+    import torch
+
+    from model import load_checkpoint
+    from prepare_data import load_tokens, mqar_targets
+    model, ckpt = load_checkpoint(os.path.join(work, f"mqar-full-L2-s{MQAR['seeds'][0]}", "ckpt.pt"))
+    model.eval()
+    meta, T = ckpt["meta"], MQAR["T"]
+    x = np.asarray(load_tokens(os.path.join(mqar_data("ordered"), "mqar"), "val", meta), np.int64).reshape(-1, T)
+    x = torch.from_numpy(x[:MQAR["swap_seqs"]])                                                        # (N, T)
+    y = torch.from_numpy(mqar_targets(x.numpy(), meta))                                                   # (N, T)
+
+    @torch.no_grad()
+    def accuracy(**changes):
+        model.swap_attention(**changes)
+        correct = 0
+        for i in range(0, len(x), 100):
+            logits, _ = model(x[i:i + 100])                                                               # (b, T, V)
+            scored = y[i:i + 100] != -1
+            correct += (logits.argmax(-1)[scored] == y[i:i + 100][scored]).sum().item()
+        return correct / (y != -1).sum().item()
+
+    full = accuracy(attn="full")
+    rows = []
+    for w in MQAR["swap_windows"]:
+        rows.append(dict(attn="swa", window=w, accs=[accuracy(attn="swa", window=w)]))
+        sa = []
+        for s in range(MQAR["swap_seeds"]):
+            model.sa_generator.manual_seed(s)
+            sa.append(accuracy(attn="sa", window=w))
+        rows.append(dict(attn="sa", window=w, accs=sa))
+        rows.append(dict(attn="moba", window=w, moba_block=max(1, w // 4), moba_topk=min(4, w),
+                         accs=[accuracy(attn="moba", moba_block=max(1, w // 4), moba_topk=min(4, w))]))
+    save("recall_swap.json", dict(checkpoint=f"mqar-full-L2-s{MQAR['seeds'][0]}", val_seqs=len(x), full=full,
+                                  runs=rows))
+
+    p = plt()
+    fig, ax = p.subplots(figsize=(5, 3.4))
+    ax.axhline(full, color="k", ls="--", label="full (trained)")
+    for kind in ("swa", "sa", "moba"):
+        rs = [r for r in rows if r["attn"] == kind]
+        ax.errorbar([r["window"] for r in rs], [statistics.mean(r["accs"]) for r in rs],
+                    yerr=[statistics.pstdev(r["accs"]) for r in rs], marker="o", capsize=3, label=kind)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("window (MoBA: 4 blocks of window/4)")
+    ax.set_ylabel("MQAR answer accuracy (val)")
+    ax.set_title("full-attention model, attention swapped, no training", fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, "recall_swap.png"), dpi=120)
+
+    ws = MQAR["swap_windows"]
+    lines = [f"answer accuracy of the full-attention recall model (full: {full:.3f}), attention swapped, no training:",
+             "", "| attn | " + " | ".join(f"w={w}" for w in ws) + " |", "|---|" + "---|" * len(ws)]
+    for kind in ("swa", "sa", "moba"):
+        lines.append(f"| {kind} | " + " | ".join(mean_std(r["accs"]) for r in rows if r["attn"] == kind) + " |")
     return "\n".join(lines)
 
 
@@ -213,7 +355,7 @@ def swap():
     path = os.path.join(out, "swap.json")
     run("eval.py", f"--out_dir={od}", f"--data_root={os.path.join(work, 'data')}", "--attn=full,swa,sa,moba",
         f"--windows={SWAP['windows']}", f"--seeds={SWAP['seeds']}", f"--limit={SWAP['limit']}",
-        f"--json={path}", f"--plot={os.path.join(out, 'swap.png')}")
+        f"--json_out={path}", f"--plot={os.path.join(out, 'swap.png')}")
     with open(path) as f:
         res = [r for r in json.load(f)["results"] if r["metric"] == "loss"]
     ws = sorted({r["window"] for r in res if r["window"]})
@@ -228,7 +370,7 @@ def swap():
 
 
 def coverage():
-    run("receptive_field.py", "--grid=True", f"--json={os.path.join(out, 'coverage.json')}",
+    run("receptive_field.py", "--grid=True", f"--json_out={os.path.join(out, 'coverage.json')}",
         f"--plot={os.path.join(out, 'coverage.png')}", *COVER)
     return "see results/coverage.json and the table receptive_field.py printed"
 
@@ -240,7 +382,8 @@ def speed():
 
 
 if __name__ == "__main__":
-    steps = dict(figure=figure, lm=lm, swap=swap, mqar=mqar, coverage=coverage, speed=speed)
+    steps = dict(figure=figure, lm=lm, swap=swap, mqar_search=mqar_search, mqar=mqar, recall_swap=recall_swap,
+                 coverage=coverage, speed=speed)
     chosen = [s for s in only.split(",") if s] or list(steps)
     unknown = set(chosen) - steps.keys()
     if unknown:
