@@ -8,6 +8,13 @@ Prepare a dataset: text -> tokens -> data/<dataset>/{train,val}.bin + meta.json
   python prepare_data.py --dataset=wikitext-103         # downloads via `datasets`; GPT-2 BPE
   python prepare_data.py --input_file=notes.txt [--tokenizer=gpt2] [--dataset=notes]
 
+Sources: pystdlib = the *.py files under sysconfig's stdlib path (no test packages, no
+site-packages), sorted and split by file, bytes; mqar = synthetic multi-query associative
+recall (prepare_mqar); shakespeare_char = tiny shakespeare, chars; fineweb-edu = FineWeb-Edu
+sample-10BT through `datasets`, streamed (--hf_max_docs for a part); wikitext-103 = WikiText-103
+raw through `datasets`, with a test split for eval.py; --input_file = any text file, the last
+val_fraction held out. Downloads show a tqdm bar if tqdm is installed.
+
 Format, nanoGPT's: {train,val}.bin are flat arrays of token ids, uint16, or
 uint32 when the vocabulary is larger than 65535 (wikitext-103 also has test.bin).
 Documents are concatenated; BPE datasets put the end-of-text token after each

@@ -14,6 +14,15 @@ Every eval after iteration 0 writes out_dir/ckpt.pt (atomically) holding the wei
 the optimizer, the config and every RNG state of every rank, and appends to
 out_dir/log.jsonl. A run from scratch refuses an out_dir that holds a ckpt.pt
 (unless --overwrite=True); a resumed run first cuts log.jsonl back to its checkpoint.
+Each eval uses the same batches and SA permutations every time (from their own generators,
+so evaluating never changes training). log.jsonl has eval records {iter, train_loss, val_loss,
+lr, elapsed_s} (+ train_acc, val_acc on MQAR) and training records {iter, loss, lr, ms_per_iter,
+tok_per_s, mfu (CUDA only), elapsed_s}. A checkpoint holds model, optimizer, model_args,
+iter_num, best_val_loss, config (+ data_dir), meta (the dataset's meta.json) and rng (per rank:
+torch, CUDA, numpy, python, the sampler's generator and model.sa_generator), so a resumed run
+is bitwise the run that was never stopped (tested on the CPU); keep lr_decay_iters the same.
+Under DDP, gradient_accumulation_steps is the total over ranks, and each rank draws its own
+batches and SA permutations.
 The defaults below are a one-A100 run: a GPT-2-small-sized (124M) SA+SWA model
 on FineWeb-Edu, 5000 iterations of 0.5M tokens (2.6B tokens).
 """
