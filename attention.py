@@ -99,9 +99,9 @@ def masked_attention(q, k, v, mask):
 # One engine serves SWA, SA and MoBA. A kind is a layout: it yields chunks of GROUPS, a group
 # being C query rows, the L key rows they may see and an additive mask (C, L) of 0 or -inf that
 # applies the rule. Rows index q, k, v flattened to (B*H*T + 1, D), the extra last row zeros
-# (what padding reads), and then put in the layout's `order` if it has one: the band lays the
-# slots out once, so that its key spans are overlapping strided VIEWS of one copy (layout.take)
-# instead of gathers. A chunk's scores stay in cache; a query in several groups (MoBA) gets one
+# (what padding reads), or, if the layout has an `order`, a copy laid out in that order with
+# zero pad slots: the band lays its slots out once, so that its key spans are overlapping
+# strided VIEWS of one copy (layout.take) instead of gathers. A chunk's scores stay in cache; a query in several groups (MoBA) gets one
 # softmax over all of them, merged by logsumexp as FlashAttention merges its blocks. The
 # backward recomputes each chunk's probabilities from the saved logsumexp, so nothing of size
 # T * window is kept between the passes and autograd never sees the chunk loop.
@@ -215,7 +215,7 @@ def _band_layout(B, H, T, window, idx, pos, two_sided):
     idx = pos = perm). The engine lays q, k, v out in slot order once (`order`, pads included), so
     query block b (C slots) and its key span of L = C + left + right slots around it are both
     strided views of that copy. swa_mask's rule inside the span is the additive mask. Pad slots
-    read the zero row and have a pos in everyone's future."""
+    are zeros and have a pos in everyone's future."""
     BH, w, device = B * H, min(window, T), idx.device   # |i - j| < T always holds
     C = min(BLOCK, 1 << (T - 1).bit_length())          # block rows; small T needs no full block
     nb = math.ceil(T / C)
@@ -230,19 +230,20 @@ def _band_layout(B, H, T, window, idx, pos, two_sided):
     big = pos.new_full((pos.shape[0], 1), torch.iinfo(torch.long).max)
     pos = torch.cat([big.expand(-1, pad[0]), pos, big.expand(-1, pad[1])], 1)  # (BH or 1, S)
     r, c = torch.arange(C, device=device), torch.arange(L, device=device)
-    band = torch.zeros(C, L, device=device).masked_fill_((r[:, None] + left - c[None, :]).abs() >= w, NEG)  # (C, L)
-    n = max(1, CHUNK // (C * L))                                              # blocks per chunk
+    band = torch.zeros(C, L, device=device).masked_fill_((r[:, None] + left - c[None, :]).abs() >= w, NEG)  # (C, L): every block's
+    n = min(nb, max(1, CHUNK // (C * L)))     # blocks per chunk
+    m = max(1, CHUNK // (C * L * nb))         # heads per chunk, when one head's blocks all fit
 
-    def chunks():  # one head's n blocks at a time: then the spans are (n, L, D) views a matmul takes as they are
+    def chunks():  # one head at a time, if T is long: then the spans are views a matmul takes as they are
         for s in range(0, nb, n):
             e = min(s + n, nb)
-            for h in range(BH):
-                if h < len(pos):  # a pos shared by the heads makes one mask for all of them
-                    qpos = pos[h, left + s * C:left + e * C].unflatten(0, (e - s, C))  # (n, C)
-                    kpos = pos[h, s * C:(e - 1) * C + L].unfold(0, L, C)               # (n, L)
-                    mask = torch.where(kpos[:, None, :] <= qpos[:, :, None], band, NEG)  # (n, C, L)
-                qrows = rows[h, left + s * C:left + e * C].unflatten(0, (e - s, C))     # (n, C)
-                krows = rows[h, s * C:(e - 1) * C + L].unfold(0, L, C)                  # (n, L)
+            for h in range(0, BH, m):
+                if h == 0 or len(pos) > 1:  # a pos shared by the heads makes one mask for all of them
+                    qpos = pos[h:h + m, left + s * C:left + e * C].unflatten(1, (e - s, C))  # (m or 1, n, C)
+                    kpos = pos[h:h + m, s * C:(e - 1) * C + L].unfold(1, L, C)               # (m or 1, n, L)
+                    mask = torch.where(kpos[..., None, :] <= qpos[..., :, None], band, NEG)  # (m or 1, n, C, L)
+                qrows = rows[h:h + m, left + s * C:left + e * C].unflatten(1, (e - s, C))     # (m, n, C)
+                krows = rows[h:h + m, s * C:(e - 1) * C + L].unfold(1, L, C)                  # (m, n, L)
                 yield qrows, krows, mask
     chunks.merge = False  # every query is in one group
     chunks.order, chunks.pads = order.clamp_(min=0), pads  # pads read any row; _flat zeroes them
