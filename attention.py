@@ -98,15 +98,29 @@ def masked_attention(q, k, v, mask):
 #
 # One engine serves SWA, SA and MoBA. A kind is a layout: it yields chunks of GROUPS, a group
 # being C query rows, the L key rows they may see and an additive mask (C, L) of 0 or -inf that
-# applies the rule. Rows index q, k, v flattened to (B*H*T + 1, D); the extra last row is zeros
-# and is what padding reads. A chunk's scores stay in cache; a query in several groups (MoBA)
-# gets one softmax over all of them, merged by logsumexp as FlashAttention merges its blocks.
-# The backward recomputes each chunk's probabilities from the saved logsumexp, so nothing of
-# size T * window is kept between the passes and autograd never sees the chunk loop.
+# applies the rule. Rows index q, k, v flattened to (B*H*T + 1, D), the extra last row zeros
+# (what padding reads), or, if the layout has an `order`, a copy laid out in that order with
+# zero pad slots: the band lays its slots out once, so that its key spans are overlapping
+# strided VIEWS of one copy (layout.take) instead of gathers. A chunk's scores stay in cache; a query in several groups (MoBA) gets one
+# softmax over all of them, merged by logsumexp as FlashAttention merges its blocks. The
+# backward recomputes each chunk's probabilities from the saved logsumexp, so nothing of size
+# T * window is kept between the passes and autograd never sees the chunk loop.
 
-def _flat(t):
-    """(B, H, T, D) -> (B*H*T + 1, D) in fp32 (scores in fp32: fp16 cannot overflow), the last row zero."""
-    return F.pad(t.detach().float().flatten(0, 2), (0, 0, 0, 1))
+def _flat(t, layout):
+    """(B, H, T, D) -> (N, D) in fp32 (scores in fp32: fp16 cannot overflow): the rows in
+    layout.order, its pad slots zero; without an order, (B*H*T + 1, D), the last row zero."""
+    f = t.detach().float().flatten(0, 2)                                 # (B*H*T, D)
+    if layout.order is None:
+        return F.pad(f, (0, 0, 0, 1))
+    return f.index_select(0, layout.order).index_fill_(0, layout.pads, 0)  # one pass, pads included
+
+
+def _unflat(f, layout, like):
+    """_flat undone: f (N, D) back to the shape and dtype of `like` (B, H, T, D)."""
+    if layout.order is not None:  # each token is written once; the pad slots go to a dropped last row
+        n = like[:, :, :, 0].numel()
+        f = f.new_empty(n + 1, f.shape[-1]).index_copy_(0, layout.order.index_fill(0, layout.pads, n), f)
+    return f[:-1].view(like.shape).to(like.dtype)
 
 
 def _gather(t, rows):
@@ -114,19 +128,27 @@ def _gather(t, rows):
     return t.index_select(0, rows.flatten()).view(*rows.shape, t.shape[-1])
 
 
+def _view(t, rows):
+    """_gather for rows that are a strided view of arange(N) (rows[i] sits at storage offset i):
+    the same strided view of t (N, D), without a copy."""
+    return t.as_strided((*rows.shape, t.shape[-1]), (*(st * t.shape[-1] for st in rows.stride()), 1),
+                        rows.storage_offset() * t.shape[-1])
+
+
 class _GroupedAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, layout):
-        B, H, T, D = q.shape
-        qf, kf, vf = _flat(q) / math.sqrt(D), _flat(k), _flat(v)            # (BH*T + 1, D)
+        D, take = q.shape[-1], layout.take
+        qf, kf, vf = _flat(q, layout).div_(math.sqrt(D)), _flat(k, layout), _flat(v, layout)  # (N, D)
         # Each query's softmax over all the groups it is in: SWA and SA put a query in exactly one
         # group, MoBA in several, merged online as FlashAttention merges its key blocks: the
         # largest logsumexp so far (top), the sum of exp(lse - top) (total) and the output sum.
-        top = torch.full_like(qf[:, 0], NEG)                                # (BH*T + 1,)
-        total, out = torch.zeros_like(top), torch.zeros_like(qf)
+        top = torch.full_like(qf[:, 0], NEG)                                # (N,)
+        # (one group per query: every query row is written once; the rows no query owns stay unread)
+        total, out = torch.zeros_like(top), torch.zeros_like(qf) if layout.merge else torch.empty_like(qf)
         for qrows, krows, mask in layout():                                 # (..., C), (..., L), (..., C, L)
-            qc, kc, vc = _gather(qf, qrows), _gather(kf, krows), _gather(vf, krows)  # (..., C|L, D)
+            qc, kc, vc = take(qf, qrows), take(kf, krows), take(vf, krows)     # (..., C|L, D)
             s = (qc @ kc.transpose(-1, -2)).add_(mask)                      # (..., C, L)
             m = s.amax(-1, keepdim=True)                                    # (..., C, 1)
             p = s.sub_(m).exp_()                                            # (..., C, L), unnormalised
@@ -150,18 +172,19 @@ class _GroupedAttention(torch.autograd.Function):
             top += total.log()                                              # the logsumexp of each row
         ctx.save_for_backward(q, k, v, out, top)
         ctx.layout = layout
-        return out[:-1].view(B, H, T, D).to(q.dtype)
+        return _unflat(out, layout, q)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, dout):
         q, k, v, out, lse = ctx.saved_tensors
-        B, H, T, D = q.shape
-        qf, kf, vf, dof = _flat(q) / math.sqrt(D), _flat(k), _flat(v), _flat(dout)
-        delta = (dof * out).sum(-1)                                         # (BH*T + 1,): rowsum(dO * O)
+        layout, D = ctx.layout, q.shape[-1]
+        take = layout.take
+        qf, kf, vf, dof = _flat(q, layout).div_(math.sqrt(D)), _flat(k, layout), _flat(v, layout), _flat(dout, layout)
+        delta = (dof * out).sum(-1)                                         # (N,): rowsum(dO * O)
         dq, dk, dv = torch.zeros_like(qf), torch.zeros_like(kf), torch.zeros_like(vf)
-        for qrows, krows, mask in ctx.layout():
-            qc, doc, kc, vc = _gather(qf, qrows), _gather(dof, qrows), _gather(kf, krows), _gather(vf, krows)
+        for qrows, krows, mask in layout():
+            qc, doc, kc, vc = take(qf, qrows), take(dof, qrows), take(kf, krows), take(vf, krows)
             p = (qc @ kc.transpose(-1, -2)).add_(mask).sub_(lse[qrows][..., None]).exp_()  # (..., C, L)
             dv.index_add_(0, krows.flatten(), (p.transpose(-1, -2) @ doc).flatten(0, -2))
             dp = doc @ vc.transpose(-1, -2)                                 # (..., C, L)
@@ -169,7 +192,7 @@ class _GroupedAttention(torch.autograd.Function):
             dq.index_add_(0, qrows.flatten(), (ds @ kc).flatten(0, -2))
             dk.index_add_(0, krows.flatten(), (ds.transpose(-1, -2) @ qc).flatten(0, -2))
         dq /= math.sqrt(D)
-        return *(g[:-1].view(B, H, T, D).to(q.dtype) for g in (dq, dk, dv)), None
+        return *(_unflat(g, layout, t) for g, t in ((dq, q), (dk, k), (dv, v))), None
 
 
 # -----------------------------------------------------------------------------
@@ -188,35 +211,43 @@ def swa_reference(q, k, v, window, pos=None):
 
 
 def _band_layout(B, H, T, window, idx, pos, two_sided):
-    """Slot s reads row idx[s] of q, k, v and has position pos[s] (SWA: idx = pos = arange(T); SA:
-    idx = pos = perm, so the gather by perm happens here, a chunk at a time). Query block b (C slots)
-    sees the key span of L = C + left + right slots around it; swa_mask's rule inside the span is
-    the additive mask. Pad slots read the zero row and have a pos in everyone's future."""
+    """Slot s holds row idx[s] of q, k, v and has position pos[s] (SWA: idx = pos = arange(T); SA:
+    idx = pos = perm). The engine lays q, k, v out in slot order once (`order`, pads included), so
+    query block b (C slots) and its key span of L = C + left + right slots around it are both
+    strided views of that copy. swa_mask's rule inside the span is the additive mask. Pad slots
+    are zeros and have a pos in everyone's future."""
     BH, w, device = B * H, min(window, T), idx.device   # |i - j| < T always holds
     C = min(BLOCK, 1 << (T - 1).bit_length())          # block rows; small T needs no full block
     nb = math.ceil(T / C)
     left, right = w - 1, (w - 1 if two_sided else 0)   # the band's reach in slots
     L = C + left + right
     pad = (left, nb * C - T + right)
-    rows = idx.expand(B, H, T).reshape(BH, T) + torch.arange(BH, device=device)[:, None] * T  # (BH, T)
-    rows = F.pad(rows, pad, value=BH * T)                                     # (BH, left+Tp+right)
+    order = idx.expand(B, H, T).reshape(BH, T) + torch.arange(BH, device=device)[:, None] * T  # (BH, T)
+    order = F.pad(order, pad, value=-1).flatten()                             # (BH*S,), S = left+Tp+right; pads -1
+    pads = (order < 0).nonzero().flatten()                                    # (P,): the pad slots
+    rows = torch.arange(order.numel(), device=device).view(BH, -1)            # (BH, S): rows of the copy
     pos = pos.expand(B, H, T).reshape(BH, T) if pos.dim() == 3 else pos[None]  # (BH or 1, T)
     big = pos.new_full((pos.shape[0], 1), torch.iinfo(torch.long).max)
-    pos = torch.cat([big.expand(-1, pad[0]), pos, big.expand(-1, pad[1])], 1)  # (BH or 1, left+Tp+right)
+    pos = torch.cat([big.expand(-1, pad[0]), pos, big.expand(-1, pad[1])], 1)  # (BH or 1, S)
     r, c = torch.arange(C, device=device), torch.arange(L, device=device)
-    band = (r[:, None] + left - c[None, :]).abs() < w                        # (C, L): the same for every block
-    n = max(1, CHUNK // (BH * C * L))                                         # blocks per chunk
+    band = torch.zeros(C, L, device=device).masked_fill_((r[:, None] + left - c[None, :]).abs() >= w, NEG)  # (C, L): every block's
+    n = min(nb, max(1, CHUNK // (C * L)))     # blocks per chunk
+    m = max(1, CHUNK // (C * L * nb))         # heads per chunk, when one head's blocks all fit
 
-    def chunks():
+    def chunks():  # one head at a time, if T is long: then the spans are views a matmul takes as they are
         for s in range(0, nb, n):
             e = min(s + n, nb)
-            qrows = rows[:, left + s * C:left + e * C].unflatten(1, (e - s, C))   # (BH, n, C)
-            krows = rows[:, s * C:(e - 1) * C + L].unfold(1, L, C)                # (BH, n, L)
-            qpos = pos[:, left + s * C:left + e * C].unflatten(1, (e - s, C))     # (BH or 1, n, C)
-            kpos = pos[:, s * C:(e - 1) * C + L].unfold(1, L, C)                  # (BH or 1, n, L)
-            seen = band & (kpos[..., None, :] <= qpos[..., :, None])              # (BH or 1, n, C, L)
-            yield qrows, krows, torch.zeros(seen.shape, device=device).masked_fill_(~seen, NEG)
+            for h in range(0, BH, m):
+                if h == 0 or len(pos) > 1:  # a pos shared by the heads makes one mask for all of them
+                    qpos = pos[h:h + m, left + s * C:left + e * C].unflatten(1, (e - s, C))  # (m or 1, n, C)
+                    kpos = pos[h:h + m, s * C:(e - 1) * C + L].unfold(1, L, C)               # (m or 1, n, L)
+                    mask = torch.where(kpos[..., None, :] <= qpos[..., :, None], band, NEG)  # (m or 1, n, C, L)
+                qrows = rows[h:h + m, left + s * C:left + e * C].unflatten(1, (e - s, C))     # (m, n, C)
+                krows = rows[h:h + m, s * C:(e - 1) * C + L].unfold(1, L, C)                  # (m, n, L)
+                yield qrows, krows, mask
     chunks.merge = False  # every query is in one group
+    chunks.order, chunks.pads = order.clamp_(min=0), pads  # pads read any row; _flat zeroes them
+    chunks.take = _view  # rows and spans are strided views of the copy
     return chunks
 
 
@@ -274,7 +305,7 @@ def stochastic_attention(q, k, v, window, perm):
     tokens a >= b interact iff their slots are fewer than `window` apart. Equals sa_reference."""
     B, H, T, D = q.shape
     _check_perm(perm, B, H, T)
-    if _backend(q) == "torch":  # the gather by perm and the scatter back happen in the layout, a chunk at a time
+    if _backend(q) == "torch":  # the layout does the gather by perm and the scatter back
         return _GroupedAttention.apply(q, k, v, _band_layout(B, H, T, check_positive(window), perm, perm, True))
     qs, ks, vs = (_take(t, perm) for t in (q, k, v))                    # (B, H, T, D) in slot order
     ys = sliding_window_attention(qs, ks, vs, window, pos=perm)        # (B, H, T, D) in slot order
@@ -368,6 +399,7 @@ def _moba_layout(q, k, block_size, top_k):
         for s in range(0, len(tile_q), n):
             yield tile_q[s:s + n], tile_k[s:s + n], tile_mask[s:s + n]          # (n, C), (n, bs), (n, 1, bs)
     chunks.merge = True  # a query is in 1 + (top_k - 1) groups
+    chunks.order, chunks.take = None, _gather  # rows index q, k, v as they are
     return chunks
 
 
