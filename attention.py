@@ -101,8 +101,9 @@ def masked_attention(q, k, v, mask):
 # applies the rule. Rows index q, k, v flattened to (B*H*T + 1, D), the extra last row zeros
 # (what padding reads), or, if the layout has an `order`, a copy laid out in that order with
 # zero pad slots: the band lays its slots out once, so that its key spans are overlapping
-# strided VIEWS of one copy (layout.take) instead of gathers. A chunk's scores stay in cache; a query in several groups (MoBA) gets one
-# softmax over all of them, merged by logsumexp as FlashAttention merges its blocks. The
+# strided VIEWS of one copy (layout.take) instead of gathers. A chunk's scores stay in cache;
+# a query in several groups (MoBA) gets one softmax over all of them, merged by logsumexp as
+# FlashAttention merges its blocks. The
 # backward recomputes each chunk's probabilities from the saved logsumexp, so nothing of size
 # T * window is kept between the passes and autograd never sees the chunk loop.
 
@@ -230,7 +231,8 @@ def _band_layout(B, H, T, window, idx, pos, two_sided):
     big = pos.new_full((pos.shape[0], 1), torch.iinfo(torch.long).max)
     pos = torch.cat([big.expand(-1, pad[0]), pos, big.expand(-1, pad[1])], 1)  # (BH or 1, S)
     r, c = torch.arange(C, device=device), torch.arange(L, device=device)
-    band = torch.zeros(C, L, device=device).masked_fill_((r[:, None] + left - c[None, :]).abs() >= w, NEG)  # (C, L): every block's
+    outside = (r[:, None] + left - c[None, :]).abs() >= w                    # (C, L): the same for every block
+    band = torch.zeros(C, L, device=device).masked_fill_(outside, NEG)       # (C, L) additive
     n = min(nb, max(1, CHUNK // (C * L)))     # blocks per chunk
     m = max(1, CHUNK // (C * L * nb))         # heads per chunk, when one head's blocks all fit
 
