@@ -145,10 +145,13 @@ try:
     data = {split: load_tokens(data_dir, split, meta) for split in ("train", "val")}
 except ValueError as e:
     sys.exit(str(e))
+# MQAR (prepare_data.py): whole sequences, fresh ones for training (get_batch), answers scored (estimate_loss)
 mqar = meta.get("mqar")
 T = mqar["seq_len"] if mqar else block_size  # tokens per training sequence
 if mqar and block_size < T:
     sys.exit(f"block_size={block_size} is smaller than the MQAR sequences ({T} tokens): use --block_size={T}")
+if mqar and attn == "swa" and n_layer * (window - 1) < mqar["min_gap"] and master:
+    print(f"mqar: SWA's reach {n_layer} x ({window} - 1) < min_gap {mqar['min_gap']}: it can only guess the answers")
 for split, tokens in data.items():
     if len(tokens) < T + 1:
         sys.exit(f"block_size={T} is larger than the data: {data_dir}/{split}.bin holds only {len(tokens)} tokens; "
@@ -315,8 +318,6 @@ if master:
     print(f"{dataset}: {len(data['train']):,} train / {len(data['val']):,} val tokens; {raw_model.get_num_params() / 1e6:.2f}M "
           f"parameters, attn={attn}, window={window}; {tokens_per_iter:,} tokens per iteration "
           f"({world_size} x {gradient_accumulation_steps} x {batch_size} x {T}) on {device}")
-    if mqar and attn == "swa" and n_layer * (window - 1) < mqar["min_gap"]:
-        print(f"mqar: SWA's reach {n_layer} x ({window} - 1) < min_gap {mqar['min_gap']}: it can only guess the answers")
 
 
 def log(record):
