@@ -300,6 +300,17 @@ def _take(t, idx):
     return t[b, h, idx.expand(B, H, -1)]                                # (B, H, T, D)
 
 
+def row_perms(seed, lengths, T, heads=1):
+    """SA's permutations for right-padded rows: (B, heads, T), row b permuting only its first
+    lengths[b] tokens, its pads keeping their slots after them. Drawn from `seed` alone, so a
+    row's permutation depends on the seed and its length, never on the rest of the batch."""
+    rows = []
+    for n in lengths.tolist():
+        real = torch.rand(heads, n, generator=torch.Generator().manual_seed(seed)).argsort(-1)  # (heads, n)
+        rows.append(torch.cat([real, torch.arange(n, T).expand(heads, -1)], -1))               # (heads, T)
+    return torch.stack(rows)                                                                     # (B, heads, T)
+
+
 def stochastic_attention(q, k, v, window, perm):
     """Stochastic attention: out (B, H, T, D) for q, k, v (B, H, T, D) and perm, a permutation of
     range(T) of shape (T,) or (B, H, T). The tokens are placed in slots by perm, SWA runs over the
@@ -317,6 +328,17 @@ def stochastic_attention(q, k, v, window, perm):
 # -----------------------------------------------------------------------------
 # MoBA: each query's own block plus the past blocks its router picks.
 
+def block_means(k, block_size):
+    """(B, H, ceil(T / block_size), D) in fp32: the mean key of each block of k (B, H, T, D), the
+    last block's over the keys it has. MoBA routes on these (moba_select, and GPT's KV cache)."""
+    B, H, T, D = k.shape
+    nblk = math.ceil(T / block_size)
+    kpad = F.pad(k.float(), (0, 0, 0, nblk * block_size - T))           # (B, H, nblk*bs, D)
+    counts = torch.full((nblk,), block_size, device=k.device)
+    counts[-1] = T - (nblk - 1) * block_size
+    return kpad.view(B, H, nblk, block_size, D).sum(3) / counts[:, None]  # (B, H, nblk, D)
+
+
 @torch.no_grad()  # routing is a hard choice: no gradient flows through it, as in MoBA
 def moba_select(q, k, block_size, top_k):
     """MoBA's routing, shared by both MoBA paths so they pick identical blocks; scored in fp32,
@@ -325,10 +347,7 @@ def moba_select(q, k, block_size, top_k):
     B, H, T, D = q.shape
     nblk = math.ceil(T / block_size)
     n = min(top_k - 1, nblk)
-    kpad = F.pad(k.float(), (0, 0, 0, nblk * block_size - T))           # (B, H, nblk*bs, D)
-    counts = torch.full((nblk,), block_size, device=k.device)
-    counts[-1] = T - (nblk - 1) * block_size
-    kmean = kpad.view(B, H, nblk, block_size, D).sum(3) / counts[:, None]  # (B, H, nblk, D)
+    kmean = block_means(k, block_size)                                  # (B, H, nblk, D)
     idx, ok = [], []
     step = max(1, CHUNK // (B * H * nblk))  # query rows per step: the scores are O(T^2 / block_size)
     for s in range(0, T, step):

@@ -66,7 +66,7 @@ from tasks import TASKS, Tokenizer, evaluate_task, load_task, load_task_file
 
 # -----------------------------------------------------------------------------
 init_from = "resume"   # resume (out_dir/ckpt.pt), gpt2 / gpt2-medium / gpt2-large / gpt2-xl, or a Hugging Face causal LM
-out_dir = "out"        # where resume finds ckpt.pt (and a sweep saves its plot without --json)
+out_dir = "out"        # where resume finds ckpt.pt (and a sweep saves its plot without --json_out)
 data_root = "data"     # prepared datasets live in data_root/<dataset>/
 dataset = ""           # dataset for perplexity ("" = the checkpoint's)
 split = "val"          # its split for perplexity (wikitext-103 also has test)
@@ -251,7 +251,7 @@ def register_hf_attention(attn, window=None, moba_block=64, moba_topk=4, generat
     honoured. A mask function registered under the same name hands over the 2D padding mask,
     so left and right padding both work: each row's real tokens attend as if the row were
     alone. SA draws one seed per layer call from `generator` (a CPU torch.Generator) and
-    permutes each row's n real tokens by randperm(n) from it, so a row's permutation depends
+    permutes each row's real tokens from it (attention.row_perms), so a row's permutation depends
     on its length only. One-token decoding against a KV cache: swa attends to the last
     `window` cached keys (transformers' sliding window); sa and moba fall back to full
     attention over the cache, as the paper did (printed once). Inference only; any other
@@ -284,10 +284,9 @@ def register_hf_attention(attn, window=None, moba_block=64, moba_topk=4, generat
     def sa_perm(lengths, T):
         """(T,) without padding, else (B, 1, T): row b's lengths[b] real tokens permuted, pads after."""
         seed = int(torch.randint(2 ** 62, (), generator=generator))
-        perm = lambda n: torch.randperm(n, generator=torch.Generator().manual_seed(seed))
         if lengths is None:
-            return perm(T)
-        return torch.stack([torch.cat([perm(n), torch.arange(n, T)]) for n in lengths.tolist()])[:, None]
+            return attention.row_perms(seed, torch.tensor([T]), T)[0, 0]
+        return attention.row_perms(seed, lengths, T)
 
     def sparse(q, k, v, lengths):
         if attn == "swa":
@@ -341,7 +340,9 @@ def load_model(cfg):
     """(lm, dataset of the checkpoint or "") for cfg["init_from"]."""
     dev = cfg["device"]
     ctx = autocast(dev, cfg["dtype"])
-    ours = lambda meta: Tokenizer(meta["tokenizer"], *get_tokenizer(meta), meta.get("eot"), get_tokenizer(meta)[0])
+    def ours(meta):
+        encode, decode = get_tokenizer(meta)
+        return Tokenizer(meta["tokenizer"], encode, decode, meta.get("eot"), encode)
     if cfg["init_from"] == "resume":
         model, ckpt = load_checkpoint(os.path.join(cfg["out_dir"], "ckpt.pt"), dev)
         return OurLM(model, ours(ckpt["meta"]), cfg["block_size"], dev, ctx), ckpt["config"]["dataset"]

@@ -140,19 +140,20 @@ class CausalSelfAttention(nn.Module):
         cfg, (B, nh, T, hs) = self.config, k.shape
         if not cache:
             bs = cfg.moba_block
-            S = {"swa": min(cfg.window, cfg.block_size), "moba": -(-cfg.block_size // bs) * bs}.get(cfg.attn, cfg.block_size)
+            S = {"swa": min(cfg.window, cfg.block_size), "moba": math.ceil(cfg.block_size / bs) * bs}.get(cfg.attn, cfg.block_size)
             cache.update(k=k.new_zeros(B, nh, S, hs), v=v.new_zeros(B, nh, S, hs))
             if cfg.attn == "moba":
-                cache["kmean"] = k.new_zeros(B, nh, S // bs, hs)
+                cache["kmean"] = k.new_zeros(B, nh, S // bs, hs, dtype=torch.float32)
         S = cache["k"].shape[2]
         n = min(T, S)                                            # only the last S positions can ever be seen
         slots = torch.arange(pos + T - n, pos + T, device=k.device) % S
         cache["k"][:, :, slots] = k[:, :, T - n:]                               # (B, nh, n, hs) into their slots
         cache["v"][:, :, slots] = v[:, :, T - n:]
-        if cfg.attn == "moba":  # the blocks these tokens complete, averaged as attention.moba_select does
+        if cfg.attn == "moba":  # the blocks these tokens complete, averaged as moba_select averages them
             bs = cfg.moba_block
             lo, hi = pos // bs, (pos + T) // bs
-            cache["kmean"][:, :, lo:hi] = cache["k"][:, :, lo * bs:hi * bs].unflatten(2, (hi - lo, bs)).sum(3) / bs
+            if hi > lo:
+                cache["kmean"][:, :, lo:hi] = attention.block_means(cache["k"][:, :, lo * bs:hi * bs], bs)
 
     def decode_step(self, q, cache, pos):
         """The attention of one query q (B, nh, 1, hs) at position pos over the cache (which holds
@@ -171,7 +172,7 @@ class CausalSelfAttention(nn.Module):
             if cfg.moba_topk > 1 and nc > 0:
                 # score as moba_select scores the last row of a forward over pos + 1 tokens: the own block
                 # is one more column, masked to -inf, so that topk sees the same row and breaks ties alike
-                scores = (q @ cache["kmean"][:, :, :nc].transpose(-1, -2)).float()   # (B, nh, 1, nc)
+                scores = q.float() @ cache["kmean"][:, :, :nc].transpose(-1, -2)     # (B, nh, 1, nc)
                 scores = F.pad(scores, (0, 1), value=float("-inf"))                   # (B, nh, 1, nc+1)
                 top, idx = scores.topk(min(cfg.moba_topk - 1, nc + 1), dim=-1)       # (B, nh, 1, n)
                 bh = (torch.arange(B, device=q.device)[:, None, None], torch.arange(nh, device=q.device)[None, :, None])
@@ -180,9 +181,7 @@ class CausalSelfAttention(nn.Module):
                 vsel = cache["v"].unflatten(2, (-1, bs))[bh + (blocks,)].flatten(2, 3)  # (B, nh, n*bs, hs)
                 keys, vals = torch.cat([keys, ksel], 2), torch.cat([vals, vsel], 2)    # (B, nh, n_keys, hs)
                 mask = torch.cat([mask.expand(B, nh, 1, -1), (top > float("-inf")).repeat_interleave(bs, -1)], -1)
-        scores = (q @ keys.transpose(-1, -2)) / math.sqrt(hs)                   # (B, nh, 1, n_keys)
-        scores = scores.float().masked_fill(~mask, torch.finfo(torch.float32).min)
-        return torch.softmax(scores, dim=-1).to(vals.dtype) @ vals              # (B, nh, 1, hs)
+        return attention.masked_attention(q, keys, vals, mask)                  # (B, nh, 1, hs)
 
 
 class MLP(nn.Module):
@@ -263,15 +262,9 @@ class GPT(nn.Module):
             return [None] * cfg.n_layer
         g = self.sa_generator
         if lengths is not None:
-            perms = []
-            for seed in torch.randint(2**62, (cfg.n_layer,), generator=g).tolist():
-                rows = []
-                for n in lengths.tolist():
-                    gr = torch.Generator().manual_seed(seed)
-                    heads = 1 if cfg.sa_perm == "layer" else cfg.n_head
-                    real = torch.rand(heads, n, generator=gr).argsort(-1)                       # (1 or nh, n)
-                    rows.append(torch.cat([real, torch.arange(n, T).expand(heads, -1)], -1))    # (1 or nh, T)
-                perms.append(torch.stack(rows))                                                  # (B, 1 or nh, T)
+            heads = 1 if cfg.sa_perm == "layer" else cfg.n_head
+            perms = [attention.row_perms(seed, lengths, T, heads)                                # (B, 1 or nh, T)
+                     for seed in torch.randint(2**62, (cfg.n_layer,), generator=g).tolist()]
         elif cfg.sa_perm == "layer":
             perms = [torch.randperm(T, generator=g) for _ in range(cfg.n_layer)]                 # (T,) each
         else:

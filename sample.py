@@ -80,6 +80,10 @@ if max_new_tokens < 0 or num_samples < 1:
     sys.exit(f"max_new_tokens={max_new_tokens}, num_samples={num_samples}: use max_new_tokens >= 0, num_samples >= 1")
 if device.startswith("cuda") and not torch.cuda.is_available():
     sys.exit(f"device={device}, but CUDA is not available here: use --device=cpu")
+try:
+    ctx = autocast(device, dtype)
+except ValueError as e:
+    sys.exit(str(e))
 if start.startswith("FILE:"):
     path = start[len("FILE:"):]
     try:
@@ -106,10 +110,6 @@ if max(start_ids) >= model.config.vocab_size:
     sys.exit(f"--start holds token ids >= the model's vocab_size {model.config.vocab_size}")
 torch.manual_seed(seed)
 model.sa_generator.manual_seed(seed)
-try:
-    ctx = autocast(device, dtype)
-except ValueError as e:
-    sys.exit(str(e))
 
 x = torch.tensor(start_ids, dtype=torch.long, device=device)[None, :]  # (1, T)
 with ctx:
