@@ -4,17 +4,20 @@ Causal attention functions: full, sliding-window (SWA), stochastic (SA) and MoBA
 Every function takes q, k, v of shape (B, H, T, D) and returns (B, H, T, D).
 
 THE RULES (stated once; the dense references, the blocked torch path and the
-Triton kernel in kernel.py all follow them, and test_attention.py checks that):
+Triton kernel in kernel.py all follow them, and test_attention.py checks that).
+SWA and both SA rules are one rule over a value and a position per token:
+
+  key j is visible to query i  iff  |val[i] - val[j]| < width  and  pos[j] <= pos[i]
 
   sliding_window_attention(q, k, v, window, pos):
-      key j is visible to query i  iff  |i - j| < window  and  pos[j] <= pos[i].
-      pos is a LongTensor of shape (T,) or one broadcastable to (B, H, T); it
-      defaults to arange(T). With the default, that is plain causal SWA,
-      i - window < j <= i: `window` keys including itself (FlashAttention's
-      window_size=(window-1, 0)). With pos given, the band reaches window-1
-      slots on BOTH sides and causality acts on pos, not on the slot index.
+      val = the slot index, width = window. pos is a LongTensor of shape (T,) or
+      one broadcastable to (B, H, T); it defaults to arange(T). With the default,
+      that is plain causal SWA, i - window < j <= i: `window` keys including
+      itself (FlashAttention's window_size=(window-1, 0)). With pos given, the
+      band reaches window-1 slots on BOTH sides and causality acts on pos, not
+      on the slot index.
 
-  stochastic_attention(q, k, v, window, perm):
+  stochastic_attention(q, k, v, window, perm)            (the rank rule, the paper's)
       perm is a permutation of range(T), shape (T,) or (B, H, T); slot s of the
       permuted sequence holds original token perm[s]. Gather q, k, v by perm,
       run sliding_window_attention(..., window, pos=perm) and scatter the output
@@ -22,6 +25,14 @@ Triton kernel in kernel.py all follow them, and test_attention.py checks that):
       `window` apart: no token ever sees its future, a query sees about
       `window` keys on average, window >= T gives full attention for any perm,
       and the identity perm gives SWA.
+
+  stochastic_value_attention(q, k, v, delta, r)          (the value rule)
+      r holds one i.i.d. uniform key in [0, 1) per token, shape (T,) or (B, H, T):
+      val = r, width = delta, pos = the token index. Tokens a >= b interact iff
+      |r_a - r_b| < delta. With delta = window / T a pair is connected with the
+      same probability as under the rank rule, but visibility depends on r_a and
+      r_b alone, never on the other tokens: a KV cache can decode it exactly
+      (model.py). Sorted by r, a block of queries sees one contiguous span of keys.
 
   moba_attention(q, k, v, block_size, top_k):
       keys are split into blocks of block_size. Query i always attends to its
@@ -197,31 +208,52 @@ class _GroupedAttention(torch.autograd.Function):
 
 
 # -----------------------------------------------------------------------------
-# SWA, and SA through it: the band.
+# SWA, and both SA rules through it: the band.
+
+def rule_mask(val, pos, width):
+    """THE rule, dense: (..., T, T) bool, True where query i may see key j:
+    |val[i] - val[j]| < width and pos[j] <= pos[i]; val and pos of shape (T,) or (..., T)."""
+    near = (val[..., :, None] - val[..., None, :]).abs() < width         # (..., T, T)
+    return near & (pos[..., None, :] <= pos[..., :, None])
+
 
 def swa_mask(T, window, pos=None, device=None):
-    """The rule itself: (..., T, T) bool, True where query i may see key j."""
+    """SWA's mask in slot order: val = the slot index, pos = arange(T) by default."""
     idx = torch.arange(T, device=device)
-    pos = idx if pos is None else pos
-    band = (idx[:, None] - idx[None, :]).abs() < window                  # (T, T)
-    return band & (pos[..., None, :] <= pos[..., :, None])               # (..., T, T)
+    return rule_mask(idx, idx if pos is None else pos, window)
 
 
 def swa_reference(q, k, v, window, pos=None):
     return masked_attention(q, k, v, swa_mask(q.shape[2], window, pos, q.device))
 
 
-def _band_layout(B, H, T, window, idx, pos, two_sided):
-    """Slot s holds row idx[s] of q, k, v and has position pos[s] (SWA: idx = pos = arange(T); SA:
-    idx = pos = perm). The engine lays q, k, v out in slot order once (`order`, pads included), so
-    query block b (C slots) and its key span of L = C + left + right slots around it are both
-    strided views of that copy. swa_mask's rule inside the span is the additive mask. Pad slots
-    are zeros and have a pos in everyone's future."""
-    BH, w, device = B * H, min(window, T), idx.device   # |i - j| < T always holds
+def _band_layout(B, H, T, width, idx, pos, val=None, two_sided=True):
+    """Slot s holds row idx[s] of q, k, v, with position pos[s] and value val[s] (SWA: idx = pos =
+    arange(T); rank SA: idx = pos = perm; value SA: idx = pos = argsort(r), val = r ascending).
+    The engine lays q, k, v out in slot order once (`order`, pads included), and query block b
+    (C slots) sees a span of L slots:
+    - val None (the slot index): the band, C + left + right slots around the block, the same for
+      every block, so the spans are strided views of the copy and |slot difference| < width is one
+      (C, L) mask;
+    - val given (sorted): block b's span starts at the first slot within width of the block's
+      smallest val (searchsorted) and has L slots, the longest any block needs; the rule's mask is
+      computed per block. Extra keys in a span are masked, so a loose bound is safe.
+    Pad slots are zeros, with a pos in everyone's future and (val) a value far from every real one."""
+    BH, device = B * H, idx.device
     C = min(BLOCK, 1 << (T - 1).bit_length())          # block rows; small T needs no full block
     nb = math.ceil(T / C)
-    left, right = w - 1, (w - 1 if two_sided else 0)   # the band's reach in slots
-    L = C + left + right
+    first = torch.arange(nb, device=device) * C        # each block's first slot
+    if val is None:
+        w = min(width, T)                              # |i - j| < T always holds
+        left, right = w - 1, (w - 1 if two_sided else 0)   # the band's reach in slots
+        L = C + left + right
+    else:
+        val = val.expand(B, H, T).reshape(BH, T) if val.dim() == 3 else val[None]  # (BH or 1, T), ascending
+        # margin: fp32 rounding of |val_i - val_j| near width (ulps < 1.2e-7 for r in [0, 1))
+        start = torch.searchsorted(val, val[:, first] - width - 1e-6)                  # (BH or 1, nb)
+        end = torch.searchsorted(val, val[:, (first + C).clamp(max=T) - 1] + width + 1e-6)
+        L = int((torch.maximum(end, first + C) - start).max())  # the block's own slots always in its span
+        left, right = 0, L - C
     pad = (left, nb * C - T + right)
     order = idx.expand(B, H, T).reshape(BH, T) + torch.arange(BH, device=device)[:, None] * T  # (BH, T)
     order = F.pad(order, pad, value=-1).flatten()                             # (BH*S,), S = left+Tp+right; pads -1
@@ -230,11 +262,22 @@ def _band_layout(B, H, T, window, idx, pos, two_sided):
     pos = pos.expand(B, H, T).reshape(BH, T) if pos.dim() == 3 else pos[None]  # (BH or 1, T)
     big = pos.new_full((pos.shape[0], 1), torch.iinfo(torch.long).max)
     pos = torch.cat([big.expand(-1, pad[0]), pos, big.expand(-1, pad[1])], 1)  # (BH or 1, S)
-    r, c = torch.arange(C, device=device), torch.arange(L, device=device)
-    outside = (r[:, None] + left - c[None, :]).abs() >= w                    # (C, L): the same for every block
-    band = torch.zeros(C, L, device=device).masked_fill_(outside, NEG)       # (C, L) additive
+    if val is None:
+        r, c = torch.arange(C, device=device), torch.arange(L, device=device)
+        outside = (r[:, None] + left - c[None, :]).abs() >= w                # (C, L): the same for every block
+        band = torch.zeros(C, L, device=device).masked_fill_(outside, NEG)   # (C, L) additive
+    else:
+        val = F.pad(val, (0, pad[1]), value=1e30)                             # (BH or 1, S)
+        kslots = start[..., None] + torch.arange(L, device=device)            # (BH or 1, nb, L)
     n = min(nb, max(1, CHUNK // (C * L)))     # blocks per chunk
     m = max(1, CHUNK // (C * L * nb))         # heads per chunk, when one head's blocks all fit
+
+    def spans(t, h, s, e):
+        """t (BH or 1, S) at the key slots of blocks s..e-1, heads h..h+m-1: (m or 1, e-s, L)."""
+        if val is None:
+            return t[h:h + m, s * C:(e - 1) * C + L].unfold(1, L, C)             # a strided view
+        t, ks = t[h:h + m], kslots[h:h + m] if len(kslots) > 1 else kslots
+        return t.gather(1, ks[:, s:e].flatten(1).expand(len(t), -1)).view(len(t), e - s, L)
 
     def chunks():  # one head at a time, if T is long: then the spans are views a matmul takes as they are
         for s in range(0, nb, n):
@@ -242,14 +285,18 @@ def _band_layout(B, H, T, window, idx, pos, two_sided):
             for h in range(0, BH, m):
                 if h == 0 or len(pos) > 1:  # a pos shared by the heads makes one mask for all of them
                     qpos = pos[h:h + m, left + s * C:left + e * C].unflatten(1, (e - s, C))  # (m or 1, n, C)
-                    kpos = pos[h:h + m, s * C:(e - 1) * C + L].unfold(1, L, C)               # (m or 1, n, L)
-                    mask = torch.where(kpos[..., None, :] <= qpos[..., :, None], band, NEG)  # (m or 1, n, C, L)
+                    visible = spans(pos, h, s, e)[..., None, :] <= qpos[..., :, None]      # (m or 1, n, C, L)
+                    if val is None:
+                        mask = torch.where(visible, band, NEG)
+                    else:
+                        qval = val[h:h + m, s * C:e * C].unflatten(1, (e - s, C))         # (m or 1, n, C)
+                        visible &= (qval[..., :, None] - spans(val, h, s, e)[..., None, :]).abs() < width
+                        mask = torch.zeros(visible.shape, device=device).masked_fill_(~visible, NEG)
                 qrows = rows[h:h + m, left + s * C:left + e * C].unflatten(1, (e - s, C))     # (m, n, C)
-                krows = rows[h:h + m, s * C:(e - 1) * C + L].unfold(1, L, C)                  # (m, n, L)
-                yield qrows, krows, mask
+                yield qrows, spans(rows, h, s, e), mask                                       # .., (m, n, L)
     chunks.merge = False  # every query is in one group
     chunks.order, chunks.pads = order.clamp_(min=0), pads  # pads read any row; _flat zeroes them
-    chunks.take = _view  # rows and spans are strided views of the copy
+    chunks.take = _view if val is None else _gather  # band: rows and spans are strided views of the copy
     return chunks
 
 
@@ -274,15 +321,12 @@ def sliding_window_attention(q, k, v, window, pos=None):
     B, H, T, D = q.shape
     idx = torch.arange(T, device=q.device)
     return _GroupedAttention.apply(q, k, v, _band_layout(B, H, T, window, idx, idx if pos is None else pos,
-                                                         pos is not None))
+                                                         two_sided=pos is not None))
 
 
 def sa_mask(window, perm):
-    """SA's mask in ORIGINAL token order: tokens a >= b interact iff their slots are < window apart."""
-    slot = torch.argsort(perm, dim=-1)                                   # slot[t]: where token t sits
-    idx = torch.arange(perm.shape[-1], device=perm.device)
-    near = (slot[..., :, None] - slot[..., None, :]).abs() < window      # (..., T, T)
-    return near & (idx[None, :] <= idx[:, None])
+    """SA's rank rule in ORIGINAL token order: val = each token's slot, pos = arange(T)."""
+    return rule_mask(torch.argsort(perm, dim=-1), torch.arange(perm.shape[-1], device=perm.device), window)
 
 
 def sa_reference(q, k, v, window, perm):
@@ -319,10 +363,41 @@ def stochastic_attention(q, k, v, window, perm):
     B, H, T, D = q.shape
     _check_perm(perm, B, H, T)
     if _backend(q) == "torch":  # the layout does the gather by perm and the scatter back
-        return _GroupedAttention.apply(q, k, v, _band_layout(B, H, T, check_positive(window), perm, perm, True))
+        return _GroupedAttention.apply(q, k, v, _band_layout(B, H, T, check_positive(window), perm, perm))
     qs, ks, vs = (_take(t, perm) for t in (q, k, v))                    # (B, H, T, D) in slot order
     ys = sliding_window_attention(qs, ks, vs, window, pos=perm)        # (B, H, T, D) in slot order
     return _take(ys, torch.argsort(perm, dim=-1))                      # (B, H, T, D) in token order
+
+
+def _check_r(r, B, H, T):
+    if not r.is_floating_point() or r.shape[-1] != T or r.dim() not in (1, 3):
+        raise ValueError(f"r must be a float tensor of shape (T,) or (B, H, T) with T={T}, got {r.dtype} {tuple(r.shape)}")
+    if r.dim() == 3 and r.shape[:2] not in ((B, H), (1, H), (B, 1), (1, 1)):
+        raise ValueError(f"r of shape {tuple(r.shape)} does not broadcast to (B, H, T)=({B}, {H}, {T})")
+
+
+def sa_value_mask(delta, r):
+    """SA's value rule in token order: val = r, width = delta, pos = arange(T)."""
+    return rule_mask(r, torch.arange(r.shape[-1], device=r.device), delta)
+
+
+def sa_value_reference(q, k, v, delta, r):
+    return masked_attention(q, k, v, sa_value_mask(delta, r))
+
+
+def stochastic_value_attention(q, k, v, delta, r):
+    """Stochastic attention by the value rule: out (B, H, T, D) for q, k, v (B, H, T, D) and r, one
+    uniform key in [0, 1) per token, shape (T,) or (B, H, T): tokens a >= b interact iff
+    |r_a - r_b| < delta (delta = window / T matches the rank rule's pair probability). Sorted by r,
+    the band runs over per-block key spans. Equals sa_value_reference."""
+    B, H, T, D = q.shape
+    _check_r(r, B, H, T)
+    if not 0 < delta:
+        raise ValueError(f"delta must be > 0, got {delta!r}")
+    if _backend(q) == "reference":
+        return sa_value_reference(q, k, v, delta, r)
+    perm = torch.argsort(r, dim=-1, stable=True)                       # (T,) or (B, H, T): ascending r
+    return _GroupedAttention.apply(q, k, v, _band_layout(B, H, T, delta, perm, perm, r.gather(-1, perm)))
 
 
 # -----------------------------------------------------------------------------

@@ -6,10 +6,12 @@ A GPT language model with a switchable attention, after nanoGPT.
     "swa"    sliding-window attention, each token sees the previous `window` tokens
     "sa"     stochastic attention: a fresh random permutation per layer and per
              forward pass, SWA in permuted order, causal on original positions
+             (sa_rule="rank", the paper's); sa_rule="value" draws a random key r per
+             token instead: tokens see each other iff |r_a - r_b| < window / block_size
     "sa+swa" the paper's gated dual path: Y = sigmoid(x W_sa) * Y_sa + sigmoid(x W_swa) * Y_swa
     "moba"   mixture of block attention (block top-k routing), the baseline
   The exact visibility rules live in attention.py's docstring.
-  GPT.generate decodes full, swa and moba from a KV cache (KVCache below), exactly.
+  GPT.generate decodes from a KV cache (KVCache below), exactly, every kind but rank-rule SA.
 """
 import inspect
 import math
@@ -25,8 +27,8 @@ from torch.nn import functional as F
 import attention
 
 ATTN_KINDS = ("full", "swa", "sa", "sa+swa", "moba")
-CACHEABLE = ("full", "swa", "moba")  # the kinds GPT.generate can decode from a KV cache exactly
 SA_PERM_MODES = ("layer", "head")
+SA_RULES = ("rank", "value")
 POS_EMBS = ("rope", "learned")
 GPT2_SIZES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -46,6 +48,8 @@ class GPTConfig:
     moba_block: int = 64       # MoBA key block size
     moba_topk: int = 4         # MoBA blocks per query, its own included
     sa_perm: str = "layer"     # "layer": one permutation per layer (the paper); "head": one per (batch row, head)
+    sa_rule: str = "rank"      # "rank": the window over permuted slots (the paper); "value": over random keys r,
+                               # which a KV cache can decode exactly (attention.py's docstring has both rules)
     # RoPE is the default: it is applied to q and k BEFORE the permutation, so SA
     # scores keep their true relative positions, as in the paper. "learned" is
     # GPT-2's absolute embedding, needed to load GPT-2 weights.
@@ -59,6 +63,8 @@ class GPTConfig:
             bad("attn", f"one of {ATTN_KINDS}")
         if self.sa_perm not in SA_PERM_MODES:
             bad("sa_perm", f"one of {SA_PERM_MODES}")
+        if self.sa_rule not in SA_RULES:
+            bad("sa_rule", f"one of {SA_RULES}")
         if self.pos_emb not in POS_EMBS:
             bad("pos_emb", f"one of {POS_EMBS}")
         for field in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd", "window", "moba_block", "moba_topk"):
@@ -69,6 +75,12 @@ class GPTConfig:
             bad("n_embd", "such that the head size n_embd // n_head is even (RoPE rotates pairs)")
         if not 0.0 <= self.dropout < 1.0:
             bad("dropout", "in [0, 1)")
+
+    @property
+    def cacheable(self):
+        """Whether GPT.generate can decode this model from a KV cache exactly: every kind but
+        rank-rule SA, where whether key j is visible to query i depends on later tokens' slots."""
+        return self.attn not in ("sa", "sa+swa") or self.sa_rule == "value"
 
 
 def rope_tables(config):
@@ -97,10 +109,10 @@ class CausalSelfAttention(nn.Module):
             # one sigmoid gate per head and path, from the block's input: 2 * n_embd * n_head parameters
             self.gate = nn.Linear(config.n_embd, 2 * config.n_head, bias=False)
 
-    def forward(self, x, perm=None, rope=None, cache=None, pos=0):
-        """x (B, T, C). With a cache (this layer's dict of a KVCache), x holds the tokens at absolute
-        positions pos..pos+T-1: a prefill (pos == 0) runs the attention below and fills the cache,
-        a decode step (T == 1) attends over the cache."""
+    def forward(self, x, draw=None, rope=None, cache=None, pos=0):
+        """x (B, T, C); draw: SA's draw for this layer (GPT.draw_sa). With a cache (this layer's dict
+        of a KVCache), x holds the tokens at absolute positions pos..pos+T-1: a prefill (pos == 0) runs
+        the attention below and fills the cache, a decode step (T == 1) attends over the cache."""
         B, T, C = x.size()
         cfg, nh = self.config, self.config.n_head
         q, k, v = self.c_attn(x).split(C, dim=2)
@@ -110,40 +122,53 @@ class CausalSelfAttention(nn.Module):
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         if cache is not None:
-            self.store(cache, k, v, pos)
+            self.store(cache, k, v, pos, draw)
 
-        if cache is not None and pos > 0:
-            y = self.decode_step(q, cache, pos)
-        elif cfg.attn == "full":
-            y = attention.full_attention(q, k, v)
-        elif cfg.attn == "swa":
-            y = attention.sliding_window_attention(q, k, v, cfg.window)
-        elif cfg.attn == "sa":
-            y = attention.stochastic_attention(q, k, v, cfg.window, perm)
-        elif cfg.attn == "moba":
-            y = attention.moba_attention(q, k, v, cfg.moba_block, cfg.moba_topk)
-        else:  # "sa+swa": both paths share q, k, v
+        def attend(kind):
+            if cache is not None and pos > 0:
+                return self.decode_step(q, cache, pos, kind)
+            if kind == "full":
+                return attention.full_attention(q, k, v)
+            if kind == "swa":
+                return attention.sliding_window_attention(q, k, v, cfg.window)
+            if kind == "moba":
+                return attention.moba_attention(q, k, v, cfg.moba_block, cfg.moba_topk)
+            if cfg.sa_rule == "value":
+                return attention.stochastic_value_attention(q, k, v, cfg.window / cfg.block_size, draw)
+            return attention.stochastic_attention(q, k, v, cfg.window, draw)
+
+        if cfg.attn == "sa+swa":  # both paths share q, k, v
             g = torch.sigmoid(self.gate(x)).transpose(1, 2).unsqueeze(-1)        # (B, 2*nh, T, 1)
-            y = (g[:, :nh] * attention.stochastic_attention(q, k, v, cfg.window, perm)
-                 + g[:, nh:] * attention.sliding_window_attention(q, k, v, cfg.window))
+            y = g[:, :nh] * attend("sa") + g[:, nh:] * attend("swa")
+        else:
+            y = attend(cfg.attn)
         y = y.transpose(1, 2).contiguous().view(B, T, C)                         # (B, T, C)
         return self.resid_dropout(self.c_proj(y))
 
-    # -- The KV cache of one layer, for full, swa and moba (GPT.generate) ----------------------
+    # -- The KV cache of one layer (GPT.generate) -----------------------------------------------
     # The token at absolute position p sits in slot p % S of the k, v buffers (B, nh, S, hs).
-    # full and moba: S >= block_size (moba rounds it up to whole blocks), so nothing is overwritten.
     # swa: S = window, so a key is overwritten exactly when it leaves every later query's window.
+    # Every other kind: S >= block_size (moba rounds it up to whole blocks), nothing is overwritten.
     # moba also keeps kmean (B, nh, S // moba_block, hs), the key mean of each complete block.
+    # value-rule SA also keeps r (R, S), each token's key (R = 1, or B * nh for sa_perm="head"),
+    # and buckets: per row of r, the positions whose r lies in [b * delta, (b + 1) * delta), so
+    # that a step reads the 3 or 4 buckets near its own r, about 3 * window keys, not all T.
 
-    def store(self, cache, k, v, pos):
-        """Write k, v (B, nh, T, hs) of positions pos..pos+T-1 into cache, allocating it on the first call."""
+    def store(self, cache, k, v, pos, draw=None):
+        """Write k, v (B, nh, T, hs) of positions pos..pos+T-1 into cache, allocating it on the first
+        call; value-rule SA also files their keys r (the layer's draw, (T,) or (B, nh, T))."""
         cfg, (B, nh, T, hs) = self.config, k.shape
+        value_sa = cfg.attn in ("sa", "sa+swa") and cfg.sa_rule == "value"
         if not cache:
             bs = cfg.moba_block
             S = {"swa": min(cfg.window, cfg.block_size), "moba": math.ceil(cfg.block_size / bs) * bs}.get(cfg.attn, cfg.block_size)
             cache.update(k=k.new_zeros(B, nh, S, hs), v=v.new_zeros(B, nh, S, hs))
             if cfg.attn == "moba":
                 cache["kmean"] = k.new_zeros(B, nh, S // bs, hs, dtype=torch.float32)
+            if value_sa:
+                R = 1 if cfg.sa_perm == "layer" else B * nh
+                cache["r"] = torch.zeros(R, S, device=k.device)
+                cache["buckets"] = [[[] for _ in range(math.ceil(cfg.block_size / cfg.window))] for _ in range(R)]
         S = cache["k"].shape[2]
         n = min(T, S)                                            # only the last S positions can ever be seen
         slots = torch.arange(pos + T - n, pos + T, device=k.device) % S
@@ -154,16 +179,40 @@ class CausalSelfAttention(nn.Module):
             lo, hi = pos // bs, (pos + T) // bs
             if hi > lo:
                 cache["kmean"][:, :, lo:hi] = attention.block_means(cache["k"][:, :, lo * bs:hi * bs], bs)
+        if value_sa:
+            r = draw.expand(B, nh, T).reshape(-1, T) if draw.dim() == 3 else draw[None]  # (R, T)
+            cache["r"][:, pos:pos + T] = r
+            delta = cfg.window / cfg.block_size
+            for row, buckets in zip(r.tolist(), cache["buckets"]):
+                for p, key in enumerate(row, pos):
+                    buckets[min(int(key / delta), len(buckets) - 1)].append(p)
 
-    def decode_step(self, q, cache, pos):
+    def decode_step(self, q, cache, pos, kind):
         """The attention of one query q (B, nh, 1, hs) at position pos over the cache (which holds
-        it already), by the rules of attention.py's docstring; a plain masked softmax in fp32."""
+        it already), by `kind`'s rule in attention.py's docstring; a plain masked softmax in fp32."""
         cfg, (B, nh, _, hs) = self.config, q.shape
         S = cache["k"].shape[2]
-        if cfg.attn != "moba":  # full: every position so far; swa: the last `window` of them
-            keys, vals = cache["k"][:, :, :min(pos + 1, S)], cache["v"][:, :, :min(pos + 1, S)]  # (B, nh, n, hs)
-            mask = torch.ones(keys.shape[2], dtype=torch.bool, device=q.device)
-        else:
+        if kind in ("full", "swa"):  # full: every position so far; swa: the last `window` of them
+            slots = torch.arange(0 if kind == "full" else max(0, pos + 1 - cfg.window), pos + 1, device=q.device) % S
+            keys, vals = cache["k"][:, :, slots], cache["v"][:, :, slots]                  # (B, nh, n, hs)
+            mask = torch.ones(len(slots), dtype=torch.bool, device=q.device)
+        elif kind == "sa":  # value rule: the positions in the buckets within delta (and a margin) of r
+            delta, r = cfg.window / cfg.block_size, cache["r"]
+            found = []
+            for key, buckets in zip(r[:, pos].tolist(), cache["buckets"]):
+                lo, hi = (min(max(int(x / delta), 0), len(buckets) - 1) for x in (key - delta - 1e-6, key + delta + 1e-6))
+                found.append([p for b in range(lo, hi + 1) for p in buckets[b]])
+            n = max(map(len, found))
+            idx = torch.tensor([f + [pos] * (n - len(f)) for f in found], device=q.device)  # (R, n), padded with pos
+            mask = (torch.arange(n, device=q.device) < torch.tensor([len(f) for f in found], device=q.device)[:, None])
+            mask &= (r[:, pos, None] - r.gather(1, idx)).abs() < delta                    # (R, n): the rule
+            if len(found) == 1:
+                keys, vals, mask = cache["k"][:, :, idx[0]], cache["v"][:, :, idx[0]], mask[0]  # (B, nh, n, hs)
+            else:
+                idx = idx.view(B, nh, n, 1).expand(-1, -1, -1, hs)                           # (B, nh, n, hs)
+                keys, vals = cache["k"].gather(2, idx), cache["v"].gather(2, idx)            # (B, nh, n, hs)
+                mask = mask.view(B, nh, 1, n)
+        else:  # moba
             bs = cfg.moba_block
             nc = pos // bs                                       # complete blocks, all strictly past
             own = nc * bs                                        # the own block's first position
@@ -205,8 +254,8 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = MLP(config)
 
-    def forward(self, x, perm=None, rope=None, cache=None, pos=0):
-        x = x + self.attn(self.ln_1(x), perm, rope, cache, pos)
+    def forward(self, x, draw=None, rope=None, cache=None, pos=0):
+        x = x + self.attn(self.ln_1(x), draw, rope, cache, pos)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -252,46 +301,54 @@ class GPT(nn.Module):
     def get_num_params(self):
         return sum(p.numel() for p in self.parameters())
 
-    def draw_perms(self, B, T, device, lengths=None):
-        """One fresh permutation per layer for SA, (T,) or (B, nh, T) per config.sa_perm.
-        With lengths (B,), the real tokens of right-padded rows: each row permutes only its
-        first lengths[b] tokens (pads keep their slots after them), from a per-layer seed, so
-        a row's permutation depends on that seed and its length, never on the rest of the batch."""
-        cfg = self.config
+    def draw_sa(self, B, T, device, lengths=None):
+        """SA's fresh draw for each layer, (T,) or (B, nh, T) per config.sa_perm: a permutation
+        (sa_rule="rank") or a uniform key in [0, 1) per token (sa_rule="value").
+        With lengths (B,), the real tokens of right-padded rows, each layer draws from a seed of its
+        own, so that a row's draw depends on that seed and its length, never on the rest of the
+        batch: the rank rule permutes only each row's first lengths[b] tokens (pads keep their slots
+        after them); the value rule's keys are already so (token t's r depends on the seed and t)."""
+        cfg, g = self.config, self.sa_generator
+        heads = 1 if cfg.sa_perm == "layer" else cfg.n_head
         if cfg.attn not in ("sa", "sa+swa"):
             return [None] * cfg.n_layer
-        g = self.sa_generator
         if lengths is not None:
-            heads = 1 if cfg.sa_perm == "layer" else cfg.n_head
-            perms = [attention.row_perms(seed, lengths, T, heads)                                # (B, 1 or nh, T)
-                     for seed in torch.randint(2**62, (cfg.n_layer,), generator=g).tolist()]
+            seeds = torch.randint(2**62, (cfg.n_layer,), generator=g).tolist()
+            if cfg.sa_rule == "rank":
+                draws = [attention.row_perms(seed, lengths, T, heads) for seed in seeds]        # (B, 1 or nh, T)
+            else:  # (T, heads): token t's keys come t-th from the seed, whatever T is
+                draws = [torch.rand(T, heads, generator=torch.Generator().manual_seed(seed)).T[None] for seed in seeds]
+        elif cfg.sa_rule == "value":
+            draws = [torch.rand(*((T,) if heads == 1 else (B, heads, T)), generator=g) for _ in range(cfg.n_layer)]
         elif cfg.sa_perm == "layer":
-            perms = [torch.randperm(T, generator=g) for _ in range(cfg.n_layer)]                 # (T,) each
+            draws = [torch.randperm(T, generator=g) for _ in range(cfg.n_layer)]                 # (T,) each
         else:
-            perms = [torch.rand(B, cfg.n_head, T, generator=g).argsort(-1) for _ in range(cfg.n_layer)]  # (B, nh, T)
-        return [p.to(device) for p in perms]
+            draws = [torch.rand(B, cfg.n_head, T, generator=g).argsort(-1) for _ in range(cfg.n_layer)]  # (B, nh, T)
+        return [d.to(device) for d in draws]
 
-    def forward(self, idx, targets=None, lengths=None, cache=None):
-        """idx (B, T) -> logits (B, T, vocab), and the loss if targets. lengths: see draw_perms.
+    def forward(self, idx, targets=None, lengths=None, cache=None, draws=None):
+        """idx (B, T) -> logits (B, T, vocab), and the loss if targets. lengths: see draw_sa.
         cache: a KVCache (see generate); idx continues the tokens it has seen, all at once
-        into an empty cache or one at a time."""
+        into an empty cache or one at a time. draws: SA's draw per layer, instead of fresh ones."""
         B, T = idx.size()
+        cfg = self.config
         pos = 0 if cache is None else cache.pos                                  # idx[:, 0]'s absolute position
-        if pos + T > self.config.block_size:
-            raise ValueError(f"sequence length {pos + T} exceeds block_size {self.config.block_size}")
-        if cache is not None and (self.config.attn not in CACHEABLE or lengths is not None or (pos and T > 1)):
-            raise ValueError(f"a KV cache takes attn in {CACHEABLE}, no lengths, and one token at a time "
-                             f"after the prompt; got attn={self.config.attn!r}, {T} tokens at position {pos}")
+        if pos + T > cfg.block_size:
+            raise ValueError(f"sequence length {pos + T} exceeds block_size {cfg.block_size}")
+        if cache is not None and (not cfg.cacheable or lengths is not None or (pos and T > 1)):
+            raise ValueError(f"a KV cache takes a cacheable model (not rank-rule SA), no lengths, and one token at a "
+                             f"time after the prompt; got attn={cfg.attn!r}, sa_rule={cfg.sa_rule!r}, {T} tokens at position {pos}")
         x = self.transformer.wte(idx)                                            # (B, T, C)
         rope = None
-        if self.config.pos_emb == "learned":
+        if cfg.pos_emb == "learned":
             x = x + self.transformer.wpe(torch.arange(pos, pos + T, device=idx.device))  # (B, T, C)
         else:
             rope = (self.rope_cos[pos:pos + T], self.rope_sin[pos:pos + T])      # (T, hs/2) each
         x = self.transformer.drop(x)
-        layers = [None] * self.config.n_layer if cache is None else cache.layers
-        for block, perm, layer in zip(self.transformer.h, self.draw_perms(B, T, idx.device, lengths), layers):
-            x = block(x, perm, rope, layer, pos)
+        layers = [None] * cfg.n_layer if cache is None else cache.layers
+        draws = self.draw_sa(B, T, idx.device, lengths) if draws is None else draws
+        for block, draw, layer in zip(self.transformer.h, draws, layers):
+            x = block(x, draw, rope, layer, pos)
         if cache is not None:
             cache.pos += T
         logits = self.lm_head(self.transformer.ln_f(x))                          # (B, T, vocab)
@@ -339,16 +396,16 @@ class GPT(nn.Module):
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True):
         """Append max_new_tokens sampled tokens to idx (B, T). temperature=0: greedy, the most likely token.
         use_cache: keep every layer's keys and values (a KVCache), so that a step computes one token,
-        not the whole prefix. Exact for attn in CACHEABLE: each step's logits equal those of one
-        forward over all the tokens so far. Rank-rule SA (sa, sa+swa) cannot be cached: whether key
-        j is visible to query i depends on the slots of the tokens after i, so it recomputes the
-        prefix at every step, as without the cache, and says so on stderr.
+        not the whole prefix. Exact where config.cacheable: each step's logits equal those of one
+        forward over all the tokens so far (with the same SA keys r). Rank-rule SA cannot be cached:
+        whether key j is visible to query i depends on the slots of the tokens after i, so it
+        recomputes the prefix at every step, as without the cache, and says so on stderr.
         Past block_size, without the cache every step crops the context to its last block_size
         tokens (nanoGPT); with it, a full cache is refilled from the last block_size // 2 tokens
         by one forward, so a step sees between block_size // 2 and block_size tokens."""
         cfg = self.config
-        if use_cache and cfg.attn not in CACHEABLE:
-            print(f"use_cache: attn={cfg.attn!r} cannot be decoded from a KV cache exactly; "
+        if use_cache and not cfg.cacheable:
+            print(f"use_cache: attn={cfg.attn!r} with sa_rule='rank' cannot be decoded from a KV cache exactly; "
                   "recomputing the whole prefix for every token", file=sys.stderr)
             use_cache = False
         cache = None
@@ -379,9 +436,9 @@ class GPT(nn.Module):
         ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", downloaded through
         transformers) or a transformers GPT2LMHeadModel already built. override_args
         may set dropout and the attention fields that carry no weights (attn, window,
-        moba_block, moba_topk, sa_perm); attn="sa+swa" adds gates at their init."""
+        moba_block, moba_topk, sa_perm, sa_rule); attn="sa+swa" adds gates at their init."""
         override_args = override_args or {}
-        allowed = {"dropout", "attn", "window", "moba_block", "moba_topk", "sa_perm"}
+        allowed = {"dropout", "attn", "window", "moba_block", "moba_topk", "sa_perm", "sa_rule"}
         if set(override_args) - allowed:
             raise ValueError(f"from_pretrained can override only {sorted(allowed)}, got {sorted(override_args)}")
         if isinstance(model_type, nn.Module):

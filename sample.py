@@ -9,8 +9,8 @@ Sample from a checkpoint trained by train.py:
 Text is encoded and decoded with the tokenizer the training data was prepared
 with (its meta.json, which the checkpoint carries). SA draws fresh permutations
 at every forward pass; --seed fixes them, together with the sampling itself.
-Generation decodes from a KV cache where that is exact (full, swa, moba: see GPT.generate);
-sa and sa+swa recompute the whole prefix for every token.
+Generation decodes from a KV cache where that is exact (every kind but rank-rule SA: see
+GPT.generate); rank-rule sa and sa+swa recompute the whole prefix for every token.
 """
 import os
 import statistics
@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from model import ATTN_KINDS, CACHEABLE, GPT, GPTConfig, autocast, load_checkpoint
+from model import ATTN_KINDS, GPT, GPTConfig, autocast, load_checkpoint
 from prepare_data import get_tokenizer
 
 # -----------------------------------------------------------------------------
@@ -30,7 +30,7 @@ max_new_tokens = 500     # tokens generated per sample
 temperature = 0.8        # < 1 sharpens the distribution, > 1 flattens it; 0: greedy (always the most likely token)
 top_k = 200              # sample among the top_k most likely tokens; 0: among all
 seed = 1337              # seeds the sampling and the SA permutations
-use_cache = True         # decode from a KV cache where it is exact (full, swa, moba); False: recompute the prefix
+use_cache = True         # decode from a KV cache where it is exact (not rank-rule SA); False: recompute the prefix
 benchmark = False        # True: print the speed table of benchmark_generation() below (no checkpoint needed) and exit
 device = "cuda" if torch.cuda.is_available() else "cpu"
 dtype = "bfloat16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "float32"
@@ -48,22 +48,22 @@ def benchmark_generation(lengths=(256, 1024, 4096), new_tokens=(5, 33), vocab_si
                 vocab_size=vocab_size, block_size=max(lengths) + max(new_tokens))
     print(f"generate, greedy, batch 1, fp32, {torch.get_num_threads()} threads, torch {torch.__version__}; a random "
           f"GPT {', '.join(f'{k}={v}' for k, v in arch.items())}; median ms per generated token, prefill excluded; "
-          f"cache slots per layer: window for swa, block_size for full and moba")
-    print(f"{'attn':>7} {'prompt':>6} {'no cache':>9} {'cache':>9} {'speedup':>8}")
-    for attn in ATTN_KINDS:
+          f"cache slots per layer: window for swa, block_size for the others")
+    print(f"{'attn':>7} {'sa_rule':>7} {'prompt':>6} {'no cache':>9} {'cache':>9} {'speedup':>8}")
+    for attn, rule in [(a, "rank") for a in ATTN_KINDS] + [("sa", "value"), ("sa+swa", "value")]:
         torch.manual_seed(0)
-        model = GPT(GPTConfig(attn=attn, **arch)).eval()
+        model = GPT(GPTConfig(attn=attn, sa_rule=rule, **arch)).eval()
         stamps = []
         model.register_forward_hook(lambda *_: stamps.append(time.perf_counter()))
         model.generate(torch.zeros(1, 8, dtype=torch.long), 2, use_cache=False)  # warm-up
         for T in lengths:
             x = torch.randint(vocab_size, (1, T))
             ms = {}
-            for cached in (False, True) if attn in CACHEABLE else (False,):
+            for cached in (False, True) if model.config.cacheable else (False,):
                 stamps.clear()
                 model.generate(x, 1 + new_tokens[cached], temperature=0, use_cache=cached)
                 ms[cached] = 1000 * statistics.median(b - a for a, b in zip(stamps, stamps[1:]))
-            row = f"{attn:>7} {T:>6} {ms[False]:>9.2f}"
+            row = f"{attn:>7} {rule if attn in ('sa', 'sa+swa') else '':>7} {T:>6} {ms[False]:>9.2f}"
             row += f" {ms[True]:>9.2f} {ms[False] / ms[True]:>7.1f}x" if True in ms else f" {'n/a':>9}"
             print(row, flush=True)
     print("n/a: rank-rule SA cannot be decoded from a cache exactly (see GPT.generate)")

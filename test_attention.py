@@ -64,6 +64,29 @@ def test_sa_fast_equals_reference(T, window, perm_shape, dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("r_shape", [(), (2, 3), (1, 3)])
+@pytest.mark.parametrize("T", TS)
+@pytest.mark.parametrize("window", [1, 5, 64, 300])
+def test_sa_value_fast_equals_reference(T, window, r_shape, dtype):
+    """The value rule's per-block key spans (sorted by r) against its mask written in token order."""
+    q, k, v = qkv(2, 3, T, 16, dtype=dtype)
+    r = torch.rand(*r_shape, T, generator=torch.Generator().manual_seed(1))
+    assert_same(lambda q, k, v: A.stochastic_value_attention(q, k, v, window / T, r), q, k, v,
+                lambda q, k, v: A.sa_value_reference(q, k, v, window / T, r))
+
+
+def test_sa_value_spans_are_exact_at_the_edge_of_delta():
+    """Keys whose r lies at delta from a query's, within a few fp32 ulps either side: the fast
+    path's spans must keep exactly the pairs that the rule's |r_i - r_j| < delta keeps."""
+    T, delta = 200, 0.1
+    r = torch.rand(T, generator=torch.Generator().manual_seed(3))
+    r[1::2] = r[::2] + delta + torch.randint(-3, 4, (T // 2,)) * 6e-8  # pairs at delta, give or take an ulp
+    q, k, v = qkv(1, 2, T, 8)
+    assert_same(lambda q, k, v: A.stochastic_value_attention(q, k, v, delta, r), q, k, v,
+                lambda q, k, v: A.sa_value_reference(q, k, v, delta, r))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("T", TS)
 @pytest.mark.parametrize("block_size,top_k", [(4, 1), (8, 3), (16, 2), (32, 100)])
 def test_moba_fast_equals_reference(T, block_size, top_k, dtype):
@@ -104,16 +127,28 @@ def test_identity_permutation_is_swa(T):
 
 
 def test_masks_follow_the_written_rules():
-    """swa_mask/sa_mask spelled out entry by entry, so the oracle itself is checked."""
+    """swa_mask/sa_mask/sa_value_mask spelled out entry by entry, so the oracle itself is checked."""
     T, w = 9, 3
-    perm = random_perm((), T)
+    perm, r = random_perm((), T), torch.rand(T, generator=torch.Generator().manual_seed(0))
     slot = {int(t): s for s, t in enumerate(perm)}
     swa, sa, slot_space = A.swa_mask(T, w), A.sa_mask(w, perm), A.swa_mask(T, w, pos=perm)
+    value = A.sa_value_mask(0.2, r)
     for i in range(T):
         for j in range(T):
             assert swa[i, j] == (i - w < j <= i)
             assert sa[i, j] == (j <= i and abs(slot[i] - slot[j]) < w)
             assert slot_space[i, j] == (abs(i - j) < w and int(perm[j]) <= int(perm[i]))
+            assert value[i, j] == (j <= i and abs(r[i].item() - r[j].item()) < 0.2)
+
+
+def test_value_rule_is_prefix_consistent_and_rank_rule_is_not():
+    """Why only the value rule can be decoded from a KV cache: under it the keys of query i do not
+    change when tokens are appended; under the rank rule, slots of later tokens move them."""
+    T, n, w = 64, 40, 6
+    r = torch.rand(T, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(A.sa_value_mask(w / T, r)[:n, :n], A.sa_value_mask(w / T, r[:n]))
+    perm = random_perm((), T)
+    assert not torch.equal(A.sa_mask(w, perm)[:n, :n], A.sa_mask(w, perm[perm < n]))
 
 
 def test_sa_sees_window_keys_on_average():
@@ -218,7 +253,7 @@ def test_bad_inputs_raise_clear_errors(monkeypatch):
 
 
 @pytest.mark.parametrize("field,value", [("attn", "linear"), ("window", 0), ("n_embd", 30), ("sa_perm", "batch"),
-                                         ("pos_emb", "alibi"), ("moba_topk", 0), ("dropout", 1.0)])
+                                         ("sa_rule", "slot"), ("pos_emb", "alibi"), ("moba_topk", 0), ("dropout", 1.0)])
 def test_bad_config_names_the_field(field, value):
     with pytest.raises(ValueError, match=f"GPTConfig.{field}"):
         GPTConfig(**{"n_embd": 32, "n_head": 4, field: value})
@@ -239,9 +274,9 @@ def tiny(attn, sa_perm="layer", seed=0, **kw):
 
 @pytest.mark.parametrize("pos_emb", ["rope", "learned"])
 @pytest.mark.parametrize("sa_perm", ["layer", "head"])
-@pytest.mark.parametrize("attn", KINDS)
-def test_no_future_leakage(attn, sa_perm, pos_emb):
-    model = tiny(attn, sa_perm, pos_emb=pos_emb).eval()
+@pytest.mark.parametrize("attn,sa_rule", [(a, "rank") for a in KINDS] + [("sa", "value"), ("sa+swa", "value")])
+def test_no_future_leakage(attn, sa_rule, sa_perm, pos_emb):
+    model = tiny(attn, sa_perm, pos_emb=pos_emb, sa_rule=sa_rule).eval()
     T, t = 100, 37
     x = torch.randint(0, 64, (2, T), generator=torch.Generator().manual_seed(0))
     y = x.clone()
@@ -280,11 +315,13 @@ def test_sa_permutations_are_seeded_and_fresh_per_layer():
     assert torch.equal(first, b(x)[0])      # same seed, same permutations, same output
     assert not torch.equal(first, c(x)[0])  # another seed, other permutations
     assert not torch.equal(first, a(x)[0])  # each forward pass draws fresh permutations
-    perms = a.draw_perms(2, 50, "cpu")
+    perms = a.draw_sa(2, 50, "cpu")
     assert all(sorted(p.tolist()) == list(range(50)) for p in perms)
     assert not torch.equal(perms[0], perms[1])
-    heads = tiny("sa", sa_perm="head").draw_perms(2, 50, "cpu")
+    heads = tiny("sa", sa_perm="head").draw_sa(2, 50, "cpu")
     assert heads[0].shape == (2, 2, 50) and not torch.equal(heads[0][0, 0], heads[0][1, 1])
+    keys = tiny("sa", sa_rule="value").draw_sa(2, 50, "cpu")
+    assert keys[0].shape == (50,) and keys[0].dtype == torch.float32 and 0 <= keys[0].min() < keys[0].max() < 1
 
 
 def test_swap_attention_refuses_untrained_gates():

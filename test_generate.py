@@ -2,7 +2,8 @@
 import pytest
 import torch
 
-from model import CACHEABLE, GPT, GPTConfig, KVCache
+import attention
+from model import GPT, GPTConfig, KVCache
 from test_attention import MaxNumel
 
 # lengths that are no multiple of the window (7) or the MoBA block (8)
@@ -19,23 +20,39 @@ def tokens(B, T, seed=1):
     return torch.randint(61, (B, T), generator=torch.Generator().manual_seed(seed))
 
 
+VALUE = dict(sa_rule="value")
+
+
+def cached_draws(model, cache, B, T):
+    """The SA keys r that a cache holds, as GPT.forward's draws: (T,) or (B, nh, T) per layer."""
+    cfg = model.config
+    if "r" not in cache.layers[0]:
+        return None
+    return [layer["r"][0, :T] if cfg.sa_perm == "layer" else layer["r"][:, :T].view(B, cfg.n_head, T)
+            for layer in cache.layers]
+
+
 @pytest.mark.parametrize("attn,kw", [("full", {}), ("full", dict(pos_emb="learned")), ("swa", {}),
                                      ("swa", dict(pos_emb="learned")), ("swa", dict(window=200)),
-                                     ("moba", {}), ("moba", dict(pos_emb="learned")), ("moba", dict(moba_topk=1))])
+                                     ("moba", {}), ("moba", dict(pos_emb="learned")), ("moba", dict(moba_topk=1)),
+                                     ("sa", VALUE), ("sa", dict(VALUE, pos_emb="learned")), ("sa", dict(VALUE, window=200)),
+                                     ("sa", dict(VALUE, sa_perm="head")), ("sa+swa", VALUE),
+                                     ("sa+swa", dict(VALUE, sa_perm="head"))])
 def test_cached_logits_equal_one_full_forward(attn, kw):
     """Teacher forcing: a prefill, then one token at a time across many windows and MoBA blocks,
-    gives at every step the logits of one forward over all the tokens."""
+    gives at every step the logits of one forward over all the tokens (value-rule SA: with the
+    keys r the cache drew, one per token and layer)."""
     model, idx = tiny(attn, **kw), tokens(2, TOTAL)
     with torch.no_grad():
-        want, _ = model(idx)                                                  # (2, TOTAL, vocab)
         cache = KVCache(model.config.n_layer)
         got = [model(idx[:, :PROMPT], cache=cache)[0]]
         got += [model(idx[:, t:t + 1], cache=cache)[0] for t in range(PROMPT, TOTAL)]
+        want, _ = model(idx, draws=cached_draws(model, cache, 2, TOTAL))     # (2, TOTAL, vocab)
     diff = (torch.cat(got, 1) - want).abs().max().item()
     assert diff <= 1e-5, f"{attn} {kw}: cached logits differ by {diff:.2e}"
 
 
-@pytest.mark.parametrize("attn", CACHEABLE)
+@pytest.mark.parametrize("attn", ["full", "swa", "moba"])
 def test_greedy_with_cache_equals_without(attn):
     model, idx = tiny(attn), tokens(2, 11)
     a, b = (model.generate(idx, 60, temperature=0, use_cache=c) for c in (True, False))
@@ -92,6 +109,28 @@ def test_swa_decode_is_o_window():
 
 
 @pytest.mark.parametrize("attn", ["sa", "sa+swa"])
+def test_value_sa_decode_reads_o_window_keys(attn, monkeypatch):
+    """A cached value-rule SA step reads the keys of the buckets near its r: about 3 * window of
+    them at T = block_size, not T (the probe does see full attention read all T)."""
+    kw = dict(block_size=2048, vocab_size=61, n_layer=2, n_head=2, n_embd=32, window=8, sa_rule="value")
+    read = []
+    masked_attention = attention.masked_attention
+    monkeypatch.setattr(attention, "masked_attention", lambda q, k, v, m: read.append(k.shape[2]) or masked_attention(q, k, v, m))
+    for kind in (attn, "full"):
+        torch.manual_seed(0)
+        model, cache = GPT(GPTConfig(attn=kind, **kw)).eval(), KVCache(2)
+        with torch.no_grad():
+            model(tokens(1, 2000), cache=cache)
+            read.clear()
+            for t in range(20):
+                model(tokens(1, 1, seed=t), cache=cache)
+        if kind == "full":
+            assert min(read) >= 2000
+        else:
+            assert max(read) <= 8 * 8, f"a decode step read {max(read)} keys with window 8 at T=2000"
+
+
+@pytest.mark.parametrize("attn", ["sa", "sa+swa"])
 def test_sa_cannot_be_cached_says_so_and_recomputes(attn, capsys):
     model, idx = tiny(attn), tokens(1, 11)
     outs = []
@@ -100,5 +139,5 @@ def test_sa_cannot_be_cached_says_so_and_recomputes(attn, capsys):
         outs.append(model.generate(idx, 5, temperature=0, use_cache=use_cache))
     err = capsys.readouterr().err
     assert torch.equal(*outs) and err.count("\n") == 1 and "cannot be decoded from a KV cache" in err
-    with pytest.raises(ValueError, match="a KV cache takes attn in"):
+    with pytest.raises(ValueError, match="a KV cache takes a cacheable model"):
         model(idx, cache=KVCache(model.config.n_layer))

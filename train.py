@@ -69,6 +69,7 @@ window = 256                    # SWA/SA keys per query
 moba_block = 64
 moba_topk = 4
 sa_perm = "layer"               # layer | head
+sa_rule = "rank"                # rank (the paper) | value (decodable from a KV cache; attention.py's docstring)
 pos_emb = "rope"                # rope | learned
 rope_base = 10000.0
 vocab_size = 0                  # 0: the data's vocab_size, padded up to a multiple of 64 (50257 -> 50304)
@@ -188,7 +189,7 @@ def get_batch(split, gen):
 # streams for dropout, data sampling and SA permutations
 model_args = dict(n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=block_size, bias=bias,
                   vocab_size=vocab_size, dropout=dropout, attn=attn, window=window, moba_block=moba_block,
-                  moba_topk=moba_topk, sa_perm=sa_perm, pos_emb=pos_emb, rope_base=rope_base)
+                  moba_topk=moba_topk, sa_perm=sa_perm, sa_rule=sa_rule, pos_emb=pos_emb, rope_base=rope_base)
 try:
     gptconf = GPTConfig(**model_args)
 except ValueError as e:
