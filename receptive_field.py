@@ -11,7 +11,9 @@ which costs O(n * w * n/64) word operations per layer and no n x n product.
 Kinds (the union of all paths is a layer's graph):
   swa     attention.py's sliding window: slot = token
   sa      attention.py's stochastic attention with a fresh uniform permutation
-          per layer; --heads=H takes the union of H independent permutations
+          per layer; --heads=H takes the union of H independent permutations;
+          --sa_rule=value: its value rule instead, fresh uniform keys r per layer,
+          tokens a, b interact iff |r_a - r_b| < window / n
   sa+swa  both paths in every layer, as in the gated SA + SWA model
 
 Settings:
@@ -29,6 +31,7 @@ only simulated up to --max_layers (the table quotes the formula beside it).
 
   python receptive_field.py --n=16384 --window=16 --kind=sa+swa
   python receptive_field.py --setting=bidirectional --kind=sa --heads=4
+  python receptive_field.py --n=16384 --window=16 --kind=sa+swa --sa_rule=value
   python receptive_field.py --grid=True --json_out=results/coverage.json --plot=results/coverage.png
 
 The hyperparameters are the globals below, overridden as --key=value by configurator.py.
@@ -48,6 +51,7 @@ n = 4096                # sequence length
 window = 16             # w, attention.py's `window`
 kind = "sa+swa"         # swa | sa | sa+swa
 heads = 1               # SA permutations per layer (one per head); the layer's graph is their union
+sa_rule = "rank"        # rank (permuted slots, the paper) | value (random keys r: attention.py's docstring)
 setting = "causal"      # causal (attention.py's rules) | bidirectional (the paper's theorem)
 seeds = 5               # runs with seeds 0..seeds-1, reported as median [min-max]
 max_layers = 64         # give up after this many layers; reported as ">max_layers"
@@ -59,13 +63,16 @@ json_out = ""           # write all results (per-seed layer counts, pairs connec
 plot = ""               # plot coverage against depth here (needs matplotlib)
 # -----------------------------------------------------------------------------
 KINDS = ("swa", "sa", "sa+swa")
+SA_RULES = ("rank", "value")
 SETTINGS = ("causal", "bidirectional")
 CHUNK_WORDS = 1 << 18   # uint64 words gathered at once (2 MiB: stays in cache for the OR-reduce)
 
 
-def check(n, window, kind, setting, heads, seeds, max_layers):
+def check(n, window, kind, setting, heads, seeds, max_layers, sa_rule="rank"):
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    if sa_rule not in SA_RULES:
+        raise ValueError(f"sa_rule must be one of {SA_RULES}, got {sa_rule!r}")
     if setting not in SETTINGS:
         raise ValueError(f"setting must be one of {SETTINGS}, got {setting!r}")
     if not isinstance(window, int) or window < 2:
@@ -75,28 +82,42 @@ def check(n, window, kind, setting, heads, seeds, max_layers):
             raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
 
 
-def band(perm, window, causal):
-    """attention.py's rule with slot s holding token perm[s]: tokens a and b
-    interact iff their slots are fewer than `window` apart, and if causal a
-    query only reads keys b <= a. Returns the candidate keys of every token,
-    (n, 2w-1) in token order, and which of them are allowed."""
+def band(perm, lo, hi, causal):
+    """Slot s holds token perm[s] and reads the key slots [lo[s], hi[s]); if causal a query only
+    reads keys b <= a. Returns the candidate keys of every token, (n, K) in token order, and
+    which of them are allowed."""
     n = len(perm)
-    w = min(window, n)                                         # a wider band changes nothing
-    s = np.arange(n)[:, None] + np.arange(1 - w, w)            # (n, 2w-1) key slots; row = query slot
-    ok = (s >= 0) & (s < n)
-    key = perm[s.clip(0, n - 1)]                               # (n, 2w-1) key tokens
+    s = lo[:, None] + np.arange((hi - lo).max())                # (n, K) key slots; row = query slot
+    ok = s < hi[:, None]
+    key = perm[s.clip(0, n - 1)]                               # (n, K) key tokens
     if causal:
         ok &= key <= perm[:, None]
     slot = np.argsort(perm)                                    # (n,) slot of each token
-    return key[slot], ok[slot]                                 # (n, 2w-1) rows in token order
+    return key[slot], ok[slot]                                 # (n, K) rows in token order
 
 
-def layer_graph(n, window, kind, setting, perms):
+def rank_band(perm, window, causal):
+    """attention.py's rank rule: tokens a and b interact iff their slots are fewer than `window` apart."""
+    s, w = np.arange(len(perm)), min(window, len(perm))        # a wider band changes nothing
+    return band(perm, np.maximum(s - w + 1, 0), np.minimum(s + w, len(perm)), causal)
+
+
+def value_band(r, delta, causal):
+    """attention.py's value rule: tokens a and b interact iff |r_a - r_b| < delta; sorted by r,
+    each token's keys are one span of slots."""
+    perm = np.argsort(r, kind="stable")
+    rs = r[perm]                                               # (n,) ascending
+    return band(perm, np.searchsorted(rs, rs - delta, "right"), np.searchsorted(rs, rs + delta, "left"), causal)
+
+
+def layer_graph(n, window, kind, setting, draws, sa_rule="rank"):
     """One layer's graph: query i reads the distinct keys keys[i, :count[i]]
-    (always including i); keys is (n, K), padded with i itself. perms: the SA
-    permutations of this layer, one per head (ignored by swa)."""
-    paths = ([np.arange(n)] if kind != "sa" else []) + (list(perms) if kind != "swa" else [])
-    parts = [band(p, window, setting == "causal") for p in paths]
+    (always including i); keys is (n, K), padded with i itself. draws: SA's draws
+    of this layer, one per head (ignored by swa): permutations, or keys r."""
+    causal = setting == "causal"
+    parts = [rank_band(np.arange(n), window, causal)] if kind != "sa" else []
+    if kind != "swa":
+        parts += [rank_band(p, window, causal) if sa_rule == "rank" else value_band(p, window / n, causal) for p in draws]
     key = np.concatenate([np.where(ok, k, n) for k, ok in parts], 1)  # (n, paths*(2w-1)), n = not allowed
     key.sort(1)
     key[:, 1:][key[:, 1:] == key[:, :-1]] = n                  # a key reached by two paths counts once
@@ -132,7 +153,7 @@ def pairs(n, setting):
     return n * (n + 1) // 2 if setting == "causal" else n * n
 
 
-def simulate(n, window, kind, setting, heads, max_layers, seed):
+def simulate(n, window, kind, setting, heads, max_layers, seed, sa_rule="rank"):
     """One stack with fresh permutations per layer. Returns (layers until every
     allowed pair is connected, layers until the last token sees all n tokens,
     connected pairs after layers 0..L); a layer count is None past max_layers."""
@@ -142,8 +163,8 @@ def simulate(n, window, kind, setting, heads, max_layers, seed):
     R = identity_bits(n)
     covered, all_pairs, last = [n], None, None
     for layer in range(1, max_layers + 1):
-        perms = [rng.permutation(n) for _ in range(heads)] if kind != "swa" else []
-        R = apply_layer(R, *layer_graph(n, window, kind, setting, perms), causal)
+        draws = [rng.permutation(n) if sa_rule == "rank" else rng.random(n) for _ in range(heads if kind != "swa" else 0)]
+        R = apply_layer(R, *layer_graph(n, window, kind, setting, draws, sa_rule), causal)
         covered.append(int(np.bitwise_count(R).sum(dtype=np.int64)))
         if last is None and int(np.bitwise_count(R[-1]).sum()) == n:
             last = layer
@@ -153,12 +174,12 @@ def simulate(n, window, kind, setting, heads, max_layers, seed):
     return all_pairs, last, covered
 
 
-def measure(n, window, kind, setting, heads=1, seeds=5, max_layers=64):
+def measure(n, window, kind, setting, heads=1, seeds=5, max_layers=64, sa_rule="rank"):
     """Every seed of one configuration (swa is deterministic: one run)."""
-    check(n, window, kind, setting, heads, seeds, max_layers)
+    check(n, window, kind, setting, heads, seeds, max_layers, sa_rule)
     t0 = time.perf_counter()
-    runs = [simulate(n, window, kind, setting, heads, max_layers, s) for s in range(1 if kind == "swa" else seeds)]
-    return dict(setting=setting, kind=kind, n=n, window=window, heads=heads, max_layers=max_layers,
+    runs = [simulate(n, window, kind, setting, heads, max_layers, s, sa_rule) for s in range(1 if kind == "swa" else seeds)]
+    return dict(setting=setting, kind=kind, sa_rule=sa_rule, n=n, window=window, heads=heads, max_layers=max_layers,
                 log_w_n=math.log(n) / math.log(window), swa_exact=math.ceil((n - 1) / (window - 1)),
                 all_pairs=[r[0] for r in runs], last_token=[r[1] for r in runs],
                 pairs=pairs(n, setting), covered=[r[2] for r in runs], seconds=time.perf_counter() - t0)
@@ -180,10 +201,10 @@ def median_curve(res):
 
 
 def table(results):
-    lines = ["| setting | kind | heads | n | w | log_w n | SWA ⌈(n-1)/(w-1)⌉ | layers: all pairs | layers: last token "
-             "| covered at end | seconds |", "|" + " --- |" * 11]
+    lines = ["| setting | kind | SA rule | heads | n | w | log_w n | SWA ⌈(n-1)/(w-1)⌉ | layers: all pairs | layers: last token "
+             "| covered at end | seconds |", "|" + " --- |" * 12]
     for r in results:
-        lines.append(f"| {r['setting']} | {r['kind']} | {r['heads']} | {r['n']} | {r['window']} | {r['log_w_n']:.2f} "
+        lines.append(f"| {r['setting']} | {r['kind']} | {r.get('sa_rule', 'rank') if r['kind'] != 'swa' else ''} | {r['heads']} | {r['n']} | {r['window']} | {r['log_w_n']:.2f} "
                      f"| {r['swa_exact']} | {spread(r['all_pairs'], r['max_layers'])} "
                      f"| {spread(r['last_token'], r['max_layers'])} | {median_curve(r)[-1]:.4f} | {r['seconds']:.1f} |")
     return "\n".join(lines)
@@ -236,14 +257,14 @@ def main():
         else:
             runs = [(n, window, kind, setting)]
         for N, w, k, s in runs:
-            check(N, w, k, s, heads, seeds, max_layers)
+            check(N, w, k, s, heads, seeds, max_layers, sa_rule)
         if plot:
             pyplot("--plot")  # before the long run, not after it
     except ValueError as e:
         raise SystemExit(f"receptive_field.py: {e}")
     results = []
     for N, w, k, s in runs:
-        results.append(measure(N, w, k, s, heads, seeds, max_layers))
+        results.append(measure(N, w, k, s, heads, seeds, max_layers, sa_rule))
         print(f"{s} {k} n={N} w={w}: {results[-1]['seconds']:.1f}s", file=sys.stderr, flush=True)
     print(table(results))
     if not grid:

@@ -24,29 +24,30 @@ def graph_mask(n, keys, count):
     return m
 
 
-def attention_mask(n, window, kind, setting, perms):
+def attention_mask(n, window, kind, setting, draws, sa_rule):
     """The same layer from attention.py's dense references; bidirectional drops the causal rule: m | m.T."""
     m = torch.zeros(n, n, dtype=torch.bool)
     if kind != "sa":
         m |= A.swa_mask(n, window)
-    for p in perms if kind != "swa" else []:
-        m |= A.sa_mask(window, torch.from_numpy(p))
+    for d in draws if kind != "swa" else []:
+        m |= A.sa_mask(window, torch.from_numpy(d)) if sa_rule == "rank" else A.sa_value_mask(window / n, torch.from_numpy(d))
     m = m.numpy()
     return m | m.T if setting == "bidirectional" else m
 
 
+@pytest.mark.parametrize("sa_rule", rf.SA_RULES)
 @pytest.mark.parametrize("setting", rf.SETTINGS)
 @pytest.mark.parametrize("kind", rf.KINDS)
-def test_layers_follow_attention_rules(kind, setting, monkeypatch):
+def test_layers_follow_attention_rules(kind, setting, sa_rule, monkeypatch):
     """One layer's graph is attention.py's mask; L layers compose to the boolean product of the masks.
     n=150 spans three words; a tiny chunk forces many row chunks."""
     monkeypatch.setattr(rf, "CHUNK_WORDS", 200)
     n, window, rng = 150, 5, np.random.default_rng(0)
     R, want = rf.identity_bits(n), np.eye(n, dtype=bool)
     for layer in range(3):
-        perms = [rng.permutation(n) for _ in range(2)]                # two heads
-        keys, count = rf.layer_graph(n, window, kind, setting, perms)
-        mask = attention_mask(n, window, kind, setting, perms)
+        draws = [rng.permutation(n) if sa_rule == "rank" else rng.random(n) for _ in range(2)]  # two heads
+        keys, count = rf.layer_graph(n, window, kind, setting, draws, sa_rule)
+        mask = attention_mask(n, window, kind, setting, draws, sa_rule)
         assert np.array_equal(graph_mask(n, keys, count), mask)
         assert np.array_equal(count, mask.sum(1))                     # keys are distinct
         R = rf.apply_layer(R, keys, count, setting == "causal")
@@ -66,20 +67,22 @@ def test_swa_needs_exactly_ceil_n_minus_1_over_w_minus_1_layers(n, window, setti
     assert res["covered"][0][-1] == res["pairs"] == (n * (n + 1) // 2 if setting == "causal" else n * n)
 
 
-def test_bidirectional_sa_covers_in_about_log_w_n_layers():
+@pytest.mark.parametrize("sa_rule", rf.SA_RULES)
+def test_bidirectional_sa_covers_in_about_log_w_n_layers(sa_rule):
     n, window = 4096, 16
-    res = rf.measure(n, window, "sa", "bidirectional", seeds=5, max_layers=20)
+    res = rf.measure(n, window, "sa", "bidirectional", seeds=5, max_layers=20, sa_rule=sa_rule)
     bound = 2 * math.log(n, window) + 2                               # 8 layers; SWA needs 273
     assert sum(x is not None and x <= bound for x in res["all_pairs"]) >= 4, res["all_pairs"]
 
 
-def test_causal_sa_plus_swa_covers_far_faster_than_swa_and_than_pure_sa():
+@pytest.mark.parametrize("sa_rule", rf.SA_RULES)
+def test_causal_sa_plus_swa_covers_far_faster_than_swa_and_than_pure_sa(sa_rule):
     n, window = 1024, 16
     swa = rf.measure(n, window, "swa", "causal", max_layers=100)["all_pairs"][0]
-    both = rf.measure(n, window, "sa+swa", "causal", seeds=3, max_layers=20)["all_pairs"]
+    both = rf.measure(n, window, "sa+swa", "causal", seeds=3, max_layers=20, sa_rule=sa_rule)["all_pairs"]
     assert swa == 69 and all(x is not None and 5 * x <= swa for x in both), both
     # pure causal SA: tokens i-1 and i only meet through a direct edge, probability ~2w/n per layer
-    sa = rf.measure(n, window, "sa", "causal", seeds=3, max_layers=20)
+    sa = rf.measure(n, window, "sa", "causal", seeds=3, max_layers=20, sa_rule=sa_rule)
     assert sa["all_pairs"] == [None] * 3 and all(c[-1] < sa["pairs"] for c in sa["covered"])
 
 
@@ -89,6 +92,7 @@ def test_causal_sa_plus_swa_covers_far_faster_than_swa_and_than_pure_sa():
     (dict(window=1), "window must be an integer >= 2"),
     (dict(window=4.0), "window must be an integer >= 2"),
     (dict(heads=0), "heads must be an integer >= 1"),
+    (dict(sa_rule="slot"), "sa_rule must be one of"),
 ])
 def test_bad_input_is_a_clear_error(kwargs, match):
     args = dict(n=64, window=4, kind="sa", setting="causal") | kwargs
