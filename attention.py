@@ -78,6 +78,20 @@ def _check_perm(perm, B, H, T):
         raise ValueError(f"perm of shape {tuple(perm.shape)} does not broadcast to (B, H, T)=({B}, {H}, {T})")
 
 
+def _kernel(q, k, v, width, pos, val=None):
+    """kernel.triton_swa, or None where BACKEND="auto" finds that it cannot run on this GPU (see
+    kernel.choose_config): then a one-line warning, and the caller takes the torch path, not a crash."""
+    import kernel
+    if BACKEND == "triton":
+        return kernel.triton_swa(q, k, v, width, pos, val)
+    try:
+        return kernel.triton_swa(q, k, v, width, pos, val)
+    except Exception as e:
+        import warnings
+        cause = (str(e).strip().splitlines() or [""])[0]
+        warnings.warn(f"the Triton kernel failed, using the torch path instead: {type(e).__name__}: {cause}")
+
+
 def _backend(q):
     if BACKEND not in BACKENDS:
         raise ValueError(f"attention.BACKEND must be one of {BACKENDS}, got {BACKEND!r}")
@@ -308,16 +322,8 @@ def sliding_window_attention(q, k, v, window, pos=None):
     backend = _backend(q)
     if backend == "reference":
         return swa_reference(q, k, v, window, pos)
-    if backend == "triton":
-        import kernel
-        if BACKEND == "triton":
-            return kernel.triton_swa(q, k, v, window, pos)
-        try:  # "auto": a GPU the kernel cannot run on (see kernel.choose_config) gets the torch path, not a crash
-            return kernel.triton_swa(q, k, v, window, pos)
-        except Exception as e:
-            import warnings
-            cause = (str(e).strip().splitlines() or [""])[0]
-            warnings.warn(f"the Triton kernel failed, using the torch path instead: {type(e).__name__}: {cause}")
+    if backend == "triton" and (out := _kernel(q, k, v, window, pos)) is not None:
+        return out
     B, H, T, D = q.shape
     idx = torch.arange(T, device=q.device)
     return _GroupedAttention.apply(q, k, v, _band_layout(B, H, T, window, idx, idx if pos is None else pos,
@@ -394,9 +400,15 @@ def stochastic_value_attention(q, k, v, delta, r):
     _check_r(r, B, H, T)
     if not 0 < delta:
         raise ValueError(f"delta must be > 0, got {delta!r}")
-    if _backend(q) == "reference":
+    backend = _backend(q)
+    if backend == "reference":
         return sa_value_reference(q, k, v, delta, r)
     perm = torch.argsort(r, dim=-1, stable=True)                       # (T,) or (B, H, T): ascending r
+    if backend == "triton":  # gather into slot order, the kernel's band over r, scatter back
+        qs, ks, vs = (_take(t, perm) for t in (q, k, v))                # (B, H, T, D) in slot order
+        ys = _kernel(qs, ks, vs, delta, perm, r.gather(-1, perm).float())
+        if ys is not None:
+            return _take(ys, torch.argsort(perm, dim=-1))              # (B, H, T, D) in token order
     return _GroupedAttention.apply(q, k, v, _band_layout(B, H, T, delta, perm, perm, r.gather(-1, perm)))
 
 

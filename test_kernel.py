@@ -98,6 +98,28 @@ def test_stochastic_attention_through_triton(small_blocks, monkeypatch, perm_sha
     assert_same(lambda *x: A.stochastic_attention(*x, 16, perm), q, k, v, lambda *x: A.sa_reference(*x, 16, perm))
 
 
+@pytest.mark.parametrize("T, window, r_shape, dtype", [(1, 3, (), torch.float32), (100, 16, (), torch.float32),
+                                                   (130, 40, (2, 2), torch.float32), (100, 1000, (), torch.float32),
+                                                   (100, 16, (2, 1), torch.bfloat16)])
+def test_value_sa_through_triton(small_blocks, bf16_dot, monkeypatch, T, window, r_shape, dtype):
+    """SA's value rule end to end: sorted by r, the kernel's per-block key spans (from the host)
+    and its |val_i - val_j| < width mask == the dense reference, forward and backward."""
+    monkeypatch.setattr(A, "BACKEND", "triton")
+    q, k, v = qkv(2, 2, T, 16, dtype=dtype, device=KDEV)
+    r = torch.rand(*r_shape, T, generator=torch.Generator().manual_seed(T)).to(KDEV)
+    assert_same(lambda *x: A.stochastic_value_attention(*x, window / T, r), q, k, v,
+                lambda *x: A.sa_value_reference(*x, window / T, r))
+
+
+@pytest.mark.parametrize("val, width, problem", [(torch.rand(8).sort().values.double(), 0.1, "val must be fp32"),
+                                                 (torch.arange(8.0).flip(0) / 8, 0.1, "ascending"),
+                                                 (torch.rand(8).sort().values, 0.0, "width > 0")])
+def test_triton_swa_rejects_bad_val(val, width, problem):
+    q = torch.zeros(1, 2, 8, 16, device=KDEV)
+    with pytest.raises(ValueError, match=problem):
+        kernel.triton_swa(q, q, q, width, torch.arange(8, device=KDEV), val.to(KDEV))
+
+
 @pytest.mark.parametrize("D, window, pos, problem", [
     (24, 4, None, "head dims"), (16, 0, None, "window"), (16, 4, torch.arange(9), "pos"),
     (16, 4, torch.arange(8).int(), "pos"), (16, 4, torch.arange(8).view(4, 1, 1, 2), "pos")])
@@ -181,6 +203,7 @@ TARGETS = {"sm_75": kernel.Target("cuda", 75, 64 * 1024), "sm_80": kernel.Target
 if "amd" not in triton.backends.backends:
     del TARGETS["gfx942"]
 PTR = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32"}
+KERNELS = ("forward", "backward", "forward value", "backward value")
 
 
 def compile_kernel(job):
@@ -191,14 +214,15 @@ def compile_kernel(job):
     name, dtype, D, which = job
     target = TARGETS[name]
     config = kernel.choose_config(dtype, D, target)
-    if which == "forward":
+    if which.startswith("forward"):
         fn, consts = kernel._attn_fwd, dict(D=D, BLOCK_M=config.block_m, BLOCK_N=config.block_n)
     else:
         fn, consts = kernel._attn_bwd, dict(D=D, FIXED=config.fixed, MOVE=config.move)
-    consts.update(HAS_POS=True, PRECISION=config.precision, pos_stride_t=1)  # as launched for SA: pos strides (.., 1)
+    # as launched for SA: pos strides (.., 1); "value" = the value rule's variant (val and key spans)
+    consts.update(HAS_POS=True, HAS_VAL=which.endswith("value"), PRECISION=config.precision, pos_stride_t=1)
     signature = {n: "constexpr" if n in consts else PTR[dtype] if n in ("Q", "K", "V", "O", "DO", "DQ", "DK", "DV")
-                 else "*fp32" if n in ("LSE", "Delta") else "*i64" if n == "Pos" else "fp32" if n.endswith("scale")
-                 else "i32" for n in fn.arg_names}
+                 else "*fp32" if n in ("LSE", "Delta", "Val") else "*i64" if n == "Pos" else "*i32" if n == "Spans"
+                 else "fp32" if n.endswith("scale") or n == "width" else "i32" for n in fn.arg_names}
     aligned = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if signature[n][0] == "*"}
     triton.knobs.nvidia.dump_ptxas_log = True           # ptxas -v's report is printed: registers and spills
     log, start = io.StringIO(), time.perf_counter()
@@ -233,11 +257,11 @@ def compile_table(jobs, monkeypatch):
     todo = [job for job in jobs if job not in declined]
     with multiprocessing.get_context("spawn").Pool(os.cpu_count()) as pool:
         results = dict(zip(todo, pool.map(compile_kernel, todo)))
-    print(f"\nTriton {triton.__version__}\n{'target':>7} {'dtype':>9} {'D':>4} {'kernel':>9} {'shared KB':>10} "
+    print(f"\nTriton {triton.__version__}\n{'target':>7} {'dtype':>9} {'D':>4} {'kernel':>14} {'shared KB':>10} "
           f"{'regs':>5} {'spills B':>9} {'compile s':>10}")
     for job in jobs:
         name, dtype, D, which = job
-        row = f"{name:>7} {str(dtype)[6:]:>9} {D:>4} {which:>9} "
+        row = f"{name:>7} {str(dtype)[6:]:>9} {D:>4} {which:>14} "
         if job in declined:
             print(row + "torch path: " + declined[job].split(": ", 1)[-1])
             continue
@@ -251,11 +275,12 @@ def compile_table(jobs, monkeypatch):
 
 
 def test_compiles_for_sm86(monkeypatch):
-    """The quick version: bf16 at D=128 (the largest fp16/bf16 tiles) for the 99 KB GPUs (RTX 30xx/40xx, L4)."""
-    compile_table([("sm_86", torch.bfloat16, 128, "forward"), ("sm_86", torch.bfloat16, 128, "backward")], monkeypatch)
+    """The quick version: bf16 at D=128 (the largest fp16/bf16 tiles) for the 99 KB GPUs (RTX 30xx/40xx, L4),
+    both rules."""
+    compile_table([("sm_86", torch.bfloat16, 128, which) for which in KERNELS], monkeypatch)
 
 
 @pytest.mark.slow
 def test_compiles_for_every_target(monkeypatch):
     compile_table([(name, dtype, D, which) for name in TARGETS for dtype in PTR for D in (64, 128)
-                   for which in ("forward", "backward")], monkeypatch)
+                   for which in KERNELS], monkeypatch)
