@@ -21,7 +21,8 @@ import attention as A
 
 # -----------------------------------------------------------------------------
 sizes = "1024,4096,16384"  # sequence lengths T, comma separated
-kinds = "full,swa,sa,sa-bht,moba,flex-sa"  # what to time (flex-sa: compiled FlexAttention, forward only)
+kinds = "full,swa,sa,sa-bht,sa-value,moba,flex-sa"  # what to time (sa-value: SA's value rule, delta = window / T;
+                                                     # flex-sa: compiled FlexAttention, forward only)
 modes = "fwd,fwd+bwd"      # forward only, and forward + backward (training)
 reps = 5                   # timed repetitions after one warm-up; the median is reported
 threads = 2                # torch threads
@@ -46,6 +47,9 @@ def attention_fn(kind, T):
     if kind == "sa-bht":
         perm = torch.rand(B, H, T).argsort(-1)
         return lambda q, k, v: A.stochastic_attention(q, k, v, window, perm)
+    if kind == "sa-value":
+        r = torch.rand(T)
+        return lambda q, k, v: A.stochastic_value_attention(q, k, v, window / T, r)
     if kind == "moba":
         return lambda q, k, v: A.moba_attention(q, k, v, moba_block, moba_topk)
     if kind == "flex-sa":  # the peer: FlexAttention with SA's rule as a mask_mod, compiled

@@ -189,7 +189,7 @@ class OurLM:
         self.native = {"attn": kind, **({"window": model.config.window} if kind in ("swa", "sa", "sa+swa") else {})}
 
     def logits(self, idx, lengths=None):
-        """lengths (B,): each row's real tokens; SA then permutes only those (GPT.draw_perms)."""
+        """lengths (B,): each row's real tokens; SA then permutes only those (GPT.draw_sa)."""
         with self.ctx:
             return self.model(idx, lengths=lengths)[0]                           # (B, T, vocab)
 
