@@ -33,11 +33,12 @@ How it works (shaped like Triton's fused-attention tutorial, 06-fused-attention.
 
 Compiled ahead of time with Triton 3.9's bundled ptxas, no GPU needed (the whole table:
 python -m pytest -s --slow test_kernel.py -k every_target), with the configurations above:
-  - fp16/bf16, D = 64 and 128, forward and backward: no register spills on sm_80, sm_86,
-    sm_89, sm_90 and gfx942. Shared memory: at most 69 KB on sm_80/86/89, 81 KB on sm_90
-    (D = 128 backward), 32 KB on gfx942; so everything fits the 99 KB of sm_86/sm_89.
+  - fp16/bf16, D = 64 and 128, forward and backward, both rules (the value rule is the
+    HAS_VAL variant): no register spills on sm_80, sm_86, sm_89, sm_90 and gfx942. Shared
+    memory: at most 69 KB on sm_80/86/89, 81 KB on sm_90 (D = 128 backward), 32 KB on
+    gfx942; so everything fits the 99 KB of sm_86/sm_89.
   - fp32 with tf32x3: the forward does not spill; the backward spills 4-92 bytes at D = 64
-    and 248-448 bytes at D = 128. (With 64-row blocks, tf32x3 spilled about 29 KB in the D = 64
+    and 248-448 bytes at D = 128 (value rule: 0-56 and 64-208). (With 64-row blocks, tf32x3 spilled about 29 KB in the D = 64
     forward, and "ieee" 0.4-44 KB.) fp32 is the slow path either way: train in bf16.
   - sm_75 (T4, RTX 20xx): Triton 3.9 compiles tl.dot there to FMAs, not tensor cores, and the
     fp16 backward spilled 3.6-44 KB at every block size tried (16 to 64 rows); so the kernel

@@ -179,6 +179,10 @@ def test_auto_falls_back_to_torch(monkeypatch, cause, match):
     monkeypatch.setattr(A, "_backend", lambda q: "triton")   # as "auto" decides for a CUDA tensor
     with pytest.warns(UserWarning, match=f"torch path instead: .*{match}"):
         assert_same(lambda *x: A.stochastic_attention(*x, 8, perm), q, k, v, lambda *x: A.sa_reference(*x, 8, perm))
+    r = torch.rand(50, device=KDEV)
+    with pytest.warns(UserWarning, match=f"torch path instead: .*{match}"):
+        assert_same(lambda *x: A.stochastic_value_attention(*x, 0.2, r), q, k, v,
+                    lambda *x: A.sa_value_reference(*x, 0.2, r))
 
 
 def test_check_passes_under_the_interpreter():
@@ -188,7 +192,7 @@ def test_check_passes_under_the_interpreter():
                          env={**os.environ, "TRITON_INTERPRET": "1"})
     assert out.returncode == 0, out.stdout + out.stderr
     lines = [line for line in out.stdout.splitlines() if "max err" in line]
-    assert len(lines) == 4 and all(line.endswith("PASS") for line in lines), out.stdout
+    assert len(lines) == 6 and all(line.endswith("PASS") for line in lines), out.stdout  # 3 kinds x 2 windows
     assert "all checks PASS" in out.stdout
 
 
