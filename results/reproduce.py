@@ -372,7 +372,9 @@ def swap():
 def coverage():
     run("receptive_field.py", "--grid=True", f"--json_out={os.path.join(out, 'coverage.json')}",
         f"--plot={os.path.join(out, 'coverage.png')}", *COVER)
-    return "see results/coverage.json and the table receptive_field.py printed"
+    run("receptive_field.py", "--grid=True", "--sa_rule=value", f"--json_out={os.path.join(out, 'coverage_value.json')}",
+        *COVER)  # SA's value rule: does the coverage result hold for it too?
+    return "see results/coverage.json, coverage_value.json and the tables receptive_field.py printed"
 
 
 def speed():
