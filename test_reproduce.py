@@ -32,6 +32,12 @@ def test_reproduce_fast_writes_every_result(tmp_path):
     assert {r["attn"] for r in swap} == {"full", "swa", "sa", "moba"}
     speed = json.loads((out / "speed_cpu.json").read_text())
     assert {r["kind"] for r in speed["rows"]} == {"full", "swa", "sa", "moba"}
+    rules = json.loads((out / "sa_rules.json").read_text())["runs"]
+    assert {(r["task"], r["attn"], r["sa_rule"]) for r in rules} == {
+        (t, k, u) for t in ("lm", "recall") for k in ("sa", "sa+swa") for u in ("rank", "value")}
+    assert all(0 <= r["val_acc"] <= 1 for r in rules if r["task"] == "recall")
+    loss = {(r["task"], r["attn"], r["seed"], r["sa_rule"]): r["val_loss"] for r in rules}
+    assert all(loss[t, k, s, "rank"] != loss[t, k, s, "value"] for t, k, s, _ in loss)  # --sa_rule reached the model
     summary = (out / "summary.md").read_text()
-    for section in ("figure", "lm", "swap", "mqar_search", "mqar", "recall_swap", "coverage", "speed"):
+    for section in ("figure", "lm", "swap", "mqar_search", "mqar", "recall_swap", "coverage", "speed", "sa_rules"):
         assert f"## {section} (" in summary

@@ -4,7 +4,7 @@ Reproduce the paper in miniature on a CPU: every table and plot in the README's 
     python results/reproduce.py                 # everything (about 1.5 h on 2 CPU cores)
     python results/reproduce.py --fast=True     # a tiny version of everything, a couple of minutes (tested in CI)
     python results/reproduce.py --only=mqar,lm  # some experiments: figure, lm, swap, mqar_search, mqar,
-                                                # recall_swap, coverage, speed
+                                                # recall_swap, coverage, speed, sa_rules
 
 Each experiment runs the repo's own scripts (train.py, eval.py, receptive_field.py,
 bench.py) as subprocesses, printing every command, and writes one JSON (and its
@@ -349,6 +349,44 @@ def lm():
     return "\n".join(lines)
 
 
+def sa_rules():
+    """SA's two rules (attention.py's docstring), rank (the paper's) and value (decodable from a KV
+    cache), at the same budget and seeds: the lm step's LM runs and the mqar step's recall grid
+    (ordered layout, first depth), for sa and sa+swa. Trained afresh, each rank run next to its value
+    twin (at the same time with jobs=2), so that their wall times share the machine's load."""
+    lm_data = os.path.join(work, "data")
+    run("prepare_data.py", "--dataset=pystdlib", f"--data_root={lm_data}")
+    setups = dict(lm=dict(config=["config/quick.py"], data_root=lm_data, max_iters=LM["iters"],
+                          eval_interval=LM["eval_interval"]),
+                  recall=dict(config=["config/mqar.py", *MQAR["train"]], data_root=mqar_data("ordered"),
+                              n_layer=MQAR["depths"][0], max_iters=MQAR["iters"], eval_interval=MQAR["iters"] // 4))
+    rules, kinds = ["rank", "value"], ["sa", "sa+swa"]
+    runs = [(t, k, r, s) for t in setups for s in LM["seeds"] for k in kinds for r in rules]  # LM first
+    dirs = [os.path.join(work, f"rules-{t}-{k}-{r}-s{s}") for t, k, r, s in runs]
+    train_all([(od, dict(setups[t], attn=k, sa_rule=r, seed=s)) for (t, k, r, s), od in zip(runs, dirs)])
+    rows = []
+    for (task, kind, rule, seed), od in zip(runs, dirs):
+        last = evals(od)[-1]
+        rows.append(dict(task=task, attn=kind, sa_rule=rule, seed=seed, val_loss=last["val_loss"],
+                         **({"val_acc": last["val_acc"]} if task == "recall" else {}),
+                         wall_s=last["elapsed_s"]))
+    save("sa_rules.json", dict(setups={t: {k: v for k, v in a.items() if k != "data_root"} for t, a in setups.items()},
+                               recall_data=MQAR_LAYOUTS["ordered"], runs=rows))
+
+    metric = dict(lm="val_loss", recall="val_acc")
+    cell = lambda t, k, r, key: [x[key] for x in rows if (x["task"], x["attn"], x["sa_rule"]) == (t, k, r)]
+    lines = ["| task: metric | attn | rank | value | value − rank | seeds | wall time per run: rank, value |",
+             "|---|---|---|---|---|---|---|"]
+    for t in setups:
+        for k in kinds:
+            rank, value = (cell(t, k, r, metric[t]) for r in rules)
+            lines.append(f"| {t}: {metric[t]} | {k} | {mean_std(rank)} | {mean_std(value)} "
+                         f"| {statistics.mean(value) - statistics.mean(rank):+.3f} | {len(rank)} "
+                         f"| {statistics.mean(cell(t, k, 'rank', 'wall_s')):.0f} s, "
+                         f"{statistics.mean(cell(t, k, 'value', 'wall_s')):.0f} s |")
+    return "\n".join(lines)
+
+
 def swap():
     """Training-free: the full-attention model from lm, evaluated with swa, sa and moba over windows."""
     od = os.path.join(work, f"lm-full-s{LM['seeds'][0]}")
@@ -385,7 +423,7 @@ def speed():
 
 if __name__ == "__main__":
     steps = dict(figure=figure, lm=lm, swap=swap, mqar_search=mqar_search, mqar=mqar, recall_swap=recall_swap,
-                 coverage=coverage, speed=speed)
+                 coverage=coverage, speed=speed, sa_rules=sa_rules)
     chosen = [s for s in only.split(",") if s] or list(steps)
     unknown = set(chosen) - steps.keys()
     if unknown:
