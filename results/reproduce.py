@@ -357,7 +357,7 @@ def sa_rules():
     lm_data = os.path.join(work, "data")
     run("prepare_data.py", "--dataset=pystdlib", f"--data_root={lm_data}")
     setups = dict(lm=dict(config=["config/quick.py"], data_root=lm_data, max_iters=LM["iters"],
-                          eval_interval=LM["eval_interval"]),
+                          eval_interval=LM["eval_interval"], **({"eval_iters": 2} if fast else {})),
                   recall=dict(config=["config/mqar.py", *MQAR["train"]], data_root=mqar_data("ordered"),
                               n_layer=MQAR["depths"][0], max_iters=MQAR["iters"], eval_interval=MQAR["iters"] // 4))
     rules, kinds = ["rank", "value"], ["sa", "sa+swa"]
