@@ -349,17 +349,27 @@ def lm():
     return "\n".join(lines)
 
 
+# The rules' recall comparison ran on the ordered layout (every answer 63 tokens back) with the recipe
+# config/mqar.py had then; pinned here, so that the step reruns what results/README.md quotes.
+RULES_RECALL_DATA = ["--mqar_seq_len=128", "--mqar_num_pairs=32", "--mqar_num_queries=32", "--mqar_vocab=256",
+                     "--mqar_ordered=True"]
+RULES_RECALL = dict(block_size=128, n_head=2, n_embd=128, window=8, moba_block=2, moba_topk=4, learning_rate=3e-3,
+                    decay_lr=True, warmup_iters=50, min_lr=3e-4, n_layer=2)
+
+
 def sa_rules():
     """SA's two rules (attention.py's docstring), rank (the paper's) and value (decodable from a KV
-    cache), at the same budget and seeds: the lm step's LM runs and the mqar step's recall grid
-    (ordered layout, first depth), for sa and sa+swa. Trained afresh, each rank run next to its value
-    twin (at the same time with jobs=2), so that their wall times share the machine's load."""
-    lm_data = os.path.join(work, "data")
+    cache), at the same budget and seeds: the lm step's LM runs, and recall on the ordered layout
+    (RULES_RECALL), for sa and sa+swa. Trained afresh, each rank run next to its value twin (at the
+    same time with jobs=2), so that their wall times share the machine's load."""
+    lm_data, recall_data = os.path.join(work, "data"), os.path.join(work, "data-ordered")
     run("prepare_data.py", "--dataset=pystdlib", f"--data_root={lm_data}")
+    run("prepare_data.py", "--dataset=mqar", f"--data_root={recall_data}", *RULES_RECALL_DATA, *MQAR["data"])
+    recall_iters = 8 if fast else 300
     setups = dict(lm=dict(config=["config/quick.py"], data_root=lm_data, max_iters=LM["iters"],
                           eval_interval=LM["eval_interval"], **({"eval_iters": 2} if fast else {})),
-                  recall=dict(config=["config/mqar.py", *MQAR["train"]], data_root=mqar_data("ordered"),
-                              n_layer=MQAR["depths"][0], max_iters=MQAR["iters"], eval_interval=MQAR["iters"] // 4))
+                  recall=dict(config=["config/mqar.py", *MQAR["train"]], data_root=recall_data, **RULES_RECALL,
+                              max_iters=recall_iters, eval_interval=recall_iters // 4))
     rules, kinds = ["rank", "value"], ["sa", "sa+swa"]
     runs = [(t, k, r, s) for t in setups for s in LM["seeds"] for k in kinds for r in rules]  # LM first
     dirs = [os.path.join(work, f"rules-{t}-{k}-{r}-s{s}") for t, k, r, s in runs]
@@ -371,7 +381,7 @@ def sa_rules():
                          **({"val_acc": last["val_acc"]} if task == "recall" else {}),
                          wall_s=last["elapsed_s"]))
     save("sa_rules.json", dict(setups={t: {k: v for k, v in a.items() if k != "data_root"} for t, a in setups.items()},
-                               recall_data=MQAR_LAYOUTS["ordered"], runs=rows))
+                               recall_data=RULES_RECALL_DATA, runs=rows))
 
     metric = dict(lm="val_loss", recall="val_acc")
     cell = lambda t, k, r, key: [x[key] for x in rows if (x["task"], x["attn"], x["sa_rule"]) == (t, k, r)]
