@@ -31,7 +31,8 @@ only = ""               # comma list of experiments ("" = all)
 out = os.path.join(ROOT, "results")  # JSON, PNG and summary.md go here
 work = os.path.join(ROOT, "out-reproduce")  # data and checkpoints (not committed)
 jobs = 2                # training runs in parallel, one thread each (2 cores: faster than 2 threads per run)
-deep_seeds = 3          # MQAR seeds at depths past the first (fewer when time is short)
+seeds = 3               # MQAR seeds per cell (fewer when time is short: a rerun with more keeps these)
+depths = ""             # MQAR depths, comma list ("" = all: 2 and 4)
 # -----------------------------------------------------------------------------
 exec(open(os.path.join(ROOT, "configurator.py")).read())
 
@@ -44,13 +45,15 @@ if fast:
     COVER = ["--grid_n=256,1024", "--seeds=2"]
     SPEED = ["--sizes=256,1024", "--kinds=full,swa,sa,moba", "--reps=2"]
 else:
-    MQAR = dict(iters=5000, seeds=[0, 1, 2], depths=[2, 4], T=64, window=4,
+    MQAR = dict(iters=12000, seeds=[0, 1, 2], depths=[2, 4], T=64, window=4,
                 swap_windows=[2, 4, 8, 16, 32, 64], swap_seeds=3, swap_seqs=300, data=["--mqar_val_seqs=1000"],
                 train=[])
     LM = dict(iters=500, seeds=[0, 1], eval_interval=50)
     SWAP = dict(windows="8,16,32,64,128,256", seeds=3, limit=64)
     COVER = []
     SPEED = []
+if depths:
+    MQAR["depths"] = [int(d) for d in depths.split(",")]
 
 
 def run(*args, threads=None):
@@ -199,8 +202,8 @@ def mqar():
     data = mqar_data()
     cells = [(kind, "layer") for kind in KINDS] + [("sa+swa", "head")]
     first = MQAR["depths"][0]
-    runs = [(k, p, d, s) for d in MQAR["depths"] for s in MQAR["seeds"][:None if d == first else deep_seeds]
-            for k, p in cells if p == "layer" or d == first]  # every kind's seed 0 first
+    runs = [(k, p, d, s) for s in MQAR["seeds"][:seeds] for d in MQAR["depths"]
+            for k, p in cells if p == "layer" or d == first]  # every cell's seed 0 first
     dirs = [os.path.join(work, f"mqar-{k}{'-head' if p == 'head' else ''}-L{d}-s{s}") for k, p, d, s in runs]
     train_all([(od, dict(config=["config/mqar.py", *MQAR["train"]], data_root=data, attn=k, sa_perm=p, n_layer=d, seed=s,
                          max_iters=MQAR["iters"], eval_interval=MQAR["iters"] // 4))
