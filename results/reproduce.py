@@ -1,7 +1,8 @@
 """
 Reproduce the paper in miniature on a CPU: every table and plot in the README's Results.
 
-    python results/reproduce.py                 # everything (about 1.5 h on 2 CPU cores)
+    python results/reproduce.py                 # everything (about 4.5 h on 2 CPU cores; the MQAR grid is 3 h of it)
+    python results/reproduce.py --only=mqar --seeds=1 --depths=2   # a first pass of the MQAR grid (about 25 min)
     python results/reproduce.py --fast=True     # a tiny version of everything, a couple of minutes (tested in CI)
     python results/reproduce.py --only=mqar,lm  # some experiments: figure, lm, swap, mqar_search, mqar,
                                                 # recall_swap, coverage, speed
