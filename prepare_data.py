@@ -55,7 +55,7 @@ adopt = False            # write a meta.json for existing nanoGPT train.bin/val.
 # mqar: num_pairs key-value pairs, filler, then num_queries keys asked at random positions of the second half
 mqar_seq_len = 128       # tokens per sequence
 mqar_num_pairs = 8       # key-value pairs at the start of each sequence
-mqar_num_queries = 32    # scored queries per sequence, each asking for a random one of the pairs
+mqar_num_queries = 32    # scored queries per sequence, each asking a different pair (random ones if more than the pairs)
 mqar_vocab = 256         # token 0 is filler, then keys, then values, half and half
 mqar_train_seqs = 1000   # sequences in train.bin, a sample: train.py draws fresh ones every batch
 mqar_val_seqs = 1000     # sequences in val.bin
@@ -177,7 +177,9 @@ def mqar_batch(rng, n, meta):
         asked = np.broadcast_to(np.arange(P), (n, P))                   # (n, P)
     else:
         where = firsts(T // 2, T, Q)                                    # (n, Q) query positions
-        asked = rng.integers(P, size=(n, Q))                            # (n, Q) pair each query asks for
+        # a different pair per query while there are enough (Zoology asks each key once): a key
+        # asked twice is a second, wrong place to copy its value from, and slows learning a lot
+        asked = firsts(0, P, Q) if Q <= P else rng.integers(P, size=(n, Q))  # (n, Q) pair each query asks for
     np.put_along_axis(x, where, np.take_along_axis(keys, asked, 1), 1)
     return x, mqar_targets(x, meta)
 
@@ -342,8 +344,8 @@ def prepare_mqar(data_dir, seq_len, num_pairs, num_queries, vocab, train_seqs, v
         k1 v1 k2 v2 ... kP vP  0 0 ... 0  |  0 q 0 0 q q 0 ... q 0   (| = seq_len // 2)
 
     P distinct keys from [1, K] with P distinct values from [K+1, vocab), filler 0, and in
-    the second half num_queries keys at random positions, each asking for one of the P pairs
-    at random; the values never reappear. ordered=True asks every pair once, in order, at
+    the second half num_queries keys at random positions, each asking for a different pair
+    (at random if num_queries > P); the values never reappear. ordered=True asks every pair once, in order, at
     positions seq_len // 2 + 2i (a query, then filler): each answer is then exactly
     seq_len // 2 - 1 tokens back, so position alone finds it, as in a copy task, and the
     task tests reach, not content matching. The target at each query is its value, and only

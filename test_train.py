@@ -172,6 +172,7 @@ def test_mqar_answers_come_from_the_earlier_pairs(root):
     for x, y in ((train, P.mqar_targets(train, meta)), fresh):
         assert ((y != -1).sum(1) == Q).all() and (y[:, :T // 2] == -1).all()
         assert len({tuple(np.nonzero(t != -1)[0]) for t in y}) > len(y) // 2  # queries at varied positions
+        assert all(len(set(seq[tgt != -1])) == Q for seq, tgt in zip(x, y))  # a different pair per query (Q <= P)
         by_key = {}
         for seq, tgt in zip(x, y):
             pairs = dict(zip(seq[0:2 * m["num_pairs"]:2], seq[1:2 * m["num_pairs"]:2]))

@@ -1,7 +1,8 @@
 """
 Reproduce the paper in miniature on a CPU: every table and plot in the README's Results.
 
-    python results/reproduce.py                 # everything (about 1.5 h on 2 CPU cores)
+    python results/reproduce.py                 # everything (about 4.5 h on 2 CPU cores; the MQAR grid is 3 h of it)
+    python results/reproduce.py --only=mqar --seeds=1 --depths=2   # a first pass of the MQAR grid (about 25 min)
     python results/reproduce.py --fast=True     # a tiny version of everything, a couple of minutes (tested in CI)
     python results/reproduce.py --only=mqar,lm  # some experiments: figure, lm, swap, mqar_search, mqar,
                                                 # recall_swap, coverage, speed, sa_rules
@@ -31,26 +32,29 @@ only = ""               # comma list of experiments ("" = all)
 out = os.path.join(ROOT, "results")  # JSON, PNG and summary.md go here
 work = os.path.join(ROOT, "out-reproduce")  # data and checkpoints (not committed)
 jobs = 2                # training runs in parallel, one thread each (2 cores: faster than 2 threads per run)
-deep_seeds = 3          # MQAR seeds at depths past the first (fewer when time is short)
+seeds = 3               # MQAR seeds per cell (fewer when time is short: a rerun with more keeps these)
+depths = ""             # MQAR depths, comma list ("" = all: 2 and 4)
 # -----------------------------------------------------------------------------
 exec(open(os.path.join(ROOT, "configurator.py")).read())
 
 KINDS = ["full", "swa", "sa", "sa+swa", "moba"]
 if fast:
-    MQAR = dict(iters=8, seeds=[0], depths=[2], probe=0.01, T=128, window=8, swap_windows=[8, 128], swap_seeds=2,
+    MQAR = dict(iters=8, seeds=[0], depths=[2], T=64, window=4, swap_windows=[4, 64], swap_seeds=2,
                 swap_seqs=20, data=["--mqar_train_seqs=64", "--mqar_val_seqs=100"], train=["--eval_iters=2"])
     LM = dict(iters=20, seeds=[0], eval_interval=10)
     SWAP = dict(windows="8,32", seeds=2, limit=4)
     COVER = ["--grid_n=256,1024", "--seeds=2"]
     SPEED = ["--sizes=256,1024", "--kinds=full,swa,sa,moba", "--reps=2"]
 else:
-    MQAR = dict(iters=300, seeds=[0, 1, 2], depths=[2, 4], probe=1.0, T=128, window=8,
-                swap_windows=[4, 8, 16, 32, 64, 128], swap_seeds=3, swap_seqs=300, data=["--mqar_val_seqs=1000"],
+    MQAR = dict(iters=12000, seeds=[0, 1, 2], depths=[2, 4], T=64, window=4,
+                swap_windows=[2, 4, 8, 16, 32, 64], swap_seeds=3, swap_seqs=300, data=["--mqar_val_seqs=1000"],
                 train=[])
     LM = dict(iters=500, seeds=[0, 1], eval_interval=50)
     SWAP = dict(windows="8,16,32,64,128,256", seeds=3, limit=64)
     COVER = []
     SPEED = []
+if depths:
+    MQAR["depths"] = [int(d) for d in depths.split(",")]
 
 
 def run(*args, threads=None):
@@ -125,74 +129,64 @@ def figure():
     return "sa_picture.png"
 
 
-# Recall, two layouts of prepare_data.prepare_mqar, both 128 tokens from a vocabulary of 256
-# (keys and values half and half), window 8 (SWA reaches 7 tokens per layer, 28 in 4 layers),
-# MoBA at the same key budget (4 blocks of 2), fresh training sequences every batch, a fixed val set:
-#   "zoology": 8 key-value pairs, then 32 queries at random positions of the second half, each
-#              asking a random pair (>= 49 tokens back): the answer must be found by content.
-#   "ordered": 32 pairs, then each pair asked once, in order: every answer is exactly 63 tokens
-#              back, so position finds it (a copy task) and only reach is tested.
-# Full attention did not learn the zoology layout within a CPU budget (see mqar_search), so the
-# grid and recall_swap run the ordered one.
-MQAR_LAYOUTS = {
-    "zoology": ["--mqar_seq_len=128", "--mqar_num_pairs=8", "--mqar_num_queries=32", "--mqar_vocab=256"],
-    "ordered": ["--mqar_seq_len=128", "--mqar_num_pairs=32", "--mqar_num_queries=32", "--mqar_vocab=256",
-                "--mqar_ordered=True"]}
-# The recipe search, full attention at depth 2: every setting tried (config/mqar.py's values,
-# RECIPE, unless named). The grid trains with RECIPE. Small heads cannot copy: 4 heads of 16.
-RECIPE = dict(n_embd=128, n_head=2, learning_rate=3e-3, weight_decay=0.0, batch_size=32)
-SMALL = dict(n_embd=64, n_head=4)
-SEARCH = ([dict(layout="zoology", iters=1500, **SMALL, learning_rate=1e-2, min_lr=1e-3),
-           dict(layout="zoology", iters=1500)]
-          + [dict(layout="ordered", iters=300, **SMALL, learning_rate=lr, min_lr=lr / 10) for lr in (3e-3, 1e-2)]
-          + [dict(layout="ordered", iters=300, n_embd=64, n_head=1)]
-          + [dict(layout="ordered", iters=300, learning_rate=lr, min_lr=lr / 10) for lr in (3e-4, 1e-3, 3e-3, 1e-2)]
-          + [dict(layout="ordered", iters=300, weight_decay=0.1), dict(layout="ordered", iters=300, batch_size=16)])
+# Recall: prepare_data.prepare_mqar's layout (Zoology's MQAR), 64 tokens: 4 key-value pairs
+# from a vocabulary of 32 (15 keys, 16 values), then 4 queries at random positions of the second
+# half, each asking a random pair, at least 25 tokens after it: the answer must be found by
+# content (which earlier key equals mine). Window 4 (SWA reaches 3 tokens per layer, 12 in 4
+# layers), MoBA at the same key budget (2 blocks of 2), fresh training sequences every batch, a
+# fixed val set.
+MQAR_DATA = ["--mqar_seq_len=64", "--mqar_num_pairs=4", "--mqar_num_queries=4", "--mqar_vocab=32"]
+# The recipe (config/mqar.py) and the search around it, full attention at depth 2. The grid
+# trains with RECIPE; the learning rate decides whether the recall circuit forms at all.
+RECIPE = dict(n_embd=64, n_head=1, learning_rate=1e-4, weight_decay=0.0, batch_size=32)
+SEARCH = [dict(learning_rate=lr) for lr in (3e-4, 1e-3)]
 
 
-def mqar_data(layout="ordered"):
-    """data_root holding the layout's dataset, prepared once (it is deterministic)."""
-    data = os.path.join(work, f"data-{layout}")
+def mqar_data():
+    """data_root holding the recall dataset, prepared once (it is deterministic)."""
+    data = os.path.join(work, "data-recall")
     if not os.path.exists(os.path.join(data, "mqar", "meta.json")):
-        run("prepare_data.py", "--dataset=mqar", f"--data_root={data}", *MQAR_LAYOUTS[layout], *MQAR["data"])
+        run("prepare_data.py", "--dataset=mqar", f"--data_root={data}", *MQAR_DATA, *MQAR["data"])
     return data
 
 
 def mqar_search():
-    """Full attention at depth 2 with each SEARCH setting: val accuracy over training."""
-    scale = lambda st: max(1, round(st["iters"] * MQAR["probe"]))  # --fast shrinks every probe
-    search = SEARCH[:1] + SEARCH[-1:] if fast else SEARCH  # --fast: one probe per layout
-    name = lambda st: "-".join(f"{k}{v:g}" if not isinstance(v, str) else v for k, v in st.items())
-    named = lambda st: " ".join(f"{k}={v:g}" for k, v in st.items() if k not in ("layout", "iters")) or "RECIPE"
+    """Full attention at depth 2 with each SEARCH setting (else RECIPE): val accuracy over training."""
+    search = SEARCH[-1:] if fast else SEARCH
+    name = lambda st: "-".join(f"{k}{v:g}" for k, v in st.items())
     runs = [(os.path.join(work, "mqar-search-" + name(st)), st) for st in search]
-    train_all([(od, dict(config=["config/mqar.py", *MQAR["train"]], data_root=mqar_data(st["layout"]), attn="full",
-                         seed=0, max_iters=scale(st), eval_interval=max(1, scale(st) // 8),
-                         **{k: v for k, v in st.items() if k not in ("layout", "iters")}))
+    train_all([(od, dict(config=["config/mqar.py", *MQAR["train"]], data_root=mqar_data(), attn="full", seed=0,
+                         max_iters=MQAR["iters"], eval_interval=max(1, MQAR["iters"] // 10), **st))
                for od, st in runs])
-    rows = [dict(setting=st, iters=scale(st), val_acc=evals(od)[-1]["val_acc"], wall_s=evals(od)[-1]["elapsed_s"],
+    rows = [dict(setting=st, iters=MQAR["iters"], val_acc=evals(od)[-1]["val_acc"], wall_s=evals(od)[-1]["elapsed_s"],
                  curve=[(r["iter"], r["val_acc"]) for r in evals(od)]) for od, st in runs]
-    save("mqar_search.json", dict(layouts=MQAR_LAYOUTS, train=["config/mqar.py", *MQAR["train"]], attn="full",
+    save("mqar_search.json", dict(data=MQAR_DATA, train=["config/mqar.py", *MQAR["train"]], attn="full",
                                   n_layer=2, runs=rows, recipe=RECIPE))
-    lines = ["| layout | setting (else RECIPE) | iterations | val accuracy | wall time |", "|---|---|---|---|---|"]
-    lines += [f"| {r['setting']['layout']} | {named(r['setting'])} | {r['iters']} | {r['val_acc']:.3f} "
+    lines = ["| setting (else RECIPE) | iterations | val accuracy | wall time |", "|---|---|---|---|"]
+    lines += [f"| {' '.join(f'{k}={v:g}' for k, v in r['setting'].items())} | {r['iters']} | {r['val_acc']:.3f} "
               f"| {r['wall_s']:.0f} s |" for r in rows]
     return "\n".join(lines)
 
 
 def reachable(kind, depth, sa_perm="layer", seeds=20):
-    """The prediction: with receptive_field.py's exact graph (causal), the fraction of the
-    ordered layout's (query, answer) pairs, query T/2 + 2i and answer 2i + 1, that `depth`
-    layers connect; mean over seeds of the permutations. Full attention connects all in one
-    layer; MoBA's graph is chosen by content, and any past block can be chosen, so the graph
-    allows it all (1.0): whether routing finds it is learned."""
+    """The prediction: with receptive_field.py's exact graph (causal), the fraction of the val
+    set's (query, answer) pairs (the first 300 sequences) that `depth` layers connect; mean over
+    seeds of the permutations. Full attention connects all in one layer; MoBA's graph is chosen
+    by content, and any past block can be chosen, so the graph allows it all (1.0): whether
+    routing finds it is learned."""
     import numpy as np
 
     import receptive_field as rf
+    from prepare_data import load_meta, load_tokens, mqar_targets
     if kind in ("full", "moba"):
         return 1.0
     T, w = MQAR["T"], MQAR["window"]
+    meta = load_meta(os.path.join(mqar_data(), "mqar"))
+    x = np.asarray(load_tokens(os.path.join(mqar_data(), "mqar"), "val", meta), np.int64).reshape(-1, T)[:300]  # (N, T)
+    y = mqar_targets(x, meta)                                                  # (N, T)
+    row, query = np.nonzero(y != -1)                                           # (A,) each: every scored answer
+    answer = (x[row] == y[row, query][:, None]).argmax(1)                      # (A,) where its value stands
     heads = RECIPE["n_head"] if sa_perm == "head" else 1  # sa_perm=head: a permutation per head, the graph their union
-    query, answer = T // 2 + 2 * np.arange(T // 4), 2 * np.arange(T // 4) + 1   # (T/4,) each
     fractions = []
     for s in range(1 if kind == "swa" else seeds):
         rng = np.random.default_rng(s)
@@ -206,11 +200,11 @@ def reachable(kind, depth, sa_perm="layer", seeds=20):
 
 def mqar():
     """MQAR at equal budget: answer accuracy by kind, depth and seed, beside the graph's prediction."""
-    data = mqar_data("ordered")
+    data = mqar_data()
     cells = [(kind, "layer") for kind in KINDS] + [("sa+swa", "head")]
     first = MQAR["depths"][0]
-    runs = [(k, p, d, s) for d in MQAR["depths"] for s in MQAR["seeds"][:None if d == first else deep_seeds]
-            for k, p in cells if p == "layer" or d == first]  # every kind's seed 0 first
+    runs = [(k, p, d, s) for s in MQAR["seeds"][:seeds] for d in MQAR["depths"]
+            for k, p in cells if p == "layer" or d == first]  # every cell's seed 0 first
     dirs = [os.path.join(work, f"mqar-{k}{'-head' if p == 'head' else ''}-L{d}-s{s}") for k, p, d, s in runs]
     train_all([(od, dict(config=["config/mqar.py", *MQAR["train"]], data_root=data, attn=k, sa_perm=p, n_layer=d, seed=s,
                          max_iters=MQAR["iters"], eval_interval=MQAR["iters"] // 4))
@@ -221,7 +215,7 @@ def mqar():
         rows.append(dict(attn=kind, sa_perm=perm, n_layer=depth, seed=seed, val_acc=last["val_acc"],
                          val_loss=last["val_loss"], wall_s=last["elapsed_s"]))
     predicted = {f"{k}/{p}/{d}": reachable(k, d, p) for k, p in cells for d in MQAR["depths"]}
-    save("mqar.json", dict(iters=MQAR["iters"], data=MQAR_LAYOUTS["ordered"], train=["config/mqar.py", *MQAR["train"]],
+    save("mqar.json", dict(iters=MQAR["iters"], data=MQAR_DATA, train=["config/mqar.py", *MQAR["train"]],
                            recipe=RECIPE, runs=rows, predicted_reachable=predicted))
 
     name = lambda k, p: k + (" (sa_perm=head)" if p == "head" else "")
@@ -260,7 +254,7 @@ def recall_swap():
     model, ckpt = load_checkpoint(os.path.join(work, f"mqar-full-L2-s{MQAR['seeds'][0]}", "ckpt.pt"))
     model.eval()
     meta, T = ckpt["meta"], MQAR["T"]
-    x = np.asarray(load_tokens(os.path.join(mqar_data("ordered"), "mqar"), "val", meta), np.int64).reshape(-1, T)
+    x = np.asarray(load_tokens(os.path.join(mqar_data(), "mqar"), "val", meta), np.int64).reshape(-1, T)
     x = torch.from_numpy(x[:MQAR["swap_seqs"]])                                                        # (N, T)
     y = torch.from_numpy(mqar_targets(x.numpy(), meta))                                                   # (N, T)
 
