@@ -152,9 +152,8 @@ def mqar_data():
 
 def mqar_search():
     """Full attention at depth 2 with each SEARCH setting (else RECIPE): val accuracy over training."""
-    search = SEARCH[-1:] if fast else SEARCH
     name = lambda st: "-".join(f"{k}{v:g}" for k, v in st.items())
-    runs = [(os.path.join(work, "mqar-search-" + name(st)), st) for st in search]
+    runs = [(os.path.join(work, "mqar-search-" + name(st)), st) for st in SEARCH]
     train_all([(od, dict(config=["config/mqar.py", *MQAR["train"]], data_root=mqar_data(), attn="full", seed=0,
                          max_iters=MQAR["iters"], eval_interval=max(1, MQAR["iters"] // 10), **st))
                for od, st in runs])
