@@ -70,23 +70,25 @@ def check_positive(value, name="window"):
     return value
 
 
-def _check_perm(perm, B, H, T):
-    if perm.dtype != torch.long or perm.shape[-1] != T or perm.dim() not in (1, 3):
-        raise ValueError(f"perm must be a LongTensor of shape (T,) or (B, H, T) with T={T}, "
-                         f"got {perm.dtype} {tuple(perm.shape)}")
-    if perm.dim() == 3 and perm.shape[:2] not in ((B, H), (1, H), (B, 1), (1, 1)):
-        raise ValueError(f"perm of shape {tuple(perm.shape)} does not broadcast to (B, H, T)=({B}, {H}, {T})")
+def _check_draw(draw, name, B, H, T):
+    """SA's draw (a permutation `perm`, or value keys `r`): of shape (T,) or broadcastable to (B, H, T)."""
+    kind, ok = ("a LongTensor", draw.dtype == torch.long) if name == "perm" else ("a float tensor", draw.is_floating_point())
+    if not ok or draw.shape[-1] != T or draw.dim() not in (1, 3):
+        raise ValueError(f"{name} must be {kind} of shape (T,) or (B, H, T) with T={T}, "
+                         f"got {draw.dtype} {tuple(draw.shape)}")
+    if draw.dim() == 3 and draw.shape[:2] not in ((B, H), (1, H), (B, 1), (1, 1)):
+        raise ValueError(f"{name} of shape {tuple(draw.shape)} does not broadcast to (B, H, T)=({B}, {H}, {T})")
 
 
 def _kernel(q, k, v, width, pos, val=None):
     """kernel.triton_swa, or None where BACKEND="auto" finds that it cannot run on this GPU (see
     kernel.choose_config): then a one-line warning, and the caller takes the torch path, not a crash."""
     import kernel
-    if BACKEND == "triton":
-        return kernel.triton_swa(q, k, v, width, pos, val)
     try:
         return kernel.triton_swa(q, k, v, width, pos, val)
     except Exception as e:
+        if BACKEND == "triton":
+            raise
         import warnings
         cause = (str(e).strip().splitlines() or [""])[0]
         warnings.warn(f"the Triton kernel failed, using the torch path instead: {type(e).__name__}: {cause}")
@@ -367,19 +369,12 @@ def stochastic_attention(q, k, v, window, perm):
     slots with pos=perm (so no token sees its future) and the output returns to token order:
     tokens a >= b interact iff their slots are fewer than `window` apart. Equals sa_reference."""
     B, H, T, D = q.shape
-    _check_perm(perm, B, H, T)
+    _check_draw(perm, "perm", B, H, T)
     if _backend(q) == "torch":  # the layout does the gather by perm and the scatter back
         return _GroupedAttention.apply(q, k, v, _band_layout(B, H, T, check_positive(window), perm, perm))
     qs, ks, vs = (_take(t, perm) for t in (q, k, v))                    # (B, H, T, D) in slot order
     ys = sliding_window_attention(qs, ks, vs, window, pos=perm)        # (B, H, T, D) in slot order
     return _take(ys, torch.argsort(perm, dim=-1))                      # (B, H, T, D) in token order
-
-
-def _check_r(r, B, H, T):
-    if not r.is_floating_point() or r.shape[-1] != T or r.dim() not in (1, 3):
-        raise ValueError(f"r must be a float tensor of shape (T,) or (B, H, T) with T={T}, got {r.dtype} {tuple(r.shape)}")
-    if r.dim() == 3 and r.shape[:2] not in ((B, H), (1, H), (B, 1), (1, 1)):
-        raise ValueError(f"r of shape {tuple(r.shape)} does not broadcast to (B, H, T)=({B}, {H}, {T})")
 
 
 def sa_value_mask(delta, r):
@@ -397,7 +392,7 @@ def stochastic_value_attention(q, k, v, delta, r):
     |r_a - r_b| < delta (delta = window / T matches the rank rule's pair probability). Sorted by r,
     the band runs over per-block key spans. Equals sa_value_reference."""
     B, H, T, D = q.shape
-    _check_r(r, B, H, T)
+    _check_draw(r, "r", B, H, T)
     if not 0 < delta:
         raise ValueError(f"delta must be > 0, got {delta!r}")
     backend = _backend(q)

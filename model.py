@@ -77,6 +77,11 @@ class GPTConfig:
             bad("dropout", "in [0, 1)")
 
     @property
+    def sa_delta(self):
+        """The value rule's width: window / block_size, the rank rule's pair probability at T = block_size."""
+        return self.window / self.block_size
+
+    @property
     def cacheable(self):
         """Whether GPT.generate can decode this model from a KV cache exactly: every kind but
         rank-rule SA, where whether key j is visible to query i depends on later tokens' slots."""
@@ -134,7 +139,7 @@ class CausalSelfAttention(nn.Module):
             if kind == "moba":
                 return attention.moba_attention(q, k, v, cfg.moba_block, cfg.moba_topk)
             if cfg.sa_rule == "value":
-                return attention.stochastic_value_attention(q, k, v, cfg.window / cfg.block_size, draw)
+                return attention.stochastic_value_attention(q, k, v, cfg.sa_delta, draw)
             return attention.stochastic_attention(q, k, v, cfg.window, draw)
 
         if cfg.attn == "sa+swa":  # both paths share q, k, v
@@ -182,7 +187,7 @@ class CausalSelfAttention(nn.Module):
         if value_sa:
             r = draw.expand(B, nh, T).reshape(-1, T) if draw.dim() == 3 else draw[None]  # (R, T)
             cache["r"][:, pos:pos + T] = r
-            delta = cfg.window / cfg.block_size
+            delta = cfg.sa_delta
             for row, buckets in zip(r.tolist(), cache["buckets"]):
                 for p, key in enumerate(row, pos):
                     buckets[min(int(key / delta), len(buckets) - 1)].append(p)
@@ -197,7 +202,7 @@ class CausalSelfAttention(nn.Module):
             keys, vals = cache["k"][:, :, slots], cache["v"][:, :, slots]                  # (B, nh, n, hs)
             mask = torch.ones(len(slots), dtype=torch.bool, device=q.device)
         elif kind == "sa":  # value rule: the positions in the buckets within delta (and a margin) of r
-            delta, r = cfg.window / cfg.block_size, cache["r"]
+            delta, r = cfg.sa_delta, cache["r"]
             found = []
             for key, buckets in zip(r[:, pos].tolist(), cache["buckets"]):
                 lo, hi = (min(max(int(x / delta), 0), len(buckets) - 1) for x in (key - delta - 1e-6, key + delta + 1e-6))

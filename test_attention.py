@@ -245,6 +245,10 @@ def test_bad_inputs_raise_clear_errors(monkeypatch):
         A.stochastic_attention(q, k, v, 4, torch.arange(9))
     with pytest.raises(ValueError, match="perm"):
         A.stochastic_attention(q, k, v, 4, torch.arange(10).float())
+    for r, problem in ((torch.arange(10), "r must be a float"), (torch.rand(3, 2, 10), "does not broadcast"),
+                       (torch.rand(10), "delta")):
+        with pytest.raises(ValueError, match=problem):
+            A.stochastic_value_attention(q, k, v, 0.0 if problem == "delta" else 0.2, r)
     with pytest.raises(ValueError, match="top_k"):
         A.moba_attention(q, k, v, 4, 0)
     monkeypatch.setattr(A, "BACKEND", "cuda-magic")
