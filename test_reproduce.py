@@ -19,8 +19,11 @@ def test_reproduce_fast_writes_every_result(tmp_path):
     kinds = {"full", "swa", "sa", "sa+swa", "moba"}
     mqar = json.loads((out / "mqar.json").read_text())
     assert {r["attn"] for r in mqar["runs"]} == kinds and all(0 <= r["val_acc"] <= 1 for r in mqar["runs"])
-    assert {r["sa_perm"] for r in mqar["runs"] if r["attn"] == "sa+swa"} == {"layer", "head"}
-    assert mqar["predicted_reachable"]["swa/layer/2"] == 0 and mqar["predicted_reachable"]["full/layer/2"] == 1
+    assert {r["cell"] for r in mqar["runs"]} == kinds | {"sa+swa-head", "full-4heads"}
+    assert [(a["cell"], sorted(a["accs"])) for a in mqar["permutation_average"]] == [
+        (c, ["1", "16", "4"]) for c in ("sa", "sa+swa", "sa+swa-head")]  # logits averaged over 1, 4 and 16 draws
+    assert mqar["predicted_reachable"]["swa/2"] == 0 and mqar["predicted_reachable"]["full/2"] == 1
+    assert mqar["predicted_reachable"]["sa+swa-head/2"] > mqar["predicted_reachable"]["sa+swa/2"]  # 4 permutations
     search = json.loads((out / "mqar_search.json").read_text())
     assert len(search["runs"]) > 1 and all(0 <= r["val_acc"] <= 1 for r in search["runs"])
     recall = json.loads((out / "recall_swap.json").read_text())

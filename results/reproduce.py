@@ -32,12 +32,14 @@ only = ""               # comma list of experiments ("" = all)
 out = os.path.join(ROOT, "results")  # JSON, PNG and summary.md go here
 work = os.path.join(ROOT, "out-reproduce")  # data and checkpoints (not committed)
 jobs = 2                # training runs in parallel, one thread each (2 cores: faster than 2 threads per run)
-seeds = 3               # MQAR seeds per cell (fewer when time is short: a rerun with more keeps these)
-depths = ""             # MQAR depths, comma list ("" = all: 2 and 4)
+seeds = 3               # MQAR: train the first `seeds` seeds of each cell (a rerun with more keeps these)
+depths = ""             # MQAR: train these depths, comma list ("" = all: 2 and 4)
+kinds = ""              # MQAR: train these cells (CELLS), comma list ("" = the default grid)
 # -----------------------------------------------------------------------------
 exec(open(os.path.join(ROOT, "configurator.py")).read())
 
 KINDS = ["full", "swa", "sa", "sa+swa", "moba"]
+EXTRA = {"sa_rules"}  # run when named in --only (and in --fast): the value rule is ours, not the paper's
 if fast:
     MQAR = dict(iters=8, seeds=[0], depths=[2], T=64, window=4, swap_windows=[4, 64], swap_seeds=2,
                 swap_seqs=20, data=["--mqar_train_seqs=64", "--mqar_val_seqs=100"], train=["--eval_iters=2"])
@@ -53,8 +55,6 @@ else:
     SWAP = dict(windows="8,16,32,64,128,256", seeds=3, limit=64)
     COVER = []
     SPEED = []
-if depths:
-    MQAR["depths"] = [int(d) for d in depths.split(",")]
 
 
 def run(*args, threads=None):
@@ -70,12 +70,16 @@ def train_all(runs):
     """train.py once per (out_dir, args), `jobs` at a time, one thread each. A run whose log
     already ends with its final eval is kept: rerunning the same seed would repeat it."""
     def train(out_dir, args):
-        if os.path.exists(os.path.join(out_dir, "log.jsonl")) and evals(out_dir)[-1]["iter"] == args["max_iters"]:
+        if finished(out_dir, args["max_iters"]):
             return
         run("train.py", *args["config"], f"--out_dir={out_dir}", *(f"--{k}={v}" for k, v in args.items() if k != "config"),
             "--overwrite=True", threads=1 if jobs > 1 else None)  # an unfinished run starts again
     with ThreadPoolExecutor(jobs) as pool:
         list(pool.map(lambda r: train(*r), runs))
+
+
+def finished(out_dir, iters):
+    return os.path.exists(os.path.join(out_dir, "log.jsonl")) and evals(out_dir)[-1]["iter"] == iters
 
 
 def evals(out_dir):
@@ -140,6 +144,12 @@ MQAR_DATA = ["--mqar_seq_len=64", "--mqar_num_pairs=4", "--mqar_num_queries=4", 
 # trains with RECIPE; the learning rate decides whether the recall circuit forms at all.
 RECIPE = dict(n_embd=64, n_head=1, learning_rate=1e-4, weight_decay=0.0, batch_size=32)
 SEARCH = [dict(learning_rate=lr) for lr in (3e-4, 1e-3)]
+# The grid's cells, named as --kinds names them: (attn, sa_perm, n_head). sa+swa-head gives each of
+# 4 heads of 16 dimensions its own permutation (more shortcuts for the same key budget); full-4heads
+# is its control.
+CELLS = {**{k: (k, "layer", RECIPE["n_head"]) for k in KINDS}, "sa+swa-head": ("sa+swa", "head", 4),
+         "full-4heads": ("full", "layer", 4)}
+PERM_DRAWS = (1, 4, 16)  # SA evaluated with its logits averaged over K draws of the permutations
 
 
 def mqar_data():
@@ -167,7 +177,30 @@ def mqar_search():
     return "\n".join(lines)
 
 
-def reachable(kind, depth, sa_perm="layer", seeds=20):
+def recall_val(n):
+    """The first n val sequences of the recall set and their targets (-1 where unscored), (n, T) each."""
+    import numpy as np
+
+    from prepare_data import load_meta, load_tokens, mqar_targets
+    meta = load_meta(os.path.join(mqar_data(), "mqar"))
+    x = np.asarray(load_tokens(os.path.join(mqar_data(), "mqar"), "val", meta), np.int64).reshape(-1, MQAR["T"])[:n]
+    return x, mqar_targets(x, meta)
+
+
+def recall_accuracy(model, x, y, draws=1):
+    """Answer accuracy on the recall sequences x with targets y, both (N, T) tensors; SA's logits
+    are averaged over `draws` fresh draws of its permutations (one draw for the other kinds)."""
+    import torch
+    correct = 0
+    with torch.no_grad():
+        for i in range(0, len(x), 100):
+            logits = sum(model(x[i:i + 100])[0] for _ in range(draws)) / draws                     # (b, T, V)
+            scored = y[i:i + 100] != -1
+            correct += (logits.argmax(-1)[scored] == y[i:i + 100][scored]).sum().item()
+    return correct / (y != -1).sum().item()
+
+
+def reachable(kind, sa_perm, n_head, depth, seeds=20):
     """The prediction: with receptive_field.py's exact graph (causal), the fraction of the val
     set's (query, answer) pairs (the first 300 sequences) that `depth` layers connect; mean over
     seeds of the permutations. Full attention connects all in one layer; MoBA's graph is chosen
@@ -176,16 +209,13 @@ def reachable(kind, depth, sa_perm="layer", seeds=20):
     import numpy as np
 
     import receptive_field as rf
-    from prepare_data import load_meta, load_tokens, mqar_targets
     if kind in ("full", "moba"):
         return 1.0
     T, w = MQAR["T"], MQAR["window"]
-    meta = load_meta(os.path.join(mqar_data(), "mqar"))
-    x = np.asarray(load_tokens(os.path.join(mqar_data(), "mqar"), "val", meta), np.int64).reshape(-1, T)[:300]  # (N, T)
-    y = mqar_targets(x, meta)                                                  # (N, T)
+    x, y = recall_val(300)                                                     # (N, T) each
     row, query = np.nonzero(y != -1)                                           # (A,) each: every scored answer
     answer = (x[row] == y[row, query][:, None]).argmax(1)                      # (A,) where its value stands
-    heads = RECIPE["n_head"] if sa_perm == "head" else 1  # sa_perm=head: a permutation per head, the graph their union
+    heads = n_head if sa_perm == "head" else 1  # sa_perm=head: a permutation per head, the graph their union
     fractions = []
     for s in range(1 if kind == "swa" else seeds):
         rng = np.random.default_rng(s)
@@ -198,35 +228,40 @@ def reachable(kind, depth, sa_perm="layer", seeds=20):
 
 
 def mqar():
-    """MQAR at equal budget: answer accuracy by kind, depth and seed, beside the graph's prediction."""
+    """MQAR at equal budget: answer accuracy by cell, depth and seed, beside the graph's prediction."""
     data = mqar_data()
-    cells = [(kind, "layer") for kind in KINDS] + [("sa+swa", "head")]
-    first = MQAR["depths"][0]
-    runs = [(k, p, d, s) for s in MQAR["seeds"][:seeds] for d in MQAR["depths"]
-            for k, p in cells if p == "layer" or d == first]  # every cell's seed 0 first
-    dirs = [os.path.join(work, f"mqar-{k}{'-head' if p == 'head' else ''}-L{d}-s{s}") for k, p, d, s in runs]
-    train_all([(od, dict(config=["config/mqar.py", *MQAR["train"]], data_root=data, attn=k, sa_perm=p, n_layer=d, seed=s,
-                         max_iters=MQAR["iters"], eval_interval=MQAR["iters"] // 4))
-               for (k, p, d, s), od in zip(runs, dirs)])
+    first = MQAR["depths"][0]  # every cell trains at the first depth, the 4-head cells only there
+    deeper = ("full", "sa+swa")  # by default, deeper only the claim's pair: the whole reproduction fits 3 hours
+    grid = [(c, d, s) for d in MQAR["depths"] for s in MQAR["seeds"] for c in CELLS
+            if c in KINDS or d == first]  # depth-major: the shallow grid trains first
+    out_dir = lambda c, d, s: os.path.join(work, f"mqar-{c}-L{d}-s{s}")
+    chosen = lambda c, d, s: (s in MQAR["seeds"][:seeds] and (not depths or str(d) in depths.split(","))
+                              and (c in kinds.split(",") if kinds else d == first or c in deeper))
+    train_all([(out_dir(c, d, s), dict(config=["config/mqar.py", *MQAR["train"]], data_root=data, attn=CELLS[c][0],
+                                       sa_perm=CELLS[c][1], n_head=CELLS[c][2], n_layer=d, seed=s,
+                                       max_iters=MQAR["iters"], eval_interval=MQAR["iters"] // 4))
+               for c, d, s in grid if chosen(c, d, s)])
     rows = []
-    for (kind, perm, depth, seed), od in zip(runs, dirs):
-        last = evals(od)[-1]
-        rows.append(dict(attn=kind, sa_perm=perm, n_layer=depth, seed=seed, val_acc=last["val_acc"],
-                         val_loss=last["val_loss"], wall_s=last["elapsed_s"]))
-    predicted = {f"{k}/{p}/{d}": reachable(k, d, p) for k, p in cells for d in MQAR["depths"]}
+    for c, d, s in grid:
+        if finished(out_dir(c, d, s), MQAR["iters"]):
+            last = evals(out_dir(c, d, s))[-1]
+            rows.append(dict(cell=c, attn=CELLS[c][0], sa_perm=CELLS[c][1], n_head=CELLS[c][2], n_layer=d, seed=s,
+                             val_acc=last["val_acc"], val_loss=last["val_loss"], wall_s=last["elapsed_s"]))
+    predicted = {f"{c}/{d}": reachable(*CELLS[c], d) for c in CELLS for d in MQAR["depths"]}
+    averaged = permutation_average([r for r in rows if r["attn"] in ("sa", "sa+swa")], out_dir)
     save("mqar.json", dict(iters=MQAR["iters"], data=MQAR_DATA, train=["config/mqar.py", *MQAR["train"]],
-                           recipe=RECIPE, runs=rows, predicted_reachable=predicted))
+                           recipe=RECIPE, cells=CELLS, runs=rows, predicted_reachable=predicted,
+                           permutation_average=averaged))
 
-    name = lambda k, p: k + (" (sa_perm=head)" if p == "head" else "")
-    cell = lambda k, p, d: [r["val_acc"] for r in rows if (r["attn"], r["sa_perm"], r["n_layer"]) == (k, p, d)]
+    cell = lambda c, d: [r["val_acc"] for r in rows if (r["cell"], r["n_layer"]) == (c, d)]
     p = plt()
     fig, ax = p.subplots(figsize=(5.5, 3.6))
-    for i, (k, pm) in enumerate(cells):
-        ds = [d for d in MQAR["depths"] if cell(k, pm, d)]
-        accs = [cell(k, pm, d) for d in ds]
+    for i, c in enumerate(CELLS):
+        ds = [d for d in MQAR["depths"] if cell(c, d)]
+        accs = [cell(c, d) for d in ds]
         ax.errorbar(ds, [statistics.mean(a) for a in accs], yerr=[statistics.pstdev(a) for a in accs], marker="o",
-                    color=f"C{i}", capsize=3, label=name(k, pm), ls="-" if pm == "layer" else "none")
-        ax.plot(ds, [predicted[f"{k}/{pm}/{d}"] for d in ds], color=f"C{i}", ls=":", alpha=0.7)
+                    color=f"C{i}", capsize=3, label=c, ls="-" if c in KINDS else "none")
+        ax.plot(ds, [predicted[f"{c}/{d}"] for d in ds], color=f"C{i}", ls=":", alpha=0.7)
     ax.set_xlabel("layers")
     ax.set_ylabel("MQAR answer accuracy (val)")
     ax.set_xticks(MQAR["depths"])
@@ -235,37 +270,51 @@ def mqar():
     fig.tight_layout()
     fig.savefig(os.path.join(out, "mqar.png"), dpi=120)
 
-    lines = ["| attn | layers | val accuracy (mean ± std over seeds) | seeds | reachable in the graph |",
+    lines = ["| cell | layers | val accuracy (mean ± std over seeds) | seeds | reachable in the graph |",
              "|---|---|---|---|---|"]
-    lines += [f"| {name(k, pm)} | {d} | {mean_std(cell(k, pm, d))} | {len(cell(k, pm, d))} "
-              f"| {predicted[f'{k}/{pm}/{d}']:.3f} |" for d in MQAR["depths"] for k, pm in cells if cell(k, pm, d)]
+    lines += [f"| {c} | {d} | {mean_std(cell(c, d))} | {len(cell(c, d))} | {predicted[f'{c}/{d}']:.3f} |"
+              for d in MQAR["depths"] for c in CELLS if cell(c, d)]
+    lines += ["", "SA's logits averaged over K draws of the permutations (first 300 val sequences):", "",
+              "| cell | layers | seeds | " + " | ".join(f"K={K}" for K in PERM_DRAWS) + " |",
+              "|---|---|---|" + "---|" * len(PERM_DRAWS)]
+    for c, d in dict.fromkeys((a["cell"], a["n_layer"]) for a in averaged):
+        group = [a["accs"] for a in averaged if (a["cell"], a["n_layer"]) == (c, d)]
+        lines.append(f"| {c} | {d} | {len(group)} | " + " | ".join(mean_std([g[K] for g in group]) for K in PERM_DRAWS) + " |")
     return "\n".join(lines)
+
+
+def permutation_average(rows, out_dir):
+    """How much of SA's error is sampling noise: each trained SA model's val accuracy with its logits
+    averaged over K draws of the permutations (the first 300 val sequences, draws seeded 0)."""
+    import torch
+
+    from model import load_checkpoint
+    x, y = map(torch.from_numpy, recall_val(300))                                                 # (N, T) each
+    averaged = []
+    for r in rows:
+        model, _ = load_checkpoint(os.path.join(out_dir(r["cell"], r["n_layer"], r["seed"]), "ckpt.pt"))
+        model.eval()
+        accs = {}
+        for K in PERM_DRAWS:
+            model.sa_generator.manual_seed(0)
+            accs[K] = recall_accuracy(model, x, y, draws=K)
+        averaged.append(dict(cell=r["cell"], n_layer=r["n_layer"], seed=r["seed"], accs=accs))
+    return averaged
 
 
 def recall_swap():
     """Training-free, where long range matters: the full-attention MQAR model (2 layers, seed 0)
     evaluated on the val set with swa, sa (several permutation seeds) and moba at each window, no training."""
-    import numpy as np
     import torch
 
     from model import load_checkpoint
-    from prepare_data import load_tokens, mqar_targets
-    model, ckpt = load_checkpoint(os.path.join(work, f"mqar-full-L2-s{MQAR['seeds'][0]}", "ckpt.pt"))
+    model, _ = load_checkpoint(os.path.join(work, f"mqar-full-L2-s{MQAR['seeds'][0]}", "ckpt.pt"))
     model.eval()
-    meta, T = ckpt["meta"], MQAR["T"]
-    x = np.asarray(load_tokens(os.path.join(mqar_data(), "mqar"), "val", meta), np.int64).reshape(-1, T)
-    x = torch.from_numpy(x[:MQAR["swap_seqs"]])                                                        # (N, T)
-    y = torch.from_numpy(mqar_targets(x.numpy(), meta))                                                   # (N, T)
+    x, y = map(torch.from_numpy, recall_val(MQAR["swap_seqs"]))                                   # (N, T) each
 
-    @torch.no_grad()
     def accuracy(**changes):
         model.swap_attention(**changes)
-        correct = 0
-        for i in range(0, len(x), 100):
-            logits, _ = model(x[i:i + 100])                                                               # (b, T, V)
-            scored = y[i:i + 100] != -1
-            correct += (logits.argmax(-1)[scored] == y[i:i + 100][scored]).sum().item()
-        return correct / (y != -1).sum().item()
+        return recall_accuracy(model, x, y)
 
     full = accuracy(attn="full")
     rows = []
@@ -363,8 +412,8 @@ def sa_rules():
                           eval_interval=LM["eval_interval"], **({"eval_iters": 2} if fast else {})),
                   recall=dict(config=["config/mqar.py", *MQAR["train"]], data_root=recall_data, **RULES_RECALL,
                               max_iters=recall_iters, eval_interval=recall_iters // 4))
-    rules, kinds = ["rank", "value"], ["sa", "sa+swa"]
-    runs = [(t, k, r, s) for t in setups for s in LM["seeds"] for k in kinds for r in rules]  # LM first
+    rules, sa_kinds = ["rank", "value"], ["sa", "sa+swa"]
+    runs = [(t, k, r, s) for t in setups for s in LM["seeds"] for k in sa_kinds for r in rules]  # LM first
     dirs = [os.path.join(work, f"rules-{t}-{k}-{r}-s{s}") for t, k, r, s in runs]
     train_all([(od, dict(setups[t], attn=k, sa_rule=r, seed=s)) for (t, k, r, s), od in zip(runs, dirs)])
     rows = []
@@ -381,7 +430,7 @@ def sa_rules():
     lines = ["| task: metric | attn | rank | value | value − rank | seeds | wall time per run: rank, value |",
              "|---|---|---|---|---|---|---|"]
     for t in setups:
-        for k in kinds:
+        for k in sa_kinds:
             rank, value = (cell(t, k, r, metric[t]) for r in rules)
             lines.append(f"| {t}: {metric[t]} | {k} | {mean_std(rank)} | {mean_std(value)} "
                          f"| {statistics.mean(value) - statistics.mean(rank):+.3f} | {len(rank)} "
@@ -427,7 +476,7 @@ def speed():
 if __name__ == "__main__":
     steps = dict(figure=figure, lm=lm, swap=swap, mqar_search=mqar_search, mqar=mqar, recall_swap=recall_swap,
                  coverage=coverage, speed=speed, sa_rules=sa_rules)
-    chosen = [s for s in only.split(",") if s] or list(steps)
+    chosen = [s for s in only.split(",") if s] or [s for s in steps if fast or s not in EXTRA]
     unknown = set(chosen) - steps.keys()
     if unknown:
         sys.exit(f"--only: unknown experiment(s) {sorted(unknown)}; choose from {list(steps)}")
