@@ -1,11 +1,12 @@
 """
 Reproduce the paper in miniature on a CPU: every table and plot in the README's Results.
 
-    python results/reproduce.py                 # everything (about 4.5 h on 2 CPU cores; the MQAR grid is 3 h of it)
-    python results/reproduce.py --only=mqar --seeds=1 --depths=2   # a first pass of the MQAR grid (about 25 min)
+    python results/reproduce.py                 # the paper's claims: about 3 h on 2 CPU cores, 2.6 h of it MQAR
+    python results/reproduce.py --only=mqar --seeds=1 --depths=2   # a first pass of the MQAR grid (about 35 min)
+    python results/reproduce.py --only=mqar --seeds=0   # the MQAR tables from the finished runs, no training
     python results/reproduce.py --fast=True     # a tiny version of everything, a couple of minutes (tested in CI)
     python results/reproduce.py --only=mqar,lm  # some experiments: figure, lm, swap, mqar_search, mqar,
-                                                # recall_swap, coverage, speed, sa_rules
+                                                # recall_swap, coverage, speed; sa_rules only when named (47 min with --jobs=1)
 
 Each experiment runs the repo's own scripts (train.py, eval.py, receptive_field.py,
 bench.py) as subprocesses, printing every command, and writes one JSON (and its
