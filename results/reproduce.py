@@ -14,6 +14,7 @@ PNG plots) into --out (default results/). summary.md collects the tables that th
 README quotes. swap evaluates the full-attention model that lm trained, recall_swap the
 full-attention model that mqar trained (depth 2, first seed).
 """
+import functools
 import json
 import math
 import os
@@ -178,8 +179,10 @@ def mqar_search():
     return "\n".join(lines)
 
 
+@functools.lru_cache
 def recall_val(n):
-    """The first n val sequences of the recall set and their targets (-1 where unscored), (n, T) each."""
+    """The first n val sequences of the recall set and their targets (-1 where unscored), (n, T) each;
+    read once (every cell's graph prediction asks for them)."""
     import numpy as np
 
     from prepare_data import load_meta, load_tokens, mqar_targets
