@@ -12,8 +12,9 @@ execs each config file and applies each --key=value, left to right. The
 hyperparameters are the script's lowercase globals holding an int, float, bool,
 str or None. A value must fit its default's type: an int takes an integer, a
 float takes 3e-4 or 1, a bool takes True or False, a str takes the raw text
-(no quotes needed), and a None default takes any Python literal (else the raw
-text). An unknown key, a wrong type or a missing config file stops the script
+(no quotes needed). A None default takes None or its annotation's type
+(`lr_decay_iters: int | None = None` takes an int), or, unannotated, any Python
+literal. An unknown key, a wrong type or a missing config file stops the script
 with a one-line message; --help lists the keys. Afterwards the global `config`
 holds every hyperparameter's final value, for logs and checkpoints.
 """
@@ -21,24 +22,36 @@ import ast
 import builtins  # scripts may shadow builtins with hyperparameters: train.py's `compile`
 import os
 import sys
+import typing
 
 
 def _configure(g, argv):
     types = (int, float, bool, str, type(None))
     keys = {k: v for k, v in g.items() if k[:1].islower() and isinstance(v, types)}
+    hints = g.get("__annotations__", {})  # the type of a None default: `key: int | None = None`
     verbose = os.environ.get("RANK", "0") == "0"  # under torchrun, print once
 
-    def check(key, value, where):
-        """value, made to fit key's default type, or SystemExit."""
+    def check(key, value, where, bare=False):
+        """value, made to fit key's default type, or SystemExit. bare: value is text that is no literal."""
         if key not in keys:
             close = [k for k in keys if k.split("_")[0] == key.split("_")[0]] or sorted(keys)
             sys.exit(f"{where}: unknown config key {key!r}; known keys include: {', '.join(close)}")
         default = keys[key]
-        if default is None or type(value) is type(default):
+        if key in hints:  # a None default's declared type, else the default's own
+            want = [t for t in typing.get_args(hints[key]) or (hints[key],) if t is not type(None)][0]
+        elif default is None:  # unannotated: any literal, but not a bare word
+            if bare:
+                sys.exit(f"{where}: {key} takes a Python literal (None, 3, 'text'), got the bare word {value!r}")
             return value
-        if isinstance(default, float) and type(value) is int:
+        else:
+            want = type(default)
+        nullable = type(None) in typing.get_args(hints.get(key))
+        if value is None and nullable or type(value) is want:
+            return value
+        if want is float and type(value) is int:
             return float(value)
-        sys.exit(f"{where}: {key} must be of type {type(default).__name__} (like {default!r}), got {value!r}")
+        sys.exit(f"{where}: {key} must be of type {want.__name__}" + (" or None" if nullable else "")
+                 + f" (like {default!r}), got {value!r}")
 
     for arg in argv:
         if arg in ("-h", "--help"):
@@ -48,14 +61,13 @@ def _configure(g, argv):
             key, eq, text = arg[2:].partition("=")
             if not eq:
                 sys.exit(f"{arg}: expected --key=value")
-            if isinstance(keys.get(key), str):
-                value = text
-            else:
+            value, bare = text, not isinstance(keys.get(key), str)
+            if bare:
                 try:
-                    value = ast.literal_eval(text)
+                    value, bare = ast.literal_eval(text), False
                 except (ValueError, SyntaxError):
-                    value = text  # a bare word: a string, which check() accepts only where a str or None fits
-            g[key] = keys[key] = check(key, value, arg)
+                    pass  # a bare word: text, which check() accepts only where a str fits
+            g[key] = keys[key] = check(key, value, arg, bare)
             if verbose:
                 print(f"overriding: {key} = {g[key]!r}", file=sys.stderr)
         elif arg.endswith(".py"):

@@ -34,14 +34,17 @@ Helpers for train.py, sample.py and eval.py (import prepare_data; no side effect
   load_tokens(data_dir, split, meta) -> memmap  one split's tokens, checked against meta
   get_tokenizer(meta) -> (encode, decode)       str -> list[int], list[int] -> str
   mqar_targets(x, meta) -> y                    MQAR targets: the answers, -1 elsewhere
-  mqar_batch(rng, n, meta) -> (x, y)            n fresh MQAR sequences and their targets
-Bad data raises a one-line ValueError naming the file and the fix.
+  mqar_batch(rng, n, meta, stored) -> (x, y)    n MQAR sequences (fresh, or stored ones) and their targets
+  check_writable(directory)                     a one-line ValueError if no file can be made there
+Bad data raises a one-line ValueError naming the file and the fix. A dataset is replaced only
+once every split of the new one is written and none is empty.
 """
 import json
 import os
 import pathlib
 import sys
 import sysconfig
+import tempfile
 
 import numpy as np
 
@@ -52,11 +55,12 @@ tokenizer = "bytes"      # for --input_file: bytes | chars | gpt2 (or another ti
 data_root = "data"       # datasets go to data_root/<dataset>/
 val_fraction = 0.1       # share of files (pystdlib) or of the text (--input_file, shakespeare_char) held out
 adopt = False            # write a meta.json for existing nanoGPT train.bin/val.bin in data_root/<dataset>/
-# mqar: num_pairs key-value pairs, filler, then num_queries keys asked at random positions of the second half
-mqar_seq_len = 128       # tokens per sequence
-mqar_num_pairs = 8       # key-value pairs at the start of each sequence
-mqar_num_queries = 32    # scored queries per sequence, each asking a different pair (random ones if more than the pairs)
-mqar_vocab = 256         # token 0 is filler, then keys, then values, half and half
+# mqar: num_pairs key-value pairs, filler, then num_queries keys asked at random positions of the second
+# half. The defaults are config/mqar.py's recipe
+mqar_seq_len = 64        # tokens per sequence
+mqar_num_pairs = 4       # key-value pairs at the start of each sequence
+mqar_num_queries = 4     # scored queries per sequence, each asking a different pair (random ones if more than the pairs)
+mqar_vocab = 32          # token 0 is filler, then keys, then values, half and half
 mqar_train_seqs = 1000   # sequences in train.bin, a sample: train.py draws fresh ones every batch
 mqar_val_seqs = 1000     # sequences in val.bin
 mqar_seed = 0            # the generator's seed (val uses its own stream)
@@ -163,11 +167,16 @@ def mqar_targets(x, meta):
     return y
 
 
-def mqar_batch(rng, n, meta):
-    """n fresh MQAR sequences drawn with the numpy Generator rng: (x, y), int64 (n, seq_len)
-    each, y = mqar_targets(x, meta). train.py draws every training batch this way."""
+def mqar_batch(rng, n, meta, stored=None):
+    """n MQAR sequences drawn with the numpy Generator rng: (x, y), int64 (n, seq_len) each,
+    y = mqar_targets(x, meta). Fresh ones (train.py's training batches), or, given stored (a
+    split's tokens, whole sequences back to back), n of those at random (its val batches)."""
     m, V = meta["mqar"], meta["vocab_size"]
     T, P, Q, K = m["seq_len"], m["num_pairs"], m["num_queries"], m["num_keys"]
+    if stored is not None:
+        rows = rng.integers(len(stored) // T, size=n)                   # (n,) sequence indices
+        x = np.stack([stored[i * T:(i + 1) * T] for i in rows]).astype(np.int64)  # (n, T)
+        return x, mqar_targets(x, meta)
     firsts = lambda lo, hi, k: rng.permuted(np.tile(np.arange(lo, hi), (n, 1)), axis=1)[:, :k]  # k distinct per row
     keys, values = firsts(1, K + 1, P), firsts(K + 1, V, P)             # (n, P) each
     x = np.zeros((n, T), np.int64)                                      # (n, T), filler 0
@@ -200,6 +209,20 @@ def tiktoken_encoding(name):
     except Exception as e:  # offline first use: tiktoken downloads the rank table once, then caches it
         raise ValueError(f"tiktoken could not load the {name!r} encoding ({type(e).__name__}: {str(e)[:200]}); "
                          "it downloads once and caches: go online once, or set TIKTOKEN_CACHE_DIR to a cache") from None
+
+
+def check_writable(directory):
+    """A one-line ValueError unless a file can be created in directory (if it does not exist
+    yet, in the nearest directory above it, where makedirs would create it): before a long run."""
+    d = os.path.abspath(directory or ".")
+    while not os.path.isdir(d):
+        if os.path.exists(d):
+            raise ValueError(f"{d} is a file, not a directory: choose another path")
+        d = os.path.dirname(d)
+    try:
+        tempfile.TemporaryFile(dir=d).close()
+    except OSError as e:
+        raise ValueError(f"cannot write to {directory} ({e.strerror or e} in {d}): choose a writable path") from None
 
 
 def progress(iterable, **kwargs):
@@ -242,11 +265,21 @@ def token_dtype(vocab_size):
     return np.uint16 if vocab_size <= 65535 else np.uint32
 
 
-def start_dataset(data_dir):
-    """Remove an old meta.json first: until the new one is written the dataset reads as incomplete."""
-    os.makedirs(data_dir, exist_ok=True)
+def commit_dataset(data_dir, meta):
+    """Move each split's <split>.bin.tmp into place, then write meta.json; an empty split
+    stops it first, so an existing dataset is never replaced by an empty one. The old
+    meta.json goes first: until the new one is written, the dataset reads as incomplete."""
+    tmps = [os.path.join(data_dir, f"{split}.bin.tmp") for split in meta["tokens"]]
+    empty = [split for split, n in meta["tokens"].items() if n == 0]
+    if empty:
+        for tmp in tmps:
+            os.remove(tmp)
+        raise ValueError(f"the {' and '.join(empty)} split of {data_dir} would be empty: nothing written")
     if os.path.exists(os.path.join(data_dir, "meta.json")):
         os.remove(os.path.join(data_dir, "meta.json"))
+    for tmp in tmps:
+        os.replace(tmp, tmp[:-len(".tmp")])
+    return write_meta(data_dir, meta)
 
 
 def write_meta(data_dir, meta):
@@ -264,11 +297,11 @@ def write_dataset(data_dir, splits, tok, source, batch_docs=1024, **extra):
     with tok = text_tokenizer(...), append them to <split>.bin, then write meta.json."""
     fields, encode_batch, eot = tok
     dtype = token_dtype(fields["vocab_size"])
-    start_dataset(data_dir)
+    os.makedirs(data_dir, exist_ok=True)
     counts = {}
     for split, docs in splits.items():
         n = 0
-        with open(os.path.join(data_dir, f"{split}.bin"), "wb") as f:
+        with open(os.path.join(data_dir, f"{split}.bin.tmp"), "wb") as f:
             batch = []
             for doc in progress(docs, desc=split, unit=" docs", mininterval=2):
                 batch.append(doc)
@@ -277,8 +310,8 @@ def write_dataset(data_dir, splits, tok, source, batch_docs=1024, **extra):
                     batch = []
             n += write_batch(f, encode_batch(batch), eot, dtype) if batch else 0
         counts[split] = n
-    return write_meta(data_dir, {**fields, "dtype": np.dtype(dtype).name, "source": source,
-                                 "tokens": counts, "eot": eot, **extra})
+    return commit_dataset(data_dir, {**fields, "dtype": np.dtype(dtype).name, "source": source,
+                                     "tokens": counts, "eot": eot, **extra})
 
 
 def write_batch(f, ids, eot, dtype):
@@ -305,7 +338,11 @@ def prepare_text(data_dir, path, tokenizer_name, frac):
         raise ValueError(f"--input_file={path}: no such file")
     with open(path, "rb") as f:
         raw = f.read()
-    text = raw if tokenizer_name == "bytes" else raw.decode("utf-8", errors="replace")  # bytes stay exact
+    try:
+        text = raw if tokenizer_name == "bytes" else raw.decode("utf-8")  # bytes stay exact
+    except UnicodeDecodeError as e:
+        raise ValueError(f"--input_file={path} is not UTF-8 text (byte {e.start}: {raw[e.start:e.start + 4]!r}): "
+                         f"use --tokenizer=bytes for binary files") from None
     if not text:
         raise ValueError(f"--input_file={path} is empty")
     splits = split_text(text, frac)
@@ -364,16 +401,18 @@ def prepare_mqar(data_dir, seq_len, num_pairs, num_queries, vocab, train_seqs, v
                          f"and seq_len ({seq_len}) >= 4 * num_pairs")
     if ordered:
         min_gap = seq_len // 2 - 1
-    start_dataset(data_dir)
+    if train_seqs < 1 or val_seqs < 1:
+        raise ValueError(f"mqar needs mqar_train_seqs >= 1 and mqar_val_seqs >= 1, got {train_seqs} and {val_seqs}")
+    os.makedirs(data_dir, exist_ok=True)
     mqar = dict(seq_len=seq_len, num_pairs=num_pairs, num_queries=num_queries, num_keys=K, min_gap=min_gap, seed=seed,
                 ordered=ordered)
     meta = {"vocab_size": vocab, "tokenizer": "ids", "dtype": np.dtype(token_dtype(vocab)).name,
             "source": f"synthetic MQAR, seed {seed}", "tokens": {}, "eot": None, "mqar": mqar}
     for split, n, rng in zip(("train", "val"), (train_seqs, val_seqs), np.random.default_rng(seed).spawn(2)):
         x, _ = mqar_batch(rng, n, meta)                                 # (n, seq_len)
-        x.astype(token_dtype(vocab)).tofile(os.path.join(data_dir, f"{split}.bin"))
+        x.astype(token_dtype(vocab)).tofile(os.path.join(data_dir, f"{split}.bin.tmp"))
         meta["tokens"][split] = x.size
-    return write_meta(data_dir, meta)
+    return commit_dataset(data_dir, meta)
 
 
 def download_text(url):

@@ -12,6 +12,7 @@ Run: python -m pytest -q test_train.py. The scripts run as subprocesses on tiny 
   exit, and nothing written."""
 import json
 import os
+import resource
 import subprocess
 import sys
 import sysconfig
@@ -31,10 +32,13 @@ TINY = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=64", "--window
         "--device=cpu", "--dtype=float32"]
 
 
-def run(*cmd, check=True):
-    """Run a repo script (or `-m module ...`) with this Python, from the repo root."""
+def run(*cmd, check=True, max_file_bytes=None):
+    """Run a repo script (or `-m module ...`) with this Python, from the repo root. max_file_bytes:
+    no file it writes may grow past this (RLIMIT_FSIZE), which looks to it like a full disk."""
     cmd = [c if c.startswith("-") or not c.endswith(".py") else os.path.join(REPO, c) for c in map(str, cmd)]
-    r = subprocess.run([sys.executable, *cmd], capture_output=True, text=True, env=ENV, cwd=REPO, timeout=300)
+    limit = max_file_bytes and (lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (max_file_bytes, max_file_bytes)))
+    r = subprocess.run([sys.executable, *cmd], capture_output=True, text=True, env=ENV, cwd=REPO, timeout=300,
+                       preexec_fn=limit or None)
     if check:
         assert r.returncode == 0, r.stderr[-3000:]
     return r
@@ -195,14 +199,14 @@ def test_mqar_answers_come_from_the_earlier_pairs(root):
 def test_resume_is_bitwise_exact(trained, train_args, tmp_path):
     """6 iterations == 3 iterations, then resumed to 6 (dropout and SA permutations included). The 3
     iterations --overwrite another run's out_dir; the resume meets what a kill after them leaves:
-    log records past the checkpoint, half a line, a half-written ckpt.pt.tmp. The log ends as one run's."""
+    log records past the checkpoint, blank lines, half a line, a half-written ckpt.pt.tmp. The log ends as one run's."""
     for name, content in files(trained).items():
         (tmp_path / name).write_bytes(content)
     run("train.py", *train_args, "--max_iters=3", f"--out_dir={tmp_path}", "--overwrite=True")
     half = load(tmp_path)
     assert [r["iter"] for r in read_log(tmp_path) if "val_loss" in r] == [0, 3]  # the other run's log is gone
     with open(tmp_path / "log.jsonl", "a") as f:
-        f.write('{"iter": 4, "loss": 9.0, "lr": 0.1}\n{"iter": 4, "train_loss": 9.0, "val_loss": 9.0}\n{"iter": 5, "lo')
+        f.write('\n{"iter": 4, "loss": 9.0, "lr": 0.1}\n{"iter": 4, "train_loss": 9.0, "val_loss": 9.0}\n\n{"iter": 5, "lo')
     (tmp_path / "ckpt.pt.tmp").write_bytes(b"half a checkpoint")
     r = run("train.py", *train_args, "--max_iters=6", f"--out_dir={tmp_path}", "--init_from=resume")
     assert read_log(tmp_path) == read_log(trained) and not (tmp_path / "ckpt.pt.tmp").exists()
@@ -253,9 +257,12 @@ def test_rerunning_the_main_job_loses_nothing(root, tmp_path):
     """config/quick.py twice into one out_dir: the second run stops at once and changes nothing.
     A run of 0 iterations saves no checkpoint: nanoGPT's rule, the untrained model is worth nothing."""
     job = ["train.py", "config/quick.py", f"--data_root={root}", "--dataset=text", *TINY, f"--out_dir={tmp_path}"]
-    run(*job, "--max_iters=0", "--eval_interval=2")
-    assert not (tmp_path / "ckpt.pt").exists()
-    run(*job, "--max_iters=2", "--eval_interval=2")
+    for extra in (["--max_iters=0"], ["--eval_only=True"]):
+        done = run(*job, *extra, "--eval_interval=2").stdout.strip().splitlines()[-1]
+        assert done.endswith("no iteration trained, no checkpoint saved") and "ckpt.pt" not in done
+        assert not (tmp_path / "ckpt.pt").exists()
+    done = run(*job, "--max_iters=2", "--eval_interval=2").stdout.strip().splitlines()[-1]
+    assert done.endswith(f"checkpoint {tmp_path / 'ckpt.pt'} (iteration 2)")
     before = files(tmp_path)
     for extra in ([], ["--eval_only=True"]):
         assert_clean_error(run(*job, "--max_iters=2", "--eval_interval=2", *extra, check=False),
@@ -263,16 +270,94 @@ def test_rerunning_the_main_job_loses_nothing(root, tmp_path):
     assert files(tmp_path) == before
 
 
+def test_overwrite_keeps_the_old_pair_until_its_first_checkpoint(trained, train_args, tmp_path):
+    """--overwrite=True that saves nothing (0 iterations), or dies writing its first checkpoint
+    (a full disk), leaves the old ckpt.pt and log.jsonl as they were; test_resume_is_bitwise_exact
+    covers the replacement."""
+    for name, content in files(trained).items():
+        (tmp_path / name).write_bytes(content)
+    before = files(tmp_path)
+    job = ["train.py", *train_args, f"--out_dir={tmp_path}", "--overwrite=True"]
+    done = run(*job, "--max_iters=0").stdout.strip().splitlines()[-1]
+    assert done.endswith(f"no checkpoint saved; the old {tmp_path / 'ckpt.pt'} is kept")
+    assert files(tmp_path) == before
+    r = run(*job, "--max_iters=3", check=False, max_file_bytes=50_000)  # the log fits, the checkpoint does not
+    assert_clean_error(r, f"cannot write {tmp_path / 'ckpt.pt'}")
+    assert "no checkpoint was saved" in r.stderr and "step 3: train loss" in r.stdout
+    assert files(tmp_path) == before
+
+
+def test_resume_stops_at_a_corrupt_log_line(trained, train_args, tmp_path):
+    for name, content in files(trained).items():
+        (tmp_path / name).write_bytes(content)
+    lines = (tmp_path / "log.jsonl").read_text().splitlines(keepends=True)
+    (tmp_path / "log.jsonl").write_text("".join(lines[:2] + ["oops, not JSON\n"] + lines[2:]))
+    before = files(tmp_path)
+    r = run("train.py", *train_args, "--max_iters=8", f"--out_dir={tmp_path}", "--init_from=resume", check=False)
+    assert_clean_error(r, f"{tmp_path / 'log.jsonl'}:3 is not a log record ('oops, not JSON')")
+    assert files(tmp_path) == before
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("attn", ["full", "swa", "sa", "sa+swa", "moba"])
+def test_trains_under_autocast(root, tmp_path, attn, dtype):
+    """Every kind trains under fp16 (with a GradScaler, its state in the checkpoint) and bf16 autocast."""
+    run("train.py", f"--data_root={root}", "--dataset=text", *TINY, f"--attn={attn}", f"--dtype={dtype}",
+        "--moba_block=8", "--moba_topk=2", "--max_iters=2", "--eval_interval=2", f"--out_dir={tmp_path}")
+    ckpt = load(tmp_path)
+    assert ckpt["iter_num"] == 2 and ckpt["config"]["dtype"] == dtype
+    assert bool(ckpt["scaler"]) == (dtype == "float16") and all(torch.isfinite(v).all() for v in ckpt["model"].values())
+
+
+def test_fp16_resume_is_exact(root, tmp_path):
+    """4 fp16 iterations == 2, then resumed to 4: the loss scale and its growth tracker resume too."""
+    job = ["train.py", f"--data_root={root}", "--dataset=text", *TINY, "--attn=full", "--dtype=float16",
+           "--eval_interval=2", "--lr_decay_iters=4"]
+    run(*job, "--max_iters=4", f"--out_dir={tmp_path / 'a'}")
+    run(*job, "--max_iters=2", f"--out_dir={tmp_path / 'b'}")
+    run(*job, "--max_iters=4", f"--out_dir={tmp_path / 'b'}", "--init_from=resume")
+    a, b = load(tmp_path / "a"), load(tmp_path / "b")
+    assert a["scaler"] == b["scaler"] and a["scaler"]["_growth_tracker"] > 2  # 4 steps without overflow
+    for k in a["model"]:
+        assert torch.equal(a["model"][k], b["model"][k]), k
+
+
+def test_mqar_config_without_data_names_its_prepare_line(tmp_path):
+    """config/mqar.py with no data: the hint's command makes the data that config trains on."""
+    job = ["train.py", "config/mqar.py", f"--data_root={tmp_path}", f"--out_dir={tmp_path / 'out'}"]
+    r = run(*job, check=False)
+    assert_clean_error(r, "prepare the dataset first with `python prepare_data.py --dataset=mqar`")
+    header = open(os.path.join(REPO, "config", "mqar.py")).readline()
+    assert "python prepare_data.py --dataset=mqar " in header
+    run("prepare_data.py", "--dataset=mqar", f"--data_root={tmp_path}", "--mqar_train_seqs=64", "--mqar_val_seqs=64")
+    assert "acc train" in run(*job, "--max_iters=1", "--eval_interval=1", "--eval_iters=1").stdout
+
+
 @pytest.mark.parametrize("args, message", [
-    (["--out_dir=README.md"], "out_dir=README.md is a file"),
+    (["--out_dir=README.md"], "out_dir='README.md': it is a file"),
+    (["--out_dir=/sys/out"], "cannot write to /sys/out (Permission denied in /sys)"),
     (["--eval_interval=0"], "eval_interval must be an integer >= 1, got 0"),
     (["--log_interval=0"], "log_interval must be an integer >= 1, got 0"),
     (["--eval_iters=0"], "eval_iters must be an integer >= 1, got 0"),
     (["--batch_size=0"], "batch_size must be an integer >= 1, got 0"),
     (["--gradient_accumulation_steps=0"], "gradient_accumulation_steps must be an integer >= 1, got 0"),
-    pytest.param(["--device=cuda"], "CUDA is not available here",
+    pytest.param(["--device=cuda"], "device='cuda': CUDA is not available here",
                  marks=pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is available")),
     (["--init_from=pretrained"], "init_from='pretrained': use scratch or resume"),
+    (["--rope_base=0"], "rope_base=0.0: use a value > 0"),
+    (["--rope_base=-10000"], "rope_base=-10000.0: use a value > 0"),
+    (["--learning_rate=-1e-3"], "learning_rate=-0.001: use a value > 0"),
+    (["--min_lr=-1e-5"], "min_lr=-1e-05: use a value >= 0"),
+    (["--weight_decay=-0.1"], "weight_decay=-0.1: use a value >= 0"),
+    (["--warmup_iters=-1"], "warmup_iters=-1: use an integer >= 0"),
+    (["--lr_decay_iters=-1"], "lr_decay_iters=-1: use an integer >= 0"),
+    (["--lr_decay_iters=abc"], "lr_decay_iters must be of type int or None"),
+    (["--max_iters=-1"], "max_iters=-1: use an integer >= 0"),
+    (["--seed=-1"], "seed=-1: use an integer >= 0"),
+    (["--beta1=1.5"], "beta1=1.5: AdamW's betas lie in [0, 1)"),
+    (["--beta2=-0.5"], "beta2=-0.5: AdamW's betas lie in [0, 1)"),
+    (["--device=tpu"], "device='tpu': use cpu, cuda or cuda:N"),
+    (["--dtype=float8"], "dtype='float8': use one of float32, bfloat16, float16"),
     (["--dataset=nope"], "prepare_data.py --input_file=FILE --dataset=nope"),
     (["--block_size=100000"], "is larger than the data"),
     (["--attn=dense"], "GPTConfig.attn='dense' is invalid"),

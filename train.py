@@ -30,6 +30,7 @@ import json
 import math
 import os
 import random
+import re
 import sys
 import time
 
@@ -39,8 +40,8 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from attention import check_positive
-from model import GPT, GPTConfig, autocast, load_checkpoint, save_checkpoint
-from prepare_data import load_meta, load_tokens, mqar_batch, mqar_targets
+from model import DTYPES, GPT, GPTConfig, autocast, load_checkpoint, save_checkpoint
+from prepare_data import check_writable, load_meta, load_tokens, mqar_batch
 
 # -----------------------------------------------------------------------------
 # I/O
@@ -82,34 +83,47 @@ beta2 = 0.95
 grad_clip = 1.0                 # clip the gradient norm to this; 0: off
 decay_lr = True
 warmup_iters = 200
-lr_decay_iters = None           # None: max_iters
+lr_decay_iters: int | None = None  # None: max_iters
 min_lr = 6e-5
 # system
 device = "cuda" if torch.cuda.is_available() else "cpu"
-dtype = "bfloat16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "float32"  # autocast dtype
+dtype = "bfloat16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "float32"  # autocast: float32 | bfloat16 | float16 (with loss scaling)
 compile = False                 # torch.compile the model
 backend = ""                    # DDP backend; "": nccl on CUDA, gloo on the CPU
 seed = 1337
 # -----------------------------------------------------------------------------
-config_keys = [k for k, v in globals().items() if k[:1].islower() and isinstance(v, (int, float, bool, str, type(None)))]
-exec(open("configurator.py").read())  # overrides from config files and --key=value
-config = {k: globals()[k] for k in config_keys}  # logged in every checkpoint
+exec(open("configurator.py").read())  # overrides from config files and --key=value; sets `config`, logged in every checkpoint
 # -----------------------------------------------------------------------------
+
+
+def need(key, ok, rule):
+    """A one-line ValueError naming key and its value unless ok."""
+    if not ok:
+        raise ValueError(f"{key}={config[key]!r}: {rule}")
+
 
 # bad settings stop here with one line, before any data is read or anything written
 try:
     for key in ("eval_interval", "log_interval", "eval_iters", "batch_size", "gradient_accumulation_steps"):
         check_positive(config[key], key)
+    for key in ("max_iters", "warmup_iters", "seed") + (("lr_decay_iters",) if lr_decay_iters is not None else ()):
+        need(key, config[key] >= 0, "use an integer >= 0")
+    need("learning_rate", learning_rate > 0, "use a value > 0 (a negative one is gradient ascent)")
+    for key in ("min_lr", "weight_decay", "grad_clip"):
+        need(key, config[key] >= 0, "use a value >= 0")
+    for key in ("beta1", "beta2"):
+        need(key, 0 <= config[key] < 1, "AdamW's betas lie in [0, 1)")
+    need("rope_base", rope_base > 0, "use a value > 0 (RoPE's wavelengths are its powers; 10000 is usual)")
+    need("init_from", init_from in ("scratch", "resume"), "use scratch or resume")
+    need("device", re.fullmatch(r"cpu|cuda(:\d+)?", device), "use cpu, cuda or cuda:N")
+    need("device", device == "cpu" or torch.cuda.is_available(), "CUDA is not available here: use --device=cpu")
+    need("dtype", dtype in DTYPES, f"use one of {', '.join(DTYPES)}")
+    need("dtype", not (device != "cpu" and dtype == "bfloat16" and not torch.cuda.is_bf16_supported()),
+         "this GPU has no bf16 (before Ampere): use --dtype=float16")
+    need("out_dir", not os.path.exists(out_dir) or os.path.isdir(out_dir), "it is a file, not a directory: choose another")
+    check_writable(out_dir)
 except ValueError as e:
     sys.exit(str(e))
-if init_from not in ("scratch", "resume"):
-    sys.exit(f"init_from={init_from!r}: use scratch or resume")
-if dtype not in ("float32", "bfloat16"):
-    sys.exit(f"dtype={dtype!r}: use bfloat16 (CUDA, Ampere or newer) or float32")
-if device.startswith("cuda") and not torch.cuda.is_available():
-    sys.exit(f"device={device}, but CUDA is not available here: use --device=cpu")
-if os.path.exists(out_dir) and not os.path.isdir(out_dir):
-    sys.exit(f"out_dir={out_dir} is a file, not a directory: choose another --out_dir")
 ckpt_path = os.path.join(out_dir, "ckpt.pt")
 if init_from == "scratch" and os.path.exists(ckpt_path) and not overwrite:
     sys.exit(f"{ckpt_path} exists: continue it with --init_from=resume, train in a new --out_dir, "
@@ -169,12 +183,9 @@ def get_batch(split, gen):
     MQAR sequences whose targets are the answers only, fresh ones for training
     (seeded from gen, so a resumed run draws the same) and val.bin's for val."""
     tokens = data[split]
-    if mqar and split == "train":
-        x, y = mqar_batch(np.random.default_rng(torch.randint(2**62, (), generator=gen).item()), batch_size, meta)
-    elif mqar:
-        starts = torch.randint(len(tokens) // T, (batch_size,), generator=gen).numpy() * T
-        x = np.stack([tokens[i:i + T] for i in starts]).astype(np.int64)             # (B, T)
-        y = mqar_targets(x, meta)
+    if mqar:
+        rng = np.random.default_rng(torch.randint(2**62, (), generator=gen).item())
+        x, y = mqar_batch(rng, batch_size, meta, stored=None if split == "train" else tokens)  # (B, T) each
     else:
         starts = torch.randint(len(tokens) - T, (batch_size,), generator=gen).numpy()
         x = np.stack([tokens[i:i + T] for i in starts]).astype(np.int64)             # (B, T)
@@ -200,6 +211,7 @@ raw_model = GPT(gptconf, sa_seed=sa_seed).to(device)
 torch.manual_seed(dropout_seed)
 sampler = torch.Generator().manual_seed(sampler_seed)
 optimizer = raw_model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type)
+scaler = torch.amp.GradScaler(device_type, enabled=dtype == "float16")  # fp16 gradients underflow unless the loss is scaled
 iter_num, best_val_loss = 0, float("inf")
 
 if init_from == "resume":
@@ -220,6 +232,8 @@ if init_from == "resume":
                  "or train from scratch in another out_dir")
     raw_model.load_state_dict(ckpt["model"])
     optimizer.load_state_dict(ckpt["optimizer"])
+    if ckpt.get("scaler"):  # fp16: the loss scale and its growth tracker
+        scaler.load_state_dict(ckpt["scaler"])
     iter_num, best_val_loss = ckpt["iter_num"], ckpt["best_val_loss"]
     states = ckpt["rng"]
     if rank < len(states):
@@ -296,33 +310,79 @@ def get_lr(it):
     return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (learning_rate - min_lr)
 
 
+def read_log(path):
+    """log.jsonl's records. Blank lines are skipped, and so is a last line cut short (a killed run);
+    any other line that is not a JSON record stops the run with one line naming it."""
+    with open(path) as f:
+        lines = f.readlines()
+    records = []
+    for i, line in enumerate(lines, 1):
+        if not line.strip() or (i == len(lines) and not line.endswith("\n")):
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError:
+            record = None
+        if not isinstance(record, dict) or not isinstance(record.get("iter"), int):
+            sys.exit(f"{path}:{i} is not a log record ({line.strip()[:60]!r}): delete that line, then resume again")
+        records.append(record)
+    return records
+
+
 tokens_per_iter = gradient_accumulation_steps * world_size * batch_size * T
-log_file = None
+log_path = os.path.join(out_dir, "log.jsonl")
+# --overwrite=True: the old ckpt.pt and log.jsonl stay whole until this run saves its first
+# checkpoint; until then it logs to log_path + ".new" (which save() moves into place)
+new_log = log_path + ".new" if init_from == "scratch" and os.path.exists(ckpt_path) else None
+log_file, saved = None, None  # saved: the iteration of the last checkpoint this run wrote
 if master:
-    os.makedirs(out_dir, exist_ok=True)
-    if os.path.exists(ckpt_path + ".tmp"):
-        os.remove(ckpt_path + ".tmp")  # the half-written file of an interrupted save
-    if init_from == "scratch" and os.path.exists(ckpt_path):
-        os.remove(ckpt_path)  # --overwrite=True: the old checkpoint must not outlive its log
-    log_path = os.path.join(out_dir, "log.jsonl")
-    if init_from == "resume" and os.path.exists(log_path):
-        # cut the log back to the checkpoint's eval, which this run repeats: a killed run may have
-        # logged later iterations, which this run redoes. The log then reads as one run.
-        with open(log_path) as f:
-            records = [json.loads(line) for line in f if line.endswith("\n")]  # a kill can cut the last line short
-        with open(log_path + ".tmp", "w") as f:
-            for r in records:
-                if r["iter"] < iter_num or (r["iter"] == iter_num and "val_loss" not in r):
-                    print(json.dumps(r), file=f)
-        os.replace(log_path + ".tmp", log_path)
-    log_file = open(log_path, "a" if init_from == "resume" else "w")
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+        for stale in (ckpt_path + ".tmp", log_path + ".new"):  # half-written files of an interrupted run
+            if os.path.exists(stale):
+                os.remove(stale)
+        if init_from == "resume" and os.path.exists(log_path):
+            # cut the log back to the checkpoint's eval, which this run repeats: a killed run may have
+            # logged later iterations, which this run redoes. The log then reads as one run.
+            records = read_log(log_path)
+            with open(log_path + ".tmp", "w") as f:
+                for r in records:
+                    if r["iter"] < iter_num or (r["iter"] == iter_num and "val_loss" not in r):
+                        print(json.dumps(r), file=f)
+            os.replace(log_path + ".tmp", log_path)
+        log_file = open(new_log or log_path, "a" if init_from == "resume" else "w")
+    except OSError as e:
+        sys.exit(f"cannot write to out_dir={out_dir}: {e.strerror or e}")
     print(f"{dataset}: {len(data['train']):,} train / {len(data['val']):,} val tokens; {raw_model.get_num_params() / 1e6:.2f}M "
           f"parameters, attn={attn}, window={window}; {tokens_per_iter:,} tokens per iteration "
           f"({world_size} x {gradient_accumulation_steps} x {batch_size} x {T}) on {device}")
 
 
 def log(record):
-    print(json.dumps(record), file=log_file, flush=True)
+    try:
+        print(json.dumps(record), file=log_file, flush=True)
+    except OSError as e:
+        sys.exit(f"cannot write {log_file.name}: {e.strerror or e} (disk full?); the last checkpoint is "
+                 f"{ckpt_path if saved is not None else 'none'}")
+
+
+def save(states):
+    """Write ckpt.pt atomically; the first save of an --overwrite run then moves its log into place."""
+    global new_log, log_file
+    try:
+        save_checkpoint({"model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
+                         "scaler": scaler.state_dict(), "model_args": raw_model.model_args(), "iter_num": iter_num,
+                         "best_val_loss": best_val_loss, "config": config, "meta": meta, "rng": states}, ckpt_path)
+        if new_log:
+            log_file.close()
+            os.replace(new_log, log_path)
+            log_file, new_log = open(log_path, "a"), None
+    except (OSError, RuntimeError) as e:  # torch.save's writer raises RuntimeError on a full disk
+        for partial in (ckpt_path + ".tmp", new_log):  # an --overwrite run's log goes with its checkpoint
+            if partial and os.path.exists(partial):
+                os.remove(partial)
+        sys.exit(f"cannot write {ckpt_path}: {str(e).splitlines()[0][:200]} (disk full?); "
+                 + (f"it still holds iteration {saved}" if saved is not None else "no checkpoint was saved"))
 
 
 t_start = t_last = time.time()
@@ -341,10 +401,8 @@ while True:
             log({"iter": iter_num, **ev, "lr": lr, "elapsed_s": round(time.time() - t_start, 2)})
             best_val_loss = min(best_val_loss, ev["val_loss"])
             if iter_num > 0 and not eval_only and (always_save_checkpoint or ev["val_loss"] <= best_val_loss):
-                save_checkpoint({"model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
-                                 "model_args": raw_model.model_args(), "iter_num": iter_num,
-                                 "best_val_loss": best_val_loss, "config": config, "meta": meta, "rng": states},
-                                ckpt_path)
+                save(states)
+                saved = iter_num
         t_last, iters_since_log = time.time(), 0  # the speed below leaves out evaluation time
     if iter_num >= max_iters or eval_only:
         break
@@ -358,10 +416,12 @@ while True:
         X, Y = get_batch("train", sampler)
         with ctx:
             _, loss = train_model(X, Y)
-        (loss / gradient_accumulation_steps).backward()
+        scaler.scale(loss / gradient_accumulation_steps).backward()
     if grad_clip > 0:
+        scaler.unscale_(optimizer)  # clip the true gradients
         torch.nn.utils.clip_grad_norm_(raw_model.parameters(), grad_clip)
-    optimizer.step()
+    scaler.step(optimizer)  # with fp16, skipped when a gradient overflowed
+    scaler.update()
     optimizer.zero_grad(set_to_none=True)
     iter_num += 1
     iters_since_log += 1
@@ -381,8 +441,12 @@ while True:
         t_last, iters_since_log = time.time(), 0
 
 if master:
-    print(f"done: {iter_num} iterations in {time.time() - t_start:.1f}s; best val loss {best_val_loss:.4f}; "
-          f"checkpoint {ckpt_path}")
+    if new_log:  # an --overwrite run that saved nothing: the old pair stays, its log is dropped
+        log_file.close()
+        os.remove(new_log)
+    kept = (f"checkpoint {ckpt_path} (iteration {saved})" if saved is not None else
+            "no iteration trained, no checkpoint saved" + (f"; the old {ckpt_path} is kept" if new_log else ""))
+    print(f"done: {iter_num} iterations in {time.time() - t_start:.1f}s; best val loss {best_val_loss:.4f}; {kept}")
 if ddp:
     dist.barrier()  # let the master finish its last checkpoint first
     dist.destroy_process_group()
