@@ -6,7 +6,7 @@ checkpoints, GPT-2 and any Hugging Face causal LM.
   python eval.py --out_dir=out-quick                                   # perplexity on the checkpoint's val.bin
   python eval.py --out_dir=out-quick --tasks=ppl,lambada,hellaswag     # + zero-shot tasks (needs `datasets`)
   python eval.py --out_dir=out-quick --task_file=mine.jsonl            # a task from a local JSONL file (tasks.py)
-  python eval.py --out_dir=out-quick --attn=sa --window=64 --seeds=5   # a swap; SA as mean ± std over seeds
+  python eval.py --out_dir=out-full --attn=sa --window=64 --seeds=5    # a swap; SA as mean ± std over seeds
   python eval.py --init_from=gpt2 --dataset=wikitext-103 --split=test --windows=16,32,64,128,256
   python eval.py --init_from=Qwen/Qwen3-0.6B --tasks=lambada --windows=32,64,128 --json_out=res/qwen.json
 
@@ -46,14 +46,17 @@ document's score does not depend on what else is in its batch.
 
 Swaps: --attn (a comma list) with --window or --windows; MoBA gets the same key budget,
 moba_block = window // moba_topk (unless --moba_block is set). sa+swa needs its trained
-gates, so it cannot be swapped in. SA draws fresh permutations every forward pass; --seeds=N
+gates, so it cannot be swapped in, nor out: on an sa+swa model --window and --windows set
+the window of both its paths, and --windows sweeps only that. SA draws fresh permutations every forward pass; --seeds=N
 reports mean ± std over seeds 0..N-1. A sweep prints a kind x window table per task and plots
 it next to --json_out (else into out_dir).
 """
 import json
 import math
 import os
+import socket
 import sys
+import urllib.parse
 
 import numpy as np
 import torch
@@ -61,7 +64,7 @@ import torch.nn.functional as F
 
 import attention
 from model import ATTN_KINDS, DTYPES, GPT, GPT2_SIZES, autocast, load_checkpoint
-from prepare_data import get_tokenizer, load_meta, load_tokens, progress, pyplot
+from prepare_data import check_writable, get_tokenizer, load_meta, load_tokens, progress, pyplot
 from tasks import TASKS, Tokenizer, evaluate_task, load_task, load_task_file
 
 # -----------------------------------------------------------------------------
@@ -99,6 +102,11 @@ def run(cfg):
         if t != "ppl" and t not in TASKS:
             raise ValueError(f"unknown task {t!r}: choose from ppl, {', '.join(TASKS)}, or pass --task_file=FILE.jsonl")
     kinds, ws = check_config(cfg)
+    plot_path = os.path.join("" if os.path.dirname(cfg["plot"]) else os.path.dirname(cfg["json_out"]) or cfg["out_dir"],
+                             cfg["plot"]) if cfg["plot"] else ""
+    for path in (cfg["json_out"], plot_path if len(ws) > 1 else ""):  # before the long part, not after it
+        if path:
+            check_writable(os.path.dirname(path))
     task_list = ([load_task_file(f, cfg["limit"]) for f in cfg["task_file"].split(",") if f]
                  + [load_task(t, cfg["limit"]) for t in names if t != "ppl"])
     lm, ckpt_dataset = load_model(cfg)
@@ -123,15 +131,17 @@ def run(cfg):
                                  "task": task, "metric": metric, "value": value, "stderr": stderr})
     results = aggregate(rows)
     print(table(results))
-    if len({r["window"] for r in results if r["attn"] != "full"}) > 1:
-        print(sweep_tables(results))
-        if cfg["plot"]:
-            where = "" if os.path.dirname(cfg["plot"]) else os.path.dirname(cfg["json_out"]) or cfg["out_dir"]
-            plot_sweep(results, os.path.join(where, cfg["plot"]))
-    if cfg["json_out"]:
-        os.makedirs(os.path.dirname(cfg["json_out"]) or ".", exist_ok=True)
-        with open(cfg["json_out"], "w") as f:
-            json.dump({"config": cfg, "results": results, "per_seed": rows}, f, indent=1)
+    try:
+        if len({r["window"] for r in results if r["attn"] != "full"}) > 1:
+            print(sweep_tables(results))
+            if plot_path:
+                plot_sweep(results, plot_path)
+        if cfg["json_out"]:
+            os.makedirs(os.path.dirname(cfg["json_out"]) or ".", exist_ok=True)
+            with open(cfg["json_out"], "w") as f:
+                json.dump({"config": cfg, "results": results, "per_seed": rows}, f, indent=1)
+    except OSError as e:  # a full disk
+        raise ValueError(f"cannot write {e.filename or cfg['json_out']}: {e.strerror or e} (the tables above are complete)") from None
     return results
 
 
@@ -162,6 +172,9 @@ def plan(lm, kinds, ws, cfg):
     if not kinds and not ws:
         return [None]
     native = lm.native["attn"]
+    if native == "sa+swa" and kinds and kinds != ["sa+swa"]:
+        raise ValueError("an sa+swa model's gates were trained with both paths, so --attn can only be sa+swa (--window "
+                         "or --windows then set both paths' window); swap kinds on a model trained with full attention")
     kinds = kinds or (["full", "swa", "sa", "moba"] if len(ws) > 1 and native != "sa+swa" else [native])
     if kinds != ["full"] and not ws:
         if "window" not in lm.native:
@@ -336,27 +349,47 @@ def register_hf_attention(attn, window=None, moba_block=64, moba_topk=4, generat
     return name
 
 
+def hub_offline(name):
+    """True, and Hugging Face's offline mode (HF_HUB_OFFLINE=1: the local cache only) set, when
+    name is no local path and the hub cannot be reached; transformers would otherwise retry
+    5 times, for about 30 s, then raise. Set before transformers is imported, where it counts."""
+    if os.path.exists(name) or os.environ.get("HF_HUB_OFFLINE") == "1":
+        return os.environ.get("HF_HUB_OFFLINE") == "1"
+    hub = urllib.parse.urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+    try:
+        socket.create_connection((hub.hostname, hub.port or 443), timeout=5).close()
+        return False
+    except OSError:
+        os.environ["HF_HUB_OFFLINE"] = "1"
+        return True
+
+
 def load_model(cfg):
     """(lm, dataset of the checkpoint or "") for cfg["init_from"]."""
-    dev = cfg["device"]
+    dev, name = cfg["device"], cfg["init_from"]
     ctx = autocast(dev, cfg["dtype"])
     def ours(meta):
         encode, decode = get_tokenizer(meta)
         return Tokenizer(meta["tokenizer"], encode, decode, meta.get("eot"), encode)
-    if cfg["init_from"] == "resume":
+    if name == "resume":
         model, ckpt = load_checkpoint(os.path.join(cfg["out_dir"], "ckpt.pt"), dev)
         return OurLM(model, ours(ckpt["meta"]), cfg["block_size"], dev, ctx), ckpt["config"]["dataset"]
-    if cfg["init_from"] in GPT2_SIZES:
-        return OurLM(GPT.from_pretrained(cfg["init_from"]).to(dev), ours(GPT2_META), cfg["block_size"], dev, ctx), ""
+    offline = hub_offline(name)
     try:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-    except ImportError:
-        raise ValueError(f"--init_from={cfg['init_from']} loads a Hugging Face model: pip install transformers") from None
-    hf_tok = AutoTokenizer.from_pretrained(cfg["init_from"])
-    model = AutoModelForCausalLM.from_pretrained(cfg["init_from"], dtype=DTYPES[cfg["dtype"]]).to(dev)
+        if name in GPT2_SIZES:
+            return OurLM(GPT.from_pretrained(name).to(dev), ours(GPT2_META), cfg["block_size"], dev, ctx), ""
+        try:
+            from transformers import AutoModelForCausalLM, AutoTokenizer
+        except ImportError:
+            raise ValueError(f"--init_from={name} loads a Hugging Face model: pip install transformers") from None
+        hf_tok = AutoTokenizer.from_pretrained(name)
+        model = AutoModelForCausalLM.from_pretrained(name, dtype=DTYPES[cfg["dtype"]]).to(dev)
+    except OSError as e:  # not on the hub, not in the cache, or offline
+        why = "the Hugging Face hub is unreachable and it is not in the local cache" if offline else str(e).splitlines()[0][:200]
+        raise ValueError(f"--init_from={name}: cannot load it ({why}); go online once, or give a local path") from None
     prefix = hf_tok.bos_token_id if hf_tok.bos_token_id is not None else hf_tok.eos_token_id  # lm-eval's prefix token
     prefix_text = hf_tok.decode(prefix) if prefix is not None else None
-    tok = Tokenizer(f"hf:{cfg['init_from']}", lambda s: hf_tok.encode(s, add_special_tokens=False), hf_tok.decode, prefix,
+    tok = Tokenizer(f"hf:{name}", lambda s: hf_tok.encode(s, add_special_tokens=False), hf_tok.decode, prefix,
                     # lm-eval's tok_encode: the tokenizer's defaults, unless the text starts with the prefix token
                     lambda s: hf_tok.encode(s, add_special_tokens=not (prefix_text and s.startswith(prefix_text))))
     return HFLM(model, tok, cfg["block_size"], dev, hf_tok.model_max_length), ""
@@ -471,6 +504,14 @@ def sweep_cells(results):
     return out
 
 
+def window_ticks(ax, ws):
+    """A log x axis labelled at the windows only: log scale's own minor labels overlap."""
+    from matplotlib.ticker import NullLocator
+    ax.set_xscale("log")
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.set_xticks(ws, [str(w) for w in ws])
+
+
 def plot_sweep(results, path):
     try:
         plt = pyplot("the sweep's plot")
@@ -486,7 +527,8 @@ def plot_sweep(results, path):
                 continue
             ws = sorted(by_w)
             ax.errorbar(ws, [by_w[w]["value"] for w in ws], yerr=[by_w[w]["seed_std"] or 0 for w in ws], marker="o", label=kind)
-        ax.set(xscale="log", xlabel="window", title=f"{task} {metric}")
+        window_ticks(ax, sorted({w for by_w in cells.values() for w in by_w if w is not None}))
+        ax.set(xlabel="window", title=f"{task} {metric}")
     axes[0][0].legend(fontsize=7)
     fig.tight_layout()
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)

@@ -16,6 +16,7 @@ import importlib.util
 import json
 import math
 import os
+import subprocess
 import sys
 import types
 
@@ -213,6 +214,66 @@ def test_window_sweep(tiny_run, tmp_path, capsys, monkeypatch):
     assert "tiny/val ppl" in out and out.count("± ") >= 2
     assert (tmp_path / "res" / "sweep.png").stat().st_size > 0 and not (tmp_path / "sweep.png").exists()  # next to --json
     assert len(json.loads((tmp_path / "res" / "s.json").read_text())["per_seed"]) == 3 * (1 + 2 + 2 * 2 + 2)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("attn", ["full", "swa", "sa", "moba"])
+def test_perplexity_under_autocast(tiny_run, attn, dtype):
+    """Every kind evaluates under bf16 and fp16 autocast, close to fp32 (the SA seed fixed)."""
+    base = {k: tiny_run[k] for k in ("out_dir", "data_root", "device")}
+    swap = {"attn": attn} if attn == "full" else {"attn": attn, "window": 4, "moba_topk": 2}
+    ppl = [next(r["value"] for r in ev.run({**base, **swap, "dtype": d}) if r["metric"] == "ppl")
+           for d in ("float32", dtype)]
+    assert math.isfinite(ppl[1]) and ppl[1] == pytest.approx(ppl[0], rel=0.02)
+
+
+def test_sa_swa_model_sweeps_both_windows(tiny_run, tmp_path):
+    """An sa+swa model keeps its kind: --attn=sa is one clear line, --windows varies both paths' window."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=16, vocab_size=256, n_layer=2, n_head=2, n_embd=32, attn="sa+swa", window=4))
+    save_checkpoint({"model": model.state_dict(), "model_args": model.model_args(), "config": {"dataset": "tiny"},
+                     "meta": prepare_data.load_meta(os.path.join(tiny_run["data_root"], "tiny"))}, str(tmp_path / "ckpt.pt"))
+    base = {"out_dir": str(tmp_path), "data_root": tiny_run["data_root"], "device": "cpu", "dtype": "float32"}
+    with pytest.raises(ValueError, match=r"an sa\+swa model's gates were trained with both paths, so --attn can only"):
+        ev.run({**base, "attn": "sa", "window": 4})
+    res = ev.run({**base, "windows": "1,16", "limit": 4, "plot": ""})
+    assert {(r["attn"], r["window"]) for r in res} == {("sa+swa", 1), ("sa+swa", 16)}
+    ppl = {r["window"]: r["value"] for r in res if r["metric"] == "ppl"}
+    assert ppl[1] != pytest.approx(ppl[16], rel=1e-4)  # the window reaches the model
+
+
+def test_sweep_plot_labels_only_the_windows():
+    plt = prepare_data.pyplot("test")
+    fig, ax = plt.subplots()
+    ax.plot([16, 32, 64, 128], [1, 2, 3, 4])
+    ev.window_ticks(ax, [16, 32, 64, 128])
+    fig.canvas.draw()
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["16", "32", "64", "128"]
+    assert ax.xaxis.get_minorticklocs().size == 0  # log scale's minor labels (2x10^1, 3x10^1...) overlapped them
+    plt.close(fig)
+
+
+def test_unwritable_outputs_are_one_line(tiny_run, tmp_path):
+    """A read-only place stops the run before any model loads; a full disk after the tables, in one line."""
+    base = {k: tiny_run[k] for k in ("out_dir", "data_root", "device", "dtype")}
+    with pytest.raises(ValueError, match="cannot write to /sys/res .*Permission denied"):
+        ev.run({**base, "out_dir": str(tmp_path / "none"), "json_out": "/sys/res/r.json"})
+    with pytest.raises(ValueError, match="cannot write to /sys"):
+        ev.run({**base, "out_dir": str(tmp_path / "none"), "windows": "2,4", "plot": "/sys/sweep.png"})
+    if os.path.exists("/dev/full"):
+        with pytest.raises(ValueError, match="cannot write /dev/full: No space left on device"):
+            ev.run({**base, "json_out": "/dev/full"})
+
+
+@pytest.mark.skipif(importlib.util.find_spec("transformers") is None, reason="transformers is not installed")
+def test_hub_model_offline_is_one_line_without_retries(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}
+    env.update(HF_ENDPOINT="http://127.0.0.1:9", HF_HOME=str(tmp_path), OMP_NUM_THREADS="1")  # no hub, an empty cache
+    r = subprocess.run([sys.executable, "eval.py", "--init_from=gpt2", "--dataset=tiny"], capture_output=True, text=True,
+                       env=env, cwd=os.path.dirname(os.path.abspath(__file__)), timeout=300)
+    assert r.returncode != 0 and "Traceback" not in r.stderr and "Retrying" not in r.stderr, r.stderr[-2000:]
+    assert r.stderr.strip().splitlines()[-1] == ("eval.py: --init_from=gpt2: cannot load it (the Hugging Face hub is "
+                                                 "unreachable and it is not in the local cache); go online once, or give a local path")
 
 
 # -----------------------------------------------------------------------------
