@@ -29,6 +29,10 @@ fraction after each layer; median [min-max] over seeds. swa is deterministic
 (one run), needs exactly ceil((n-1)/(w-1)) layers in both settings, and is
 only simulated up to --max_layers (the table quotes the formula beside it).
 
+Memory: two layers' bitsets, 2 * n * ceil(n/64) * 8 bytes (n = 16384: 64 MiB; n = 200000:
+9.3 GiB). The script says it up front, refuses an n that does not fit in the available
+memory, and prints each layer's progress when a layer's bitsets pass PROGRESS_BYTES.
+
   python receptive_field.py --n=16384 --window=16 --kind=sa+swa
   python receptive_field.py --setting=bidirectional --kind=sa --heads=4
   python receptive_field.py --n=16384 --window=16 --kind=sa+swa --sa_rule=value
@@ -44,7 +48,7 @@ import time
 
 import numpy as np
 
-from prepare_data import pyplot
+from prepare_data import check_writable, pyplot
 
 # -----------------------------------------------------------------------------
 n = 4096                # sequence length
@@ -66,6 +70,7 @@ KINDS = ("swa", "sa", "sa+swa")
 SA_RULES = ("rank", "value")
 SETTINGS = ("causal", "bidirectional")
 CHUNK_WORDS = 1 << 18   # uint64 words gathered at once (2 MiB: stays in cache for the OR-reduce)
+PROGRESS_BYTES = 1 << 28  # print every layer's progress above this many bytes of bitsets (n > ~46000)
 
 
 def check(n, window, kind, setting, heads, seeds, max_layers, sa_rule="rank"):
@@ -153,19 +158,44 @@ def pairs(n, setting):
     return n * (n + 1) // 2 if setting == "causal" else n * n
 
 
+def bitset_bytes(n):
+    """The bytes of one layer's bitsets R, (n, ceil(n/64)) uint64."""
+    return n * -(-n // 64) * 8
+
+
+def check_memory(n):
+    """The memory n needs (two layers' bitsets), said up front; a one-line ValueError if it cannot fit."""
+    need, gib = 2 * bitset_bytes(n), lambda b: f"{b / 2**30:.1f} GiB" if b >= 2**30 else f"{b / 2**20:.2f} MiB"
+    try:
+        with open("/proc/meminfo") as f:
+            avail = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration):
+        avail = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if need > avail:
+        fits = int(math.sqrt(0.8 * avail / 2 * 8)) // 1000 * 1000  # a margin for the key tables
+        raise ValueError(f"n={n} needs {gib(need)} (two layers' bitsets of n * n/8 bytes), but {gib(avail)} is available: "
+                         f"use n <= {fits}")
+    print(f"n={n}: {gib(need)} of bitsets (of {gib(avail)} available)", file=sys.stderr, flush=True)
+
+
 def simulate(n, window, kind, setting, heads, max_layers, seed, sa_rule="rank"):
     """One stack with fresh permutations per layer. Returns (layers until every
     allowed pair is connected, layers until the last token sees all n tokens,
-    connected pairs after layers 0..L); a layer count is None past max_layers."""
+    connected pairs after layers 0..L); a layer count is None past max_layers.
+    Prints each layer's progress to stderr when the bitsets pass PROGRESS_BYTES."""
     rng = np.random.default_rng(seed)
     causal = setting == "causal"
     total = pairs(n, setting)
     R = identity_bits(n)
     covered, all_pairs, last = [n], None, None
+    t0, verbose = time.perf_counter(), bitset_bytes(n) >= PROGRESS_BYTES
     for layer in range(1, max_layers + 1):
         draws = [rng.permutation(n) if sa_rule == "rank" else rng.random(n) for _ in range(heads if kind != "swa" else 0)]
         R = apply_layer(R, *layer_graph(n, window, kind, setting, draws, sa_rule), causal)
         covered.append(int(np.bitwise_count(R).sum(dtype=np.int64)))
+        if verbose:
+            print(f"{setting} {kind} n={n} w={window} seed {seed}: layer {layer}, {covered[-1] / total:.4f} of pairs "
+                  f"connected, {time.perf_counter() - t0:.0f}s", file=sys.stderr, flush=True)
         if last is None and int(np.bitwise_count(R[-1]).sum()) == n:
             last = layer
         if covered[-1] == total:
@@ -258,8 +288,12 @@ def main():
             runs = [(n, window, kind, setting)]
         for N, w, k, s in runs:
             check(N, w, k, s, heads, seeds, max_layers, sa_rule)
+        for path in (json_out, plot):  # before the long run, not after it
+            if path:
+                check_writable(os.path.dirname(path))
         if plot:
-            pyplot("--plot")  # before the long run, not after it
+            pyplot("--plot")
+        check_memory(max(N for N, *_ in runs))
     except ValueError as e:
         raise SystemExit(f"receptive_field.py: {e}")
     results = []
@@ -271,14 +305,18 @@ def main():
         r = results[0]
         print("\nlayer  covered fraction  pairs not yet connected  (median over seeds)")
         print("\n".join(f"{i:5d}  {f:16.6f}  {round((1 - f) * r['pairs']):23d}" for i, f in enumerate(median_curve(r))))
-    for path in (json_out, plot):
-        if path and os.path.dirname(path):
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-    if json_out:
-        with open(json_out, "w") as f:
-            json.dump(dict(command="python receptive_field.py " + " ".join(sys.argv[1:]), results=results), f)
-    if plot:
-        make_plot(results, plot)
+    try:
+        for path in (json_out, plot):
+            if path and os.path.dirname(path):
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+        if json_out:
+            with open(json_out, "w") as f:
+                json.dump(dict(command="python receptive_field.py " + " ".join(sys.argv[1:]), results=results), f)
+        if plot:
+            make_plot(results, plot)
+    except OSError as e:  # a full disk
+        raise SystemExit(f"receptive_field.py: cannot write {e.filename or json_out or plot}: {e.strerror or e} "
+                         "(the table above is complete)")
 
 
 if __name__ == "__main__":

@@ -118,3 +118,34 @@ def test_cli_grid_writes_table_json_and_plot(tmp_path):
     res = json.loads(out.read_text())["results"]
     assert len(res) == 16 and all(len(r["covered"]) == (1 if r["kind"] == "swa" else 2) for r in res)
     assert (tmp_path / "cov.png").stat().st_size > 0
+
+
+def cli(*args):
+    return subprocess.run([sys.executable, "receptive_field.py", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_cli_says_memory_up_front_and_refuses_what_cannot_fit(tmp_path):
+    p = cli("--n=1000000")
+    assert p.returncode != 0 and "Traceback" not in p.stderr and not p.stdout, p.stderr
+    assert p.stderr.strip().splitlines()[-1].startswith("receptive_field.py: n=1000000 needs 232.8 GiB")
+    p = cli("--n=64", "--seeds=1")
+    assert p.returncode == 0 and "n=64: 0.00 MiB of bitsets (of " in p.stderr  # 2 x 64 x 8 bytes
+
+
+def test_large_runs_show_each_layers_progress(monkeypatch, capsys):
+    assert rf.bitset_bytes(200000) >= rf.PROGRESS_BYTES > rf.bitset_bytes(16384)  # n=200000 shows it, the grid not
+    monkeypatch.setattr(rf, "PROGRESS_BYTES", rf.bitset_bytes(64))
+    layers = rf.simulate(64, 8, "swa", "causal", 1, 64, 0)[0]
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == layers == 9 and lines[-1].startswith("causal swa n=64 w=8 seed 0: layer 9, 1.0000 of pairs")
+
+
+@pytest.mark.parametrize("where, match", [("/sys/cov.json", "cannot write to /sys (Permission denied"),
+                                          ("/dev/full", "cannot write /dev/full: No space left on device")])
+def test_cli_unwritable_output_is_one_line(where, match):
+    """A read-only place stops the run before the computation; a full disk after the table."""
+    if not __import__("os").path.exists(where.rsplit("/", 1)[0] if where != "/dev/full" else where):
+        pytest.skip(f"no {where} here")
+    p = cli("--n=64", "--seeds=1", f"--json_out={where}")
+    assert p.returncode != 0 and "Traceback" not in p.stderr and match in p.stderr.strip().splitlines()[-1], p.stderr
+    assert ("| causal |" in p.stdout) == (where == "/dev/full")
