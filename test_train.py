@@ -486,7 +486,7 @@ def test_save_checkpoint_is_atomic(tmp_path):
 def configure(monkeypatch, *argv):
     """Run configurator.py as a script would, on a few globals."""
     monkeypatch.setattr(sys, "argv", ["script.py", *argv])
-    g = dict(n=1, lr=0.1, flag=False, name="a", opt=None, CONSTANT="x")
+    g = dict(n=1, lr=0.1, flag=False, name="a", opt=None, iters=None, CONSTANT="x", __annotations__={"iters": int | None})
     exec(open(os.path.join(REPO, "configurator.py")).read(), g)
     return g
 
@@ -494,12 +494,15 @@ def configure(monkeypatch, *argv):
 def test_configurator(monkeypatch, tmp_path):
     cfg = tmp_path / "c.py"
     cfg.write_text("import math\nn = 5\nname = 'b'\n_scratch = math.pi\n")
-    g = configure(monkeypatch, str(cfg), "--n=7", "--lr=1", "--flag=True", "--name=hello world", "--opt=(1, 2)")
-    assert g["config"] == dict(n=7, lr=1.0, flag=True, name="hello world", opt=(1, 2))
+    g = configure(monkeypatch, str(cfg), "--n=7", "--lr=1", "--flag=True", "--name=hello world", "--opt=(1, 2)", "--iters=9")
+    assert g["config"] == dict(n=7, lr=1.0, flag=True, name="hello world", opt=(1, 2), iters=9)
+    assert configure(monkeypatch, "--iters=9", "--iters=None")["iters"] is None
     assert type(g["lr"]) is float and configure(monkeypatch, str(cfg))["n"] == 5
     for argv, message in [(["--m=1"], "unknown config key 'm'"), (["--CONSTANT=y"], "unknown config key"),
                           (["--n=abc"], "n must be of type int"), (["--n=1.5"], "n must be of type int"),
                           (["--flag=1"], "flag must be of type bool"), (["--lr=True"], "lr must be of type float"),
+                          (["--iters=abc"], "iters must be of type int or None"), (["--iters=1.5"], "iters must be of type int"),
+                          (["--opt=abc"], "opt takes a Python literal (None, 3, 'text'), got the bare word 'abc'"),
                           (["nope.py"], "config file nope.py not found"), (["n=1"], "unexpected argument")]:
         with pytest.raises(SystemExit, match=message):
             configure(monkeypatch, *argv)
@@ -509,14 +512,32 @@ def test_prepare_errors_are_one_line(tmp_path):
     """One line each, and nothing written."""
     (tmp_path / "empty.txt").write_text("")
     (tmp_path / "short.txt").write_text("a")
+    (tmp_path / "image.bin").write_bytes(bytes(range(256)) * 4)
     short, readme = f"--input_file={tmp_path / 'short.txt'}", f"--input_file={REPO}/README.md"
     for args, message in [(["--mqar_seq_len=ten"], "mqar_seq_len must be of type int"),
                           (["--dataset=nope"], "unknown dataset 'nope'"),
                           ([f"--input_file={tmp_path / 'empty.txt'}"], "empty.txt is empty"),
                           ([short], "short.txt is too short to split into train and val"),
                           ([short, "--val_fraction=0"], "val_fraction=0.0: it must lie"),
-                          ([readme, "--tokenizer=bogus"], "unknown tokenizer 'bogus': use bytes, chars")]:
+                          ([readme, "--tokenizer=bogus"], "unknown tokenizer 'bogus': use bytes, chars"),
+                          ([f"--input_file={tmp_path / 'image.bin'}", "--tokenizer=chars"],
+                           "image.bin is not UTF-8 text (byte 128: b'\\x80\\x81\\x82\\x83'): use --tokenizer=bytes"),
+                          (["--dataset=mqar", "--mqar_train_seqs=0"], "mqar needs mqar_train_seqs >= 1 and mqar_val_seqs >= 1")]:
         r = run("prepare_data.py", f"--data_root={tmp_path / 'data'}", *args, check=False)
         assert_clean_error(r, message)
         assert "online" not in r.stderr
     assert not (tmp_path / "data").exists()
+
+
+def test_a_dataset_is_never_replaced_by_an_empty_one(root, tmp_path):
+    """Rebuilding over a dataset: a bad or empty new one leaves the old one whole."""
+    for name in ("mqar", "text"):
+        (tmp_path / name).mkdir()
+        for f in (root / name).iterdir():
+            (tmp_path / name / f.name).write_bytes(f.read_bytes())
+    before = {name: files(tmp_path / name) for name in ("mqar", "text")}
+    for args in (["--dataset=mqar", "--mqar_val_seqs=0"], ["--dataset=mqar", "--mqar_num_pairs=0"]):
+        assert_clean_error(run("prepare_data.py", f"--data_root={tmp_path}", *args, check=False), "mqar needs")
+    with pytest.raises(ValueError, match="the val split of .* would be empty: nothing written"):
+        P.write_dataset(str(tmp_path / "text"), {"train": ["some text"], "val": []}, P.text_tokenizer("bytes"), source="x")
+    assert {name: files(tmp_path / name) for name in ("mqar", "text")} == before
