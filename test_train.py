@@ -502,7 +502,7 @@ def test_configurator(monkeypatch, tmp_path):
                           (["--n=abc"], "n must be of type int"), (["--n=1.5"], "n must be of type int"),
                           (["--flag=1"], "flag must be of type bool"), (["--lr=True"], "lr must be of type float"),
                           (["--iters=abc"], "iters must be of type int or None"), (["--iters=1.5"], "iters must be of type int"),
-                          (["--opt=abc"], "opt takes a Python literal (None, 3, 'text'), got the bare word 'abc'"),
+                          (["--opt=abc"], "opt takes a Python literal .*, got the bare word 'abc'"),
                           (["nope.py"], "config file nope.py not found"), (["n=1"], "unexpected argument")]:
         with pytest.raises(SystemExit, match=message):
             configure(monkeypatch, *argv)
