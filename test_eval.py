@@ -11,7 +11,9 @@
 - the Hugging Face adapter on tiny random Qwen3/Mistral models: equal to sdpa at budgets covering
   T, left and right padding, no future leakage, SWA decoding with a KV cache equal to
   recomputation and to transformers' own sliding window, unsupported kwargs rejected;
-- one-line errors: unknown task, malformed task file (which line), bad windows, missing packages."""
+- bf16 and fp16 evaluation of every kind; an sa+swa model's sweep varies both paths' window;
+- one-line errors: unknown task, malformed task file (which line), bad windows, missing packages,
+  a hub model offline (no retries), read-only and full disks."""
 import importlib.util
 import json
 import math

@@ -5,8 +5,11 @@ Run: python -m pytest -q test_train.py. The scripts run as subprocesses on tiny 
   with a tiny BPE; MQAR's answers depend on the pairs;
 - exact resume: 2N iterations equal N + resume to N, bitwise (dropout, SA, sa_perm=head, grad
   accumulation), also after a simulated kill; log.jsonl cut back to the checkpoint;
-- nothing lost: rerunning the main job refuses to overwrite its checkpoint; no save at iter 0;
-  a resume on another dataset is refused even when the padded vocab sizes match;
+- nothing lost: rerunning the main job refuses to overwrite its checkpoint; no save at iter 0 (and
+  no false "checkpoint" line); --overwrite keeps the old pair until its first checkpoint, also on a
+  full disk; a corrupt log line stops a resume in one line; a resume on another dataset is refused
+  even when the padded vocab sizes match; a dataset is never replaced by an empty one;
+- fp16 (GradScaler, exact resume) and bf16 training of every kind;
 - a 2-process gloo DDP run; sampling (greedy = top_k 1, seeds reproduce);
 - every bad input (config keys, values, files, checkpoints, datasets) gets one line, a non-zero
   exit, and nothing written."""

@@ -12,13 +12,15 @@ DDP, one node with 8 GPUs / two nodes:
 
 Every eval after iteration 0 writes out_dir/ckpt.pt (atomically) holding the weights,
 the optimizer, the config and every RNG state of every rank, and appends to
-out_dir/log.jsonl. A run from scratch refuses an out_dir that holds a ckpt.pt
-(unless --overwrite=True); a resumed run first cuts log.jsonl back to its checkpoint.
+out_dir/log.jsonl. A run from scratch refuses an out_dir that holds a ckpt.pt; with
+--overwrite=True the old ckpt.pt and log.jsonl stay until its own first checkpoint replaces
+them. A resumed run first cuts log.jsonl back to its checkpoint. --dtype=float16 (GPUs without
+bf16, such as a T4) scales the loss with a GradScaler, whose state the checkpoint keeps.
 Each eval uses the same batches and SA permutations every time (from their own generators,
 so evaluating never changes training). log.jsonl has eval records {iter, train_loss, val_loss,
 lr, elapsed_s} (+ train_acc, val_acc on MQAR) and training records {iter, loss, lr, ms_per_iter,
 tok_per_s, mfu (CUDA only), elapsed_s}. A checkpoint holds model, optimizer, model_args,
-iter_num, best_val_loss, config (+ data_dir), meta (the dataset's meta.json) and rng (per rank:
+iter_num, best_val_loss, config (+ data_dir), meta (the dataset's meta.json), scaler (fp16) and rng (per rank:
 torch, CUDA, numpy, python, the sampler's generator and model.sa_generator), so a resumed run
 is bitwise the run that was never stopped (tested on the CPU); keep lr_decay_iters the same.
 Under DDP, gradient_accumulation_steps is the total over ranks, and each rank draws its own
@@ -52,7 +54,7 @@ eval_iters = 50                 # batches per split per evaluation (the same bat
 eval_only = False               # evaluate once and exit
 always_save_checkpoint = True   # save at every eval; False: only when val loss improves
 init_from = "scratch"           # "scratch" or "resume" (from out_dir/ckpt.pt)
-overwrite = False               # scratch: delete a ckpt.pt already in out_dir instead of refusing to start
+overwrite = False               # scratch: replace a ckpt.pt already in out_dir (at the first checkpoint) instead of refusing
 # data
 dataset = "fineweb-edu"         # data_root/<dataset>/ from prepare_data.py
 data_root = "data"
