@@ -507,3 +507,5 @@ if __name__ == "__main__":
                              "or turn a text file into one with --input_file=FILE")
     except ValueError as e:
         sys.exit(str(e))
+    except OSError as e:  # a read-only or full disk: the old dataset, if any, is still whole
+        sys.exit(f"cannot write {e.filename or data_dir}: {e.strerror or e}")
