@@ -3,7 +3,8 @@ import pytest
 import torch
 
 import attention
-from model import GPT, GPTConfig, KVCache
+from kv_cache import KVCache
+from model import GPT, GPTConfig
 from test_attention import MaxNumel
 
 # lengths that are no multiple of the window (7) or the MoBA block (8)
@@ -24,12 +25,13 @@ VALUE = dict(sa_rule="value")
 
 
 def cached_draws(model, cache, B, T):
-    """The SA keys r that a cache holds, as GPT.forward's draws: (T,) or (B, nh, T) per layer."""
+    """The SA keys r that a cache holds (sorted, with their positions), as GPT.forward's draws:
+    (T,) or (B, nh, T) per layer, in position order."""
     cfg = model.config
-    if "r" not in cache.layers[0]:
+    if "rs" not in cache.layers[0]:
         return None
-    return [layer["r"][0, :T] if cfg.sa_perm == "layer" else layer["r"][:, :T].view(B, cfg.n_head, T)
-            for layer in cache.layers]
+    r = [torch.zeros_like(layer["rs"]).scatter_(1, layer["ps"], layer["rs"]) for layer in cache.layers]  # (R, T) each
+    return [x[0] if cfg.sa_perm == "layer" else x.view(B, cfg.n_head, T) for x in r]
 
 
 @pytest.mark.parametrize("attn,kw", [("full", {}), ("full", dict(pos_emb="learned")), ("swa", {}),
@@ -44,7 +46,7 @@ def test_cached_logits_equal_one_full_forward(attn, kw):
     keys r the cache drew, one per token and layer)."""
     model, idx = tiny(attn, **kw), tokens(2, TOTAL)
     with torch.no_grad():
-        cache = KVCache(model.config.n_layer)
+        cache = KVCache(model.config)
         got = [model(idx[:, :PROMPT], cache=cache)[0]]
         got += [model(idx[:, t:t + 1], cache=cache)[0] for t in range(PROMPT, TOTAL)]
         want, _ = model(idx, draws=cached_draws(model, cache, 2, TOTAL))     # (2, TOTAL, vocab)
@@ -68,7 +70,7 @@ def test_moba_cache_breaks_ties_as_moba_select():
     model, idx = tiny("moba", n_layer=1), tokens(2, TOTAL)
     for block in model.transformer.h:
         block.attn.c_attn.weight.data[:model.config.n_embd] = 0
-    cache = KVCache(1)
+    cache = KVCache(model.config)
     with torch.no_grad():
         model(idx[:, :PROMPT], cache=cache)
         for t in range(PROMPT, TOTAL):
@@ -89,7 +91,7 @@ def test_past_block_size_the_cache_is_refilled_from_half_a_block():
 
 
 def largest_tensor_of_a_decode_step(model, T):
-    cache = KVCache(model.config.n_layer)
+    cache = KVCache(model.config)
     with torch.no_grad():
         model(tokens(1, T), cache=cache)
         with MaxNumel() as seen:
@@ -118,7 +120,8 @@ def test_value_sa_decode_reads_o_window_keys(attn, monkeypatch):
     monkeypatch.setattr(attention, "masked_attention", lambda q, k, v, m: read.append(k.shape[2]) or masked_attention(q, k, v, m))
     for kind in (attn, "full"):
         torch.manual_seed(0)
-        model, cache = GPT(GPTConfig(attn=kind, **kw)).eval(), KVCache(2)
+        model = GPT(GPTConfig(attn=kind, **kw)).eval()
+        cache = KVCache(model.config)
         with torch.no_grad():
             model(tokens(1, 2000), cache=cache)
             read.clear()
@@ -140,4 +143,4 @@ def test_sa_cannot_be_cached_says_so_and_recomputes(attn, capsys):
     err = capsys.readouterr().err
     assert torch.equal(*outs) and err.count("\n") == 1 and "cannot be decoded from a KV cache" in err
     with pytest.raises(ValueError, match="a KV cache takes a cacheable model"):
-        model(idx, cache=KVCache(model.config.n_layer))
+        KVCache(model.config)
