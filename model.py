@@ -51,23 +51,17 @@ class GPTConfig:
     sa_perm: str = "layer"     # "layer": one permutation per layer (the paper); "head": one per (batch row, head)
     sa_rule: str = "rank"      # "rank": the window over permuted slots (the paper); "value": over random keys r,
                                # which a KV cache can decode exactly (attention.py's docstring has both rules)
-    # RoPE is the default: it is applied to q and k BEFORE the permutation, so SA
-    # scores keep their true relative positions, as in the paper. "learned" is
-    # GPT-2's absolute embedding, needed to load GPT-2 weights.
+    # RoPE, the default, rotates q and k BEFORE the permutation, so SA scores keep their true relative
+    # positions, as in the paper. "learned" is GPT-2's absolute embedding, needed to load GPT-2 weights.
     pos_emb: str = "rope"
     rope_base: float = 10000.0
 
     def __post_init__(self):
         def bad(field, allowed):
             raise ValueError(f"GPTConfig.{field}={getattr(self, field)!r} is invalid: must be {allowed}")
-        if self.attn not in ATTN_KINDS:
-            bad("attn", f"one of {ATTN_KINDS}")
-        if self.sa_perm not in SA_PERM_MODES:
-            bad("sa_perm", f"one of {SA_PERM_MODES}")
-        if self.sa_rule not in SA_RULES:
-            bad("sa_rule", f"one of {SA_RULES}")
-        if self.pos_emb not in POS_EMBS:
-            bad("pos_emb", f"one of {POS_EMBS}")
+        for field, allowed in (("attn", ATTN_KINDS), ("sa_perm", SA_PERM_MODES), ("sa_rule", SA_RULES), ("pos_emb", POS_EMBS)):
+            if getattr(self, field) not in allowed:
+                bad(field, f"one of {allowed}")
         for field in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd", "window", "moba_block", "moba_topk"):
             attention.check_positive(getattr(self, field), f"GPTConfig.{field}")
         if self.n_embd % self.n_head:
@@ -84,8 +78,7 @@ class GPTConfig:
 
     @property
     def cacheable(self):
-        """Whether GPT.generate can decode this model from a KV cache exactly: every kind but
-        rank-rule SA, where whether key j is visible to query i depends on later tokens' slots."""
+        """Whether GPT.generate can decode this model from a KV cache (kv_cache.py) exactly: not rank-rule SA."""
         return self.attn not in ("sa", "sa+swa") or self.sa_rule == "value"
 
 
@@ -97,9 +90,8 @@ def rope_tables(config):
 
 
 def apply_rope(x, cos, sin):
-    T = x.shape[2]
+    """x (B, nh, T, hs) rotated by the angles of its T positions, cos and sin (T, hs/2)."""
     x1, x2 = x.float().chunk(2, dim=-1)                                          # (B, nh, T, hs/2) each
-    cos, sin = cos[:T], sin[:T]                                                  # (T, hs/2)
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], -1).type_as(x)  # (B, nh, T, hs)
 
 
@@ -116,9 +108,8 @@ class CausalSelfAttention(nn.Module):
             self.gate = nn.Linear(config.n_embd, 2 * config.n_head, bias=False)
 
     def forward(self, x, draw=None, rope=None, cache=None):
-        """x (B, T, C); draw: SA's draw for this layer (GPT.draw_sa). cache: a KVCache (kv_cache.py), x holding
-        the tokens at positions cache.start.. : a prefill (start 0) runs the attention below and fills the
-        cache, a decode step (one token) attends over it."""
+        """x (B, T, C); draw: SA's draw for this layer (GPT.draw_sa). cache: a KVCache (kv_cache.py) that
+        a prefill (start 0) fills, running the attention below; a decode step (one token) attends over it."""
         B, T, C = x.size()
         cfg, nh = self.config, self.config.n_head
         q, k, v = self.c_attn(x).split(C, dim=2)
@@ -197,11 +188,9 @@ class GPT(nn.Module):
             self.register_buffer("rope_sin", sin, persistent=False)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.transformer.wte.weight = self.lm_head.weight  # weight tying
-        # SA's permutations come from this generator, always on the CPU so that a
-        # seed gives the same permutations on every device. Its state is saved in
-        # checkpoints, so a resumed run draws exactly the permutations it would have.
+        # SA's draws come from this generator, on the CPU so that a seed gives the same draws on every
+        # device; checkpoints save its state, so a resumed run draws exactly what it would have.
         self.sa_generator = torch.Generator().manual_seed(sa_seed)
-
         self.apply(self._init_weights)
         for name, p in self.named_parameters():
             if name.endswith("c_proj.weight"):  # GPT-2's scaled init of residual projections
@@ -221,12 +210,11 @@ class GPT(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
     def draw_sa(self, B, T, device, lengths=None):
-        """SA's fresh draw for each layer, (T,) or (B, nh, T) per config.sa_perm: a permutation
-        (sa_rule="rank") or a uniform key in [0, 1) per token (sa_rule="value").
-        With lengths (B,), the real tokens of right-padded rows, each layer draws from a seed of its
-        own, so that a row's draw depends on that seed and its length, never on the rest of the
-        batch: the rank rule permutes only each row's first lengths[b] tokens (pads keep their slots
-        after them); the value rule's keys are already so (token t's r depends on the seed and t)."""
+        """SA's fresh draw for each layer, (T,) or (B, nh, T) per config.sa_perm: a permutation (sa_rule="rank")
+        or a uniform key in [0, 1) per token (sa_rule="value"). With lengths (B,), the real tokens of right-padded
+        rows, each layer draws from a seed of its own, so that a row's draw depends on that seed and its length,
+        never on the batch: the rank rule permutes only each row's first lengths[b] tokens (pads keep their
+        slots after them); the value rule's keys are already so (token t's r depends on the seed and t)."""
         cfg, g = self.config, self.sa_generator
         heads = 1 if cfg.sa_perm == "layer" else cfg.n_head
         if cfg.attn not in ("sa", "sa+swa"):
@@ -257,11 +245,9 @@ class GPT(nn.Module):
         if cache is not None and (lengths is not None or (start and T > 1)):
             raise ValueError(f"a KV cache takes no lengths, and one token at a time after the prompt; got {T} at {start}")
         x = self.transformer.wte(idx)                                            # (B, T, C)
-        rope = None
         if cfg.pos_emb == "learned":
             x = x + self.transformer.wpe(torch.arange(start, start + T, device=idx.device))  # (B, T, C)
-        else:
-            rope = (self.rope_cos[start:start + T], self.rope_sin[start:start + T])  # (T, hs/2) each
+        rope = (self.rope_cos[start:start + T], self.rope_sin[start:start + T]) if cfg.pos_emb == "rope" else None
         x = self.transformer.drop(x)
         draws = self.draw_sa(B, T, idx.device, lengths) if draws is None else draws
         for block, draw in zip(self.transformer.h, draws):
@@ -313,10 +299,9 @@ class GPT(nn.Module):
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True):
         """Append max_new_tokens sampled tokens to idx (B, T). temperature=0: greedy, the most likely token.
         use_cache: decode from a KVCache (kv_cache.py), one token per step, exactly where config.cacheable;
-        rank-rule SA cannot be cached, so it recomputes the whole prefix at every step and says so on stderr.
-        Past block_size, without the cache every step crops the context to its last block_size
-        tokens (nanoGPT); with it, a full cache is refilled from the last block_size // 2 tokens
-        by one forward, so a step sees between block_size // 2 and block_size tokens."""
+        rank-rule SA recomputes the whole prefix at every step instead, and says so on stderr. Past block_size,
+        without the cache every step crops the context to its last block_size tokens (nanoGPT); with it,
+        a full cache is refilled from the last block_size // 2 tokens by one forward."""
         cfg = self.config
         if not temperature >= 0:
             raise ValueError(f"temperature={temperature}: use a value > 0, or 0 for greedy decoding")
@@ -326,14 +311,12 @@ class GPT(nn.Module):
             use_cache = False
         cache = None
         for _ in range(max_new_tokens):
-            if not use_cache:
-                logits, _ = self(idx[:, -cfg.block_size:])
-            elif cache is None or cache.start == cfg.block_size:  # the prompt, or a full cache: (re)fill it
+            if use_cache and (cache is None or cache.start == cfg.block_size):  # the prompt, or a full cache: (re)fill it
                 keep = cfg.block_size if cache is None else max(1, cfg.block_size // 2)
                 cache = KVCache(cfg)
                 logits, _ = self(idx[:, -keep:], cache=cache)
-            else:
-                logits, _ = self(idx[:, -1:], cache=cache)
+            else:  # with the cache, the newest token; without, the last block_size tokens (cache is None)
+                logits, _ = self(idx[:, -1:] if use_cache else idx[:, -cfg.block_size:], cache=cache)
             logits = logits[:, -1, :].double()                                   # (B, vocab), whatever the autocast
             if temperature == 0:
                 idx_next = logits.argmax(-1, keepdim=True)                       # (B, 1)
@@ -348,11 +331,9 @@ class GPT(nn.Module):
 
     @classmethod
     def from_pretrained(cls, model_type, override_args=None):
-        """GPT-2's weights in our GPT, as nanoGPT does it. model_type is a size name
-        ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", downloaded through
-        transformers) or a transformers GPT2LMHeadModel already built. override_args
-        may set dropout and the attention fields that carry no weights (attn, window,
-        moba_block, moba_topk, sa_perm, sa_rule); attn="sa+swa" adds gates at their init."""
+        """GPT-2's weights in our GPT, as nanoGPT does it. model_type is a size name (GPT2_SIZES, downloaded
+        through transformers) or a transformers GPT2LMHeadModel already built. override_args may set dropout
+        and the attention fields that carry no weights; attn="sa+swa" adds gates at their init."""
         override_args = override_args or {}
         allowed = {"dropout", "attn", "window", "moba_block", "moba_topk", "sa_perm", "sa_rule"}
         if set(override_args) - allowed:
