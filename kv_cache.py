@@ -7,9 +7,9 @@ A layer's dict holds k, v (B, nh, S, hs), the token at absolute position p in sl
   swa:   S = window, so a key is overwritten exactly when it leaves every later query's window;
   other: S >= block_size (moba rounds it up to whole blocks), nothing is overwritten.
   moba also keeps kmean (B, nh, S // moba_block, hs), the key mean of each complete block, in fp32.
-  value-rule SA also keeps its keys r SORTED: rs (R, n) ascending and ps (R, n), the position each
-  belongs to (R = 1, or B * nh for sa_perm="head"). A step's visible keys are one contiguous run of
-  rs, found by two searchsorted calls: about 2 * window keys at T = block_size, not all T.
+  value-rule SA also keeps the tokens' numbers r SORTED: rs (R, n) ascending and ps (R, n), the position
+  each belongs to (R = 1, or B * nh for sa_perm="head"). A step's visible keys are one contiguous run
+  of rs, found by two searchsorted calls: about 2 * window keys at T = block_size, not all T.
 Rank-rule SA cannot be cached: whether key j is visible to query i depends on the slots of the
 tokens after i (GPTConfig.cacheable).
 """
@@ -35,7 +35,7 @@ class KVCache:
     def store(self, i, k, v, draw=None):
         """Write layer i's k, v (B, nh, T, hs) of positions start..start+T-1, allocating its buffers on
         the first call (in k's dtype: what autocast produced); value-rule SA also files the tokens'
-        keys r (the layer's draw, (T,) or (B, nh, T)) into the sorted rs, ps."""
+        numbers r (the layer's draw, (T,) or (B, nh, T)) into the sorted rs, ps."""
         cfg, cache, start, (B, nh, T, hs) = self.config, self.layers[i], self.start, k.shape
         if not cache:
             bs = cfg.moba_block
@@ -58,7 +58,7 @@ class KVCache:
             cache["rq"] = r[:, -1:]                              # (R, 1): the newest token's r, a step's query
             r, order = r.sort(-1)                                    # (R, T) ascending
             p = start + order                                                           # (R, T) their positions
-            if "rs" in cache:  # merge into the sorted keys: each key's place is its rank in the union
+            if "rs" in cache:  # merge into the sorted rs: each r's place is its rank in the union
                 rs, ps = cache["rs"], cache["ps"]                                       # (R, m) each
                 at_old = torch.arange(rs.shape[1], device=r.device) + torch.searchsorted(r, rs)  # (R, m)
                 at_new = torch.arange(T, device=r.device) + torch.searchsorted(rs, r, right=True)  # (R, T)
@@ -76,7 +76,7 @@ class KVCache:
             slots = torch.arange(0 if kind == "full" else max(0, start + 1 - cfg.window), start + 1, device=q.device) % S
             keys, vals = cache["k"][:, :, slots], cache["v"][:, :, slots]                # (B, nh, n, hs)
             mask = torch.ones(len(slots), dtype=torch.bool, device=q.device)
-        elif kind == "sa":  # value rule: the run of sorted keys within delta (and a margin) of the query's r
+        elif kind == "sa":  # value rule: the run of rs within delta (and a margin) of the query's r
             delta, rs, rq = cfg.sa_delta, cache["rs"], cache["rq"]                      # rs (R, m), rq (R, 1)
             lo = torch.searchsorted(rs, rq - delta - attention.VALUE_MARGIN)             # (R, 1)
             hi = torch.searchsorted(rs, rq + delta + attention.VALUE_MARGIN)             # (R, 1)

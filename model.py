@@ -6,7 +6,7 @@ A GPT language model with a switchable attention, after nanoGPT.
     "swa"    sliding-window attention, each token sees the previous `window` tokens
     "sa"     stochastic attention: a fresh random permutation per layer and per
              forward pass, SWA in permuted order, causal on original positions
-             (sa_rule="rank", the paper's); sa_rule="value" draws a random key r per
+             (sa_rule="rank", the paper's); sa_rule="value" draws a random number r per
              token instead: tokens see each other iff |r_a - r_b| < window / block_size
     "sa+swa" the paper's gated dual path: Y = sigmoid(x W_sa) * Y_sa + sigmoid(x W_swa) * Y_swa
     "moba"   mixture of block attention (block top-k routing), the baseline
@@ -49,7 +49,7 @@ class GPTConfig:
     moba_block: int = 64       # MoBA key block size
     moba_topk: int = 4         # MoBA blocks per query, its own included
     sa_perm: str = "layer"     # "layer": one permutation per layer (the paper); "head": one per (batch row, head)
-    sa_rule: str = "rank"      # "rank": the window over permuted slots (the paper); "value": over random keys r,
+    sa_rule: str = "rank"      # "rank": the window over permuted slots (the paper); "value": over random numbers r,
                                # which a KV cache can decode exactly (attention.py's docstring has both rules)
     # RoPE, the default, rotates q and k BEFORE the permutation, so SA scores keep their true relative
     # positions, as in the paper. "learned" is GPT-2's absolute embedding, needed to load GPT-2 weights.
@@ -211,10 +211,10 @@ class GPT(nn.Module):
 
     def draw_sa(self, B, T, device, lengths=None):
         """SA's fresh draw for each layer, (T,) or (B, nh, T) per config.sa_perm: a permutation (sa_rule="rank")
-        or a uniform key in [0, 1) per token (sa_rule="value"). With lengths (B,), the real tokens of right-padded
+        or a uniform number r in [0, 1) per token (sa_rule="value"). With lengths (B,), the real tokens of right-padded
         rows, each layer draws from a seed of its own, so that a row's draw depends on that seed and its length,
         never on the batch: the rank rule permutes only each row's first lengths[b] tokens (pads keep their
-        slots after them); the value rule's keys are already so (token t's r depends on the seed and t)."""
+        slots after them); the value rule's r are already so (token t's r depends on the seed and t)."""
         cfg, g = self.config, self.sa_generator
         heads = 1 if cfg.sa_perm == "layer" else cfg.n_head
         if cfg.attn not in ("sa", "sa+swa"):
@@ -223,7 +223,7 @@ class GPT(nn.Module):
             seeds = torch.randint(2**62, (cfg.n_layer,), generator=g).tolist()
             if cfg.sa_rule == "rank":
                 draws = [attention.row_perms(seed, lengths, T, heads) for seed in seeds]        # (B, 1 or nh, T)
-            else:  # (T, heads): token t's keys come t-th from the seed, whatever T is
+            else:  # (T, heads): token t's r come t-th from the seed, whatever T is
                 draws = [torch.rand(T, heads, generator=torch.Generator().manual_seed(seed)).T[None] for seed in seeds]
         elif cfg.sa_rule == "value":
             draws = [torch.rand(*((T,) if heads == 1 else (B, heads, T)), generator=g) for _ in range(cfg.n_layer)]

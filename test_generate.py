@@ -30,7 +30,7 @@ VALUE = dict(sa_rule="value")
 
 
 def cached_draws(model, cache, B, T):
-    """The SA keys r that a cache holds (sorted, with their positions), as GPT.forward's draws:
+    """The SA numbers r that a cache holds (sorted, with their positions), as GPT.forward's draws:
     (T,) or (B, nh, T) per layer, in position order."""
     cfg = model.config
     if "rs" not in cache.layers[0]:
@@ -48,7 +48,7 @@ def cached_draws(model, cache, B, T):
 def test_cached_logits_equal_one_full_forward(attn, kw):
     """Teacher forcing: a prefill, then one token at a time across many windows and MoBA blocks,
     gives at every step the logits of one forward over all the tokens (value-rule SA: with the
-    keys r the cache drew, one per token and layer)."""
+    numbers r the cache drew, one per token and layer)."""
     model, idx = tiny(attn, **kw), tokens(2, TOTAL)
     with torch.no_grad():
         cache = KVCache(model.config)
@@ -57,7 +57,7 @@ def test_cached_logits_equal_one_full_forward(attn, kw):
         want, _ = model(idx, draws=cached_draws(model, cache, 2, TOTAL))     # (2, TOTAL, vocab)
     diff = (torch.cat(got, 1) - want).abs().max().item()
     assert diff <= 1e-5, f"{attn} {kw}: cached logits differ by {diff:.2e}"
-    for layer in cache.layers if "rs" in cache.layers[0] else []:  # the keys r stay sorted, each position once
+    for layer in cache.layers if "rs" in cache.layers[0] else []:  # rs stays sorted, each position once
         assert (layer["rs"].diff(dim=1) >= 0).all() and torch.equal(layer["ps"].sort(1)[0][0], torch.arange(TOTAL))
 
 
@@ -119,7 +119,7 @@ def test_swa_decode_is_o_window():
 
 @pytest.mark.parametrize("attn", ["sa", "sa+swa"])
 def test_value_sa_decode_reads_o_window_keys(attn, monkeypatch):
-    """A cached value-rule SA step reads the keys of the buckets near its r: about 3 * window of
+    """A cached value-rule SA step reads the keys whose r lie near its own: about 2 * window of
     them at T = block_size, not T (the probe does see full attention read all T)."""
     kw = dict(block_size=2048, vocab_size=61, n_layer=2, n_head=2, n_embd=32, window=8, sa_rule="value")
     read = []
