@@ -55,8 +55,8 @@ class KVCache:
                 cache["kmean"][:, :, lo:hi] = attention.block_means(cache["k"][:, :, lo * bs:hi * bs], bs)
         if self.value_sa:
             r = draw.expand(B, nh, T).reshape(-1, T) if draw.dim() == 3 else draw[None]  # (R, T)
-            cache["rq"] = r[:, -1:]                              # (R, 1): the newest token's r, a step's query
-            r, order = r.sort(-1)                                    # (R, T) ascending
+            cache["rq"] = r[:, -1:]                                 # (R, 1): the newest token's r, a step's query
+            r, order = r.sort(-1)                                                       # (R, T) ascending
             p = start + order                                                           # (R, T) their positions
             if "rs" in cache:  # merge into the sorted rs: each r's place is its rank in the union
                 rs, ps = cache["rs"], cache["ps"]                                       # (R, m) each
