@@ -165,10 +165,10 @@ EVERY_KIND = [("full", {}), ("swa", {}), ("moba", {})] + [
 @pytest.mark.parametrize("attn,kw", EVERY_KIND)
 def test_generate_under_autocast(attn, kw, dtype, use_cache):
     """generate under bf16 and fp16 autocast, past several windows, MoBA blocks and one cache refill."""
-    model = tiny(attn, block_size=24, **kw)
+    model = tiny(attn, block_size=16, **kw)
     with torch.autocast("cpu", dtype=dtype):
-        out = model.generate(tokens(2, 5), 30, temperature=0.8, top_k=10, use_cache=use_cache)
-    assert out.shape == (2, 35) and 0 <= out.min() and out.max() < 61
+        out = model.generate(tokens(2, 5), 20, temperature=0.8, top_k=10, use_cache=use_cache)
+    assert out.shape == (2, 25) and 0 <= out.min() and out.max() < 61
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -176,12 +176,12 @@ def test_generate_under_autocast(attn, kw, dtype, use_cache):
 def test_cache_under_autocast_holds_its_dtype_and_matches_a_forward(attn, kw, dtype):
     """The cache holds what autocast produces, and the cached logits equal one forward's under the
     same autocast within a few of its roundings (measured: one bf16 / fp16 ulp of the logits)."""
-    model, idx = tiny(attn, **kw), tokens(2, TOTAL)
+    model, idx, total = tiny(attn, **kw), tokens(2, 40), 40
     with torch.no_grad(), torch.autocast("cpu", dtype=dtype):
         cache = KVCache(model.config)
         got = [model(idx[:, :PROMPT], cache=cache)[0]]
-        got += [model(idx[:, t:t + 1], cache=cache)[0] for t in range(PROMPT, TOTAL)]
-        want, _ = model(idx, draws=cached_draws(model, cache, 2, TOTAL))
+        got += [model(idx[:, t:t + 1], cache=cache)[0] for t in range(PROMPT, total)]
+        want, _ = model(idx, draws=cached_draws(model, cache, 2, total))
     got = torch.cat(got, 1)
     assert got.dtype == want.dtype == dtype and all(layer[kv].dtype == dtype for layer in cache.layers for kv in "kv")
     torch.testing.assert_close(got.float(), want.float(), atol=4 * torch.finfo(dtype).eps, rtol=0)
