@@ -158,11 +158,16 @@ def test_sa_cannot_be_cached_says_so_and_recomputes(attn, capsys):
 
 EVERY_KIND = [("full", {}), ("swa", {}), ("moba", {})] + [
     (attn, dict(sa_rule=rule, sa_perm=perm)) for attn in ("sa", "sa+swa") for rule in ("rank", "value") for perm in ("layer", "head")]
+CACHEABLE = [(attn, kw) for attn, kw in EVERY_KIND if kw.get("sa_rule") != "rank"]
 
 
-@pytest.mark.parametrize("use_cache", [True, False])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("attn,kw", EVERY_KIND)
+def kind_id(case):
+    return "-".join([case[0], *case[1].values()])
+
+
+@pytest.mark.parametrize("use_cache", [True, False], ids=["cache", "nocache"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("attn,kw", EVERY_KIND, ids=[kind_id(c) for c in EVERY_KIND])
 def test_generate_under_autocast(attn, kw, dtype, use_cache):
     """generate under bf16 and fp16 autocast, past several windows, MoBA blocks and one cache refill."""
     model = tiny(attn, block_size=16, **kw)
@@ -171,8 +176,8 @@ def test_generate_under_autocast(attn, kw, dtype, use_cache):
     assert out.shape == (2, 25) and 0 <= out.min() and out.max() < 61
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("attn,kw", [(attn, kw) for attn, kw in EVERY_KIND if kw.get("sa_rule") != "rank"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("attn,kw", CACHEABLE, ids=[kind_id(c) for c in CACHEABLE])
 def test_cache_under_autocast_holds_its_dtype_and_matches_a_forward(attn, kw, dtype):
     """The cache holds what autocast produces, and the cached logits equal one forward's under the
     same autocast within a few of its roundings (measured: one bf16 / fp16 ulp of the logits)."""
