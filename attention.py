@@ -61,6 +61,7 @@ BACKENDS = ("auto", "torch", "triton", "reference")
 BLOCK = 64        # query rows per block in the blocked torch path
 CHUNK = 1 << 19   # score elements per step of the blocked torch path: a chunk's scores stay in cache
 NEG = float("-inf")  # the blocked path's additive masks hide with -inf (exp is fast there; no row is all -inf)
+VALUE_MARGIN = 1e-6  # the value rule's spans reach this much past delta, so rounding never drops a visible key
 
 
 def check_positive(value, name="window"):
