@@ -188,7 +188,7 @@ if __name__ == "__main__":
                     res[kind] = s
                     rows.append(dict(mode=mode, T=T, kind=kind, ms=1000 * s, peak_mib=mib))
                     ratio = f"{res['full'] / s:>9.2f}x" if "full" in res else ""
-                    line = f"{mode:>8} {T:>6} {kind:>10} {1000 * s:>9.1f} {mib:>9.0f} {ratio}"
+                    line = f"{mode:>8} {T:>6} {kind:>10} {1000 * s:>9.{3 if cuda else 1}f} {mib:>9.0f} {ratio}"
                 lines.append(line)
                 print(line, flush=True)
             for a, b in (("sa", "swa"), ("sa", "flex-sa"), ("swa", "flex-swa")):

@@ -1,5 +1,6 @@
 """
-The prepared GPU check: one command for a CUDA machine, about 7 minutes on an H100-class GPU.
+The prepared GPU check: one command for a CUDA machine, at most about 8 minutes on an H100-class GPU
+(the stages' time limits: 100 + 200 + 2 x 80 s).
 
     python gpu_check.py                          # writes results/gpu_check.json
     python gpu_check.py --train_iters=20 --out=/tmp/check.json
@@ -9,7 +10,7 @@ and the next stage still runs:
   1. kernel: `python kernel.py --check`: the Triton kernel against attention.py's torch path and
      FlexAttention (then its own speed table, cut off by the time limit if need be);
   2. speed:  `python bench.py` on the GPU, bf16, T = 2k, 8k and 32k, window 256: SDPA ("full"),
-     the kernel's SWA and SA (attention.BACKEND="auto") and the fair FlexAttention peers
+     the kernel's SWA and SA (attention.BACKEND="triton") and the fair FlexAttention peers
      (flex-swa, flex-sa: see bench.py), forward and forward+backward;
   3. train:  train.py, GPT-2 small (124M: its defaults) for train_iters iterations with attn=full
      and attn=sa+swa, on random tokens written to a temporary folder (no download): tok/s and MFU.
@@ -19,6 +20,7 @@ Without a GPU it stops at once with one line.
 """
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -30,9 +32,9 @@ import torch
 
 # -----------------------------------------------------------------------------
 out = "results/gpu_check.json"   # the one results file
-check_timeout = 110              # seconds for stage 1
-bench_timeout = 180              # seconds for stage 2
-train_timeout = 85               # seconds for each run of stage 3
+check_timeout = 100              # seconds for stage 1
+bench_timeout = 200              # seconds for stage 2
+train_timeout = 80               # seconds for each run of stage 3
 sizes = "2048,8192,32768"        # stage 2: sequence lengths
 bench_args = "--batch=4 --heads=12 --head_dim=64 --window=256 --reps=10"  # stage 2: more bench.py settings
 train_iters = 50                 # stage 3: iterations per run
@@ -46,7 +48,8 @@ def run(cmd, timeout):
     """A stage's record: status (pass, fail or timeout), seconds, and the tail of its output."""
     start = time.time()
     try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                           env={**os.environ, "PYTHONUNBUFFERED": "1"})  # a timed-out stage keeps its output
         status, output = ("pass" if p.returncode == 0 else "fail"), p.stdout + p.stderr
     except subprocess.TimeoutExpired as e:
         status = "timeout"
@@ -62,12 +65,12 @@ def kernel_stage():
 
 
 def bench_stage(device="cuda", extra=()):
-    """bench.py's table and rows, with full/sa (ours) and full/flex-sa per mode and T."""
-    with tempfile.TemporaryDirectory() as tmp:
-        table = os.path.join(tmp, "speed.json")
-        record = run([sys.executable, "bench.py", f"--device={device}", f"--sizes={sizes}", *bench_args.split(),
-                      *extra, f"--json_out={table}"], bench_timeout)
-        rows = json.load(open(table))["rows"] if os.path.exists(table) else []
+    """bench.py's table, as rows (read from its printed lines, so that a run cut off by the time limit
+    keeps the rows it measured), and full/sa, full/flex-sa per mode and T beside the paper's full/sa."""
+    record = run([sys.executable, "bench.py", f"--device={device}", f"--sizes={sizes}", *bench_args.split(), *extra],
+                 bench_timeout)
+    rows = [dict(mode=m[1], T=int(m[2]), kind=m[3], ms=float(m[4]), peak_mib=float(m[5])) for m in
+            re.finditer(r"^ *(fwd|fwd\+bwd) +(\d+) +(\S+) +([\d.]+) +(\d+)", record["output"], re.M)]
     ms = {(r["mode"], r["T"], r["kind"]): r["ms"] for r in rows}
     record["rows"] = rows
     record["full_over"] = [dict(mode=m, T=T, kind=kind, ratio=round(ms[m, T, "full"] / t, 2),
@@ -110,6 +113,7 @@ def train_stage(attn, gpu, iters=None, extra=()):
 
 
 if __name__ == "__main__":
+    os.chdir(os.path.dirname(os.path.abspath(__file__)))  # the repo root: kernel.py, bench.py, train.py
     exec(open("configurator.py").read())
     if not torch.cuda.is_available():
         sys.exit("gpu_check.py needs a CUDA GPU, and torch sees none here (the CPU checks: python -m pytest -q)")
@@ -127,10 +131,14 @@ if __name__ == "__main__":
 
     print(f"gpu_check on {gpu}: torch {torch.__version__}, Triton {triton.__version__}", flush=True)
     save("kernel", kernel_stage())
-    speed = bench_stage(extra=["--dtype=bfloat16", "--backend=auto", "--kinds=full,swa,sa,flex-swa,flex-sa"])
+    speed = bench_stage(extra=["--dtype=bfloat16", "--backend=triton", "--kinds=full,swa,sa,flex-swa,flex-sa"])
     save("speed", speed)
     print(speed["output"][-3000:])
     for attn in ("full", "sa+swa"):
         save(f"train {attn}", train_stage(attn, gpu))
-        print({k: v for k, v in result["stages"][f"train {attn}"].items() if k in ("tok_per_s", "mfu")})
-    print(f"wrote {out}: compare full/SA with the paper's {PAPER_FULL_OVER_SA} in its 'speed' stage")
+    for r in speed["full_over"]:
+        print(f"full/{r['kind']:<7} {r['mode']:>7} T={r['T']:<6} {r['ratio']:6.2f}x   (paper, A100: {r['paper_sa']}x)")
+    for attn in ("full", "sa+swa"):
+        r = result["stages"][f"train {attn}"]
+        print(f"train {attn:<6}: {r.get('tok_per_s', 0):,.0f} tok/s, MFU {r.get('mfu')} ({r['status']})")
+    print(f"wrote {out}")
