@@ -20,6 +20,7 @@ def test_bad_settings_stop_with_one_line(arg, problem):
     assert out.returncode == 1 and len(lines) == 1 and lines[0].startswith(f"bench.py: {problem}"), out.stdout + out.stderr
 
 
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")  # eager on purpose, see below
 @pytest.mark.parametrize("kind", ["flex-swa", "flex-sa"])
 def test_fair_flex_peers_match_the_references(monkeypatch, kind):
     """At T = 300 (no multiple of Flex's 128-token blocks), window 100: the output equals the dense
