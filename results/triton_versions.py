@@ -103,7 +103,7 @@ def check(version):
         subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", venv], check=True)
         py = os.path.join(venv, "bin", "python")
         ok, log = run([py, "-m", "pip", "install", "-q", "--disable-pip-version-check", f"triton=={version}.*",
-                       *pip_extra.split(",")[:bool(pip_extra)]])
+                       *(pip_extra.split(",") if pip_extra else [])])
         if not ok:
             return f"{version}{f' ({pip_extra})' * bool(pip_extra)} FAIL  pip install: {reason(log)}"
         got = run([py, "-c", "import triton; print(triton.__version__)"])[1].strip().splitlines()[-1]
