@@ -1,11 +1,17 @@
 """
-CPU benchmark of attention.py's torch paths against full attention (SDPA), forward and
-forward+backward, with peak memory. Prints one table; ratios within one run are what count.
+Benchmark of attention.py's paths against full attention (SDPA) and against FlexAttention, forward
+and forward+backward, with peak memory. Prints one table; ratios within one run are what count.
 
-    python bench.py                                  # T = 1024, 4096, 16384
+    python bench.py                                  # T = 1024, 4096, 16384 on the CPU
     python bench.py --sizes=4096 --json_out=speed.json   # one size, and the table as JSON
+    python bench.py --device=cuda --dtype=bfloat16 --backend=auto   # a GPU: the Triton kernel (gpu_check.py)
 
-Each measurement runs in a fresh process, so that its peak resident memory can be read.
+On the CPU each measurement runs in a fresh process, so that its peak resident memory can be read;
+on a GPU all run in this process, with the peak of torch.cuda's allocator.
+The FlexAttention peers are what a Flex user writes: compiled flex_attention with a BlockMask built
+from block indices (never a T x T mask) that lists only the key blocks the band reaches. flex-sa
+gathers q, k, v into SA's slot order, runs the band |s - t| < window with mask_mod
+pos[t] <= pos[s] (attention.py's rule) and scatters back. FlexAttention has no backward on the CPU.
 """
 import json
 import os
@@ -21,23 +27,52 @@ import attention as A
 
 # -----------------------------------------------------------------------------
 sizes = "1024,4096,16384"  # sequence lengths T, comma separated
-kinds = "full,swa,sa,sa-bht,sa-value,moba,flex-sa"  # what to time (sa-value: SA's value rule, delta = window / T;
-                                                     # flex-sa: compiled FlexAttention, forward only)
+kinds = "full,swa,sa,sa-bht,sa-value,moba,flex-swa,flex-sa"  # what to time (sa-value: SA's value rule,
+                           # delta = window / T; flex-*: FlexAttention, forward only on the CPU)
 modes = "fwd,fwd+bwd"      # forward only, and forward + backward (training)
 reps = 5                   # timed repetitions after one warm-up; the median is reported
 threads = 2                # torch threads
-B, H, D = 1, 8, 64         # batch, heads, head dim
+batch, heads, head_dim = 1, 8, 64  # B, H, D of q, k, v
 window = 256               # SWA / SA window
 moba_block, moba_topk = 64, 4
+flex_block = 128           # FlexAttention's block size (its default)
+device = "cpu"             # cpu or cuda
+dtype = "float32"          # float32, bfloat16 or float16: the dtype of q, k, v
+backend = "torch"          # attention.BACKEND: "auto" runs the Triton kernel on a GPU
 json_out = ""              # also write the rows and the table here
 case = ""                  # internal: "kind,mode,T" measures one case in this process
 # -----------------------------------------------------------------------------
-exec(open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "configurator.py")).read())
+KINDS = ("full", "swa", "sa", "sa-bht", "sa-value", "moba", "flex-swa", "flex-sa")
+
+
+def band_block_mask(T, lo, hi, mask_mod, full_blocks):
+    """FlexAttention's BlockMask for the band lo <= s - t <= hi (query slot s, key slot t) and mask_mod,
+    built from block indices (no T x T mask): only the key blocks the band reaches. Where full_blocks
+    (mask_mod is the band alone), blocks wholly inside the band are full: Flex skips mask_mod there."""
+    from torch.nn.attention.flex_attention import BlockMask
+    n = -(-T // flex_block)
+    i, j = torch.arange(n)[:, None], torch.arange(n)[None, :]      # query block, key block
+    s_t = ((i - j) * flex_block - (flex_block - 1), (i - j) * flex_block + (flex_block - 1))  # min, max s - t  # (n, n)
+    reached = (s_t[1] >= lo) & (s_t[0] <= hi)
+    full = reached & (s_t[0] >= lo) & (s_t[1] <= hi) & ((j + 1) * flex_block <= T) & full_blocks
+
+    def listed(blocks):  # (1, 1, n) counts, (1, 1, n, n) key block indices, the listed ones first
+        order = blocks.int().argsort(dim=-1, descending=True, stable=True)
+        return blocks.sum(-1, dtype=torch.int32)[None, None].to(device), order.int()[None, None].to(device)
+    return BlockMask.from_kv_blocks(*listed(reached & ~full), *listed(full), BLOCK_SIZE=flex_block,
+                                    mask_mod=mask_mod, seq_lengths=(T, T))
+
+
+def flex_band(*band):
+    """Compiled flex_attention with band_block_mask(*band)."""
+    from torch.nn.attention.flex_attention import flex_attention
+    mask, flex = band_block_mask(*band), torch.compile(flex_attention)
+    return lambda q, k, v: flex(q, k, v, block_mask=mask)
 
 
 def attention_fn(kind, T):
     """The function of (q, k, v) that `kind` names, with its permutation drawn once."""
-    perm = torch.randperm(T)
+    perm = torch.randperm(T, device=device)
     if kind == "full":
         return A.full_attention
     if kind == "swa":
@@ -45,32 +80,38 @@ def attention_fn(kind, T):
     if kind == "sa":
         return lambda q, k, v: A.stochastic_attention(q, k, v, window, perm)
     if kind == "sa-bht":
-        perm = torch.rand(B, H, T).argsort(-1)
+        perm = torch.rand(batch, heads, T, device=device).argsort(-1)  # (B, H, T)
         return lambda q, k, v: A.stochastic_attention(q, k, v, window, perm)
     if kind == "sa-value":
-        r = torch.rand(T)
+        r = torch.rand(T, device=device)
         return lambda q, k, v: A.stochastic_value_attention(q, k, v, window / T, r)
     if kind == "moba":
         return lambda q, k, v: A.moba_attention(q, k, v, moba_block, moba_topk)
-    if kind == "flex-sa":  # the peer: FlexAttention with SA's rule as a mask_mod, compiled
-        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-        slot = torch.argsort(perm)
-        block_mask = create_block_mask(lambda b, h, i, j: ((slot[i] - slot[j]).abs() < window) & (j <= i),
-                                       None, None, T, T, device="cpu")
-        flex = torch.compile(flex_attention)
-        return lambda q, k, v: flex(q, k, v, block_mask=block_mask)
+    if kind == "flex-swa":
+        return flex_band(T, 0, window - 1, lambda b, h, s, t: (t <= s) & (s - t < window), True)
+    if kind == "flex-sa":  # slot s holds token perm[s]: gather into slot order, the band, scatter back
+        band = flex_band(T, 1 - window, window - 1,
+                         lambda b, h, s, t: ((s - t).abs() < window) & (perm[t] <= perm[s]), False)
+        slot = torch.argsort(perm)  # (T,) the slot of each token
+        return lambda q, k, v: band(q[:, :, perm], k[:, :, perm], v[:, :, perm])[:, :, slot]  # (B, H, T, D)
     raise ValueError(f"unknown kind {kind!r}")
 
 
 def measure(kind, mode, T):
-    """(median seconds, peak RSS in MiB above the inputs) of one case, in this process."""
+    """(median seconds, peak MiB above the inputs) of one case, in this process: peak RSS on the
+    CPU (so run each case in a fresh process there), torch.cuda's peak allocation on a GPU."""
     torch.set_num_threads(threads)
     torch.manual_seed(0)
-    A.BACKEND = "torch"
+    A.BACKEND = backend
     fn = attention_fn(kind, T)
-    q, k, v = (torch.randn(B, H, T, D, requires_grad=mode != "fwd") for _ in range(3))
-    dout = torch.randn(B, H, T, D)
-    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    shape = (batch, heads, T, head_dim)  # (B, H, T, D)
+    q, k, v, dout = (torch.randn(shape, device=device, dtype=getattr(torch, dtype)) for _ in range(4))
+    q, k, v = (t.requires_grad_(mode != "fwd") for t in (q, k, v))
+    cuda = device.startswith("cuda")
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated() if cuda else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     times = []
     for _ in range(reps + 1):
         t0 = time.perf_counter()
@@ -79,42 +120,81 @@ def measure(kind, mode, T):
                 fn(q, k, v)
         else:
             torch.autograd.grad(fn(q, k, v), (q, k, v), dout)
+        if cuda:
+            torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
-    return statistics.median(times[1:]), (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024
+    peak = torch.cuda.max_memory_allocated() if cuda else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return statistics.median(times[1:]), (peak - base) / 2**20
+
+
+def settings_problem():
+    """One line naming the first bad setting, or None."""
+    try:
+        Ts = [int(t) for t in sizes.split(",")]
+    except ValueError:
+        return f"sizes={sizes!r}: give sequence lengths, comma separated, e.g. --sizes=1024,4096"
+    bad_kind = next((k for k in kinds.split(",") if k not in KINDS), None)
+    bad_mode = next((m for m in modes.split(",") if m not in ("fwd", "fwd+bwd")), None)
+    checks = [(min(Ts) >= 1, f"sizes={sizes}: each T must be >= 1"), (reps >= 1, f"reps={reps}: must be >= 1"),
+              (bad_kind is None, f"unknown kind {bad_kind!r} (kinds: {','.join(KINDS)})"),
+              (bad_mode is None, f"unknown mode {bad_mode!r} (modes: fwd,fwd+bwd)"),
+              (dtype in ("float32", "bfloat16", "float16"), f"dtype={dtype!r}: use float32, bfloat16 or float16"),
+              (backend in A.BACKENDS, f"backend={backend!r}: use one of {', '.join(A.BACKENDS)}"),
+              (device == "cpu" or torch.cuda.is_available(), f"device={device}, but CUDA is not available here")]
+    return next((why for ok, why in checks if not ok), None)
 
 
 if __name__ == "__main__":
+    exec(open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "configurator.py")).read())
+    if settings_problem():
+        sys.exit(f"bench.py: {settings_problem()}")
     if case:
         kind, mode, T = case.split(",")
         print(*measure(kind, mode, int(T)))
         sys.exit()
-    head = (f"B={B} H={H} D={D} fp32, window {window}, MoBA block {moba_block} top_k {moba_topk}; torch "
-            f"{torch.__version__}, {threads} threads on {os.cpu_count()} CPUs ({os.uname().machine}); median of "
-            f"{reps} after a warm-up; peak RSS above the inputs, each case in a fresh process")
-    lines = [head, f"{'mode':>8} {'T':>6} {'kind':>8} {'ms':>9} {'peak MiB':>9} {'full/this':>10}"]
+    cuda = device.startswith("cuda")
+    where = (f"{torch.cuda.get_device_name(device)}, all cases in one process, peak allocated above the inputs"
+             if cuda else f"{threads} threads on {os.cpu_count()} CPUs ({os.uname().machine}), peak RSS above "
+             "the inputs, each case in a fresh process")
+    head = (f"B={batch} H={heads} D={head_dim} {dtype}, window {window}, MoBA block {moba_block} top_k "
+            f"{moba_topk}, Flex block {flex_block}, attention.BACKEND={backend}; torch {torch.__version__}; median "
+            f"of {reps} after a warm-up; {where}")
+    lines = [head, f"{'mode':>8} {'T':>6} {'kind':>10} {'ms':>9} {'peak MiB':>9} {'full/this':>10}"]
     print("\n".join(lines), flush=True)
+    torch._dynamo.config.cache_size_limit = 64  # in one process, Flex recompiles for every T, mask and mode
     rows = []
     for mode in modes.split(","):
         for T in map(int, sizes.split(",")):
             res = {}
             for kind in kinds.split(","):
-                if kind == "flex-sa" and mode != "fwd":
+                if kind.startswith("flex") and mode != "fwd" and not cuda:
                     continue  # FlexAttention has no CPU backward
-                cmd = [sys.executable, __file__, f"--case={kind},{mode},{T}", f"--reps={reps}", f"--threads={threads}"]
-                out = subprocess.run(cmd, capture_output=True, text=True)
-                if out.returncode:
-                    line = f"{mode:>8} {T:>6} {kind:>8}  failed: {(out.stderr.strip().splitlines() or ['?'])[-1][:80]}"
+                if cuda:
+                    try:
+                        s, mib = measure(kind, mode, T)
+                        error = None
+                    except Exception as e:  # e.g. out of memory: the row says so, the others still run
+                        error = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+                        torch.cuda.empty_cache()
                 else:
-                    s, mib = (float(x) for x in out.stdout.split()[-2:])
+                    cmd = [sys.executable, __file__, *sys.argv[1:], f"--case={kind},{mode},{T}"]
+                    out = subprocess.run(cmd, capture_output=True, text=True)
+                    error = (out.stderr.strip().splitlines() or ["?"])[-1] if out.returncode else None
+                    if not error:
+                        s, mib = (float(x) for x in out.stdout.split()[-2:])
+                if error:
+                    line = f"{mode:>8} {T:>6} {kind:>10}  failed: {error[:100]}"
+                else:
                     res[kind] = s
                     rows.append(dict(mode=mode, T=T, kind=kind, ms=1000 * s, peak_mib=mib))
                     ratio = f"{res['full'] / s:>9.2f}x" if "full" in res else ""
-                    line = f"{mode:>8} {T:>6} {kind:>8} {1000 * s:>9.1f} {mib:>9.0f} {ratio}"
+                    line = f"{mode:>8} {T:>6} {kind:>10} {1000 * s:>9.{3 if cuda else 1}f} {mib:>9.0f} {ratio}"
                 lines.append(line)
                 print(line, flush=True)
-            if "sa" in res and "swa" in res:
-                lines.append(f"{'':>8} {'':>6} {'sa/swa':>8} {res['sa'] / res['swa']:>9.2f}x")
-                print(lines[-1], flush=True)
+            for a, b in (("sa", "swa"), ("sa", "flex-sa"), ("swa", "flex-swa")):
+                if a in res and b in res:
+                    lines.append(f"{'':>8} {'':>6} {f'{a}/{b}':>10} {res[a] / res[b]:>9.2f}x")
+                    print(lines[-1], flush=True)
     if json_out:
         with open(json_out, "w") as f:
             json.dump(dict(rows=rows, table="\n".join(lines)), f, indent=1)

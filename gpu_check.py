@@ -1,0 +1,144 @@
+"""
+The prepared GPU check: one command for a CUDA machine, at most about 8 minutes on an H100-class GPU
+(the stages' time limits: 100 + 200 + 2 x 80 s).
+
+    python gpu_check.py                          # writes results/gpu_check.json
+    python gpu_check.py --train_iters=20 --out=/tmp/check.json
+
+Stages, each with its own time limit; a failing or timed-out stage is recorded with its output,
+and the next stage still runs:
+  1. kernel: `python kernel.py --check`: the Triton kernel against attention.py's torch path and
+     FlexAttention (then its own speed table, cut off by the time limit if need be);
+  2. speed:  `python bench.py` on the GPU, bf16, T = 2k, 8k and 32k, window 256: SDPA ("full"),
+     the kernel's SWA and SA (attention.BACKEND="triton") and the fair FlexAttention peers
+     (flex-swa, flex-sa: see bench.py), forward and forward+backward;
+  3. train:  train.py, GPT-2 small (124M: its defaults) for train_iters iterations with attn=full
+     and attn=sa+swa, on random tokens written to a temporary folder (no download): tok/s and MFU.
+The results file names the GPU, torch and Triton, and sets our full/SA ratios beside the paper's
+A100 ratios (1.5x at 2k, 6.6x at 8k, 28x at 32k; the paper does not say forward or training).
+Without a GPU it stops at once with one line.
+"""
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+import torch
+
+# -----------------------------------------------------------------------------
+out = "results/gpu_check.json"   # the one results file
+check_timeout = 100              # seconds for stage 1
+bench_timeout = 200              # seconds for stage 2
+train_timeout = 80               # seconds for each run of stage 3
+sizes = "2048,8192,32768"        # stage 2: sequence lengths
+bench_args = "--batch=4 --heads=12 --head_dim=64 --window=256 --reps=10"  # stage 2: more bench.py settings
+train_iters = 50                 # stage 3: iterations per run
+train_args = "--batch_size=8 --block_size=2048 --gradient_accumulation_steps=4"  # stage 3: 65k tokens/iter
+# -----------------------------------------------------------------------------
+PAPER_FULL_OVER_SA = {2048: 1.5, 8192: 6.6, 32768: 28.0}  # the paper's A100 speed-ups of SA over full attention
+BF16_PEAK = {"A100": 312e12, "H100": 989e12, "H200": 989e12}  # dense bf16 FLOP/s (SXM); MFU against the GPU's own
+
+
+def run(cmd, timeout):
+    """A stage's record: status (pass, fail or timeout), seconds, and the tail of its output."""
+    start = time.time()
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                           env={**os.environ, "PYTHONUNBUFFERED": "1"})  # a timed-out stage keeps its output
+        status, output = ("pass" if p.returncode == 0 else "fail"), p.stdout + p.stderr
+    except subprocess.TimeoutExpired as e:
+        status = "timeout"
+        output = "".join(x.decode(errors="replace") if isinstance(x, bytes) else x or "" for x in (e.stdout, e.stderr))
+    return dict(cmd=" ".join(cmd), status=status, seconds=round(time.time() - start, 1), output=output[-6000:])
+
+
+def kernel_stage():
+    record = run([sys.executable, "kernel.py", "--check"], check_timeout)
+    if record["status"] == "timeout" and "all checks PASS" in record["output"]:
+        record["status"] = "pass"  # the correctness checks finished; the speed table after them was cut off
+    return record
+
+
+def bench_stage(device="cuda", extra=()):
+    """bench.py's table, as rows (read from its printed lines, so that a run cut off by the time limit
+    keeps the rows it measured), and full/sa, full/flex-sa per mode and T beside the paper's full/sa."""
+    record = run([sys.executable, "bench.py", f"--device={device}", f"--sizes={sizes}", *bench_args.split(), *extra],
+                 bench_timeout)
+    rows = [dict(mode=m[1], T=int(m[2]), kind=m[3], ms=float(m[4]), peak_mib=float(m[5])) for m in
+            re.finditer(r"^ *(fwd|fwd\+bwd) +(\d+) +(\S+) +([\d.]+) +(\d+)", record["output"], re.M)]
+    ms = {(r["mode"], r["T"], r["kind"]): r["ms"] for r in rows}
+    record["rows"] = rows
+    record["full_over"] = [dict(mode=m, T=T, kind=kind, ratio=round(ms[m, T, "full"] / t, 2),
+                                paper_sa=PAPER_FULL_OVER_SA.get(T))
+                           for (m, T, kind), t in ms.items() if kind in ("sa", "flex-sa") and (m, T, "full") in ms]
+    return record
+
+
+def random_tokens(data_dir, vocab=50257, n=2**22):
+    """A dataset of uniformly random GPT-2 token ids in prepare_data.py's format (meta.json, train.bin,
+    val.bin): a speed test needs no real text."""
+    os.makedirs(data_dir, exist_ok=True)
+    rng = np.random.default_rng(0)
+    for split in ("train", "val"):
+        rng.integers(vocab, size=n, dtype=np.uint16).tofile(os.path.join(data_dir, f"{split}.bin"))
+    with open(os.path.join(data_dir, "meta.json"), "w") as f:
+        json.dump(dict(vocab_size=vocab, tokenizer="gpt2", dtype="uint16", tokens=dict(train=n, val=n)), f)
+
+
+def train_stage(attn, gpu, iters=None, extra=()):
+    """train.py for iters iterations with this attention on random tokens: tok/s and MFU, the median of
+    its logged speeds after the first (which holds the warm-up)."""
+    iters = iters or train_iters
+    with tempfile.TemporaryDirectory() as tmp:
+        random_tokens(os.path.join(tmp, "random"))
+        record = run([sys.executable, "train.py", f"--data_root={tmp}", "--dataset=random", f"--attn={attn}",
+                      f"--out_dir={tmp}/out", f"--max_iters={iters}", f"--eval_interval={iters}", "--eval_iters=1",
+                      f"--log_interval={max(1, iters // 5)}", *train_args.split(), *extra],
+                     train_timeout)
+        log = os.path.join(tmp, "out", "log.jsonl")
+        speeds = [r for r in map(json.loads, open(log)) if "tok_per_s" in r] if os.path.exists(log) else []
+    speeds = speeds[1:] or speeds
+    if speeds:
+        record["tok_per_s"] = statistics.median(r["tok_per_s"] for r in speeds)
+        mfu = [r["mfu"] for r in speeds if r["mfu"] is not None]
+        record["mfu_of_a100_peak"] = statistics.median(mfu) if mfu else None  # as train.py prints it
+        peak = next((p for name, p in BF16_PEAK.items() if name in gpu), None)
+        record["mfu"] = record["mfu_of_a100_peak"] * BF16_PEAK["A100"] / peak if mfu and peak else None
+    return record
+
+
+if __name__ == "__main__":
+    os.chdir(os.path.dirname(os.path.abspath(__file__)))  # the repo root: kernel.py, bench.py, train.py
+    exec(open("configurator.py").read())
+    if not torch.cuda.is_available():
+        sys.exit("gpu_check.py needs a CUDA GPU, and torch sees none here (the CPU checks: python -m pytest -q)")
+    import triton
+    gpu = torch.cuda.get_device_name()
+    result = dict(gpu=gpu, torch=torch.__version__, triton=triton.__version__, cuda=torch.version.cuda,
+                  started=time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), stages={})
+
+    def save(name, record):
+        result["stages"][name] = record
+        print(f"{name}: {record['status']} in {record['seconds']} s", flush=True)
+        with open(out + ".tmp", "w") as f:  # after every stage, so that a killed run keeps what it measured
+            json.dump(result, f, indent=1)
+        os.replace(out + ".tmp", out)
+
+    print(f"gpu_check on {gpu}: torch {torch.__version__}, Triton {triton.__version__}", flush=True)
+    save("kernel", kernel_stage())
+    speed = bench_stage(extra=["--dtype=bfloat16", "--backend=triton", "--kinds=full,swa,sa,flex-swa,flex-sa"])
+    save("speed", speed)
+    print(speed["output"][-3000:])
+    for attn in ("full", "sa+swa"):
+        save(f"train {attn}", train_stage(attn, gpu))
+    for r in speed["full_over"]:
+        print(f"full/{r['kind']:<7} {r['mode']:>7} T={r['T']:<6} {r['ratio']:6.2f}x   (paper, A100: {r['paper_sa']}x)")
+    for attn in ("full", "sa+swa"):
+        r = result["stages"][f"train {attn}"]
+        print(f"train {attn:<6}: {r.get('tok_per_s', 0):,.0f} tok/s, MFU {r.get('mfu')} ({r['status']})")
+    print(f"wrote {out}")

@@ -1,0 +1,45 @@
+"""Tests for bench.py: its fair FlexAttention peers compute SWA and SA, through a BlockMask that lists
+only the key blocks the band reaches; bad settings stop with one line. Run: python -m pytest -q test_bench.py"""
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import attention as A
+import bench
+from test_attention import qkv
+
+
+@pytest.mark.parametrize("arg, problem", [("--reps=0", "reps=0: must be >= 1"),
+                                          ("--sizes=0", "sizes=0: each T must be >= 1"),
+                                          ("--kinds=flex", "unknown kind 'flex'")])
+def test_bad_settings_stop_with_one_line(arg, problem):
+    out = subprocess.run([sys.executable, "bench.py", arg], capture_output=True, text=True, timeout=120)
+    lines = [line for line in (out.stdout + out.stderr).splitlines() if not line.startswith("overriding")]
+    assert out.returncode == 1 and len(lines) == 1 and lines[0].startswith(f"bench.py: {problem}"), out.stdout + out.stderr
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")  # eager on purpose, see below
+@pytest.mark.parametrize("kind", ["flex-swa", "flex-sa"])
+def test_fair_flex_peers_match_the_references(monkeypatch, kind):
+    """At T = 300 (no multiple of Flex's 128-token blocks), window 100: the output equals the dense
+    reference, and each query block lists only the key blocks its band reaches (SWA: itself and one
+    before; SA: one on each side), so Flex does O(T * window) work. Eager flex_attention here: the
+    same BlockMask as compiled, without the minutes of compiling on the CPU."""
+    compile_ = torch.compile  # bench's bare torch.compile(flex_attention) becomes eager; Flex's own calls stay
+    monkeypatch.setattr(torch, "compile", lambda fn, **options: compile_(fn, **options) if options else fn)
+    monkeypatch.setattr(bench, "window", 100)
+    T = 300
+    torch.manual_seed(0)
+    fn = bench.attention_fn(kind, T)
+    torch.manual_seed(0)
+    perm = torch.randperm(T)  # the one attention_fn drew
+    q, k, v = (t.detach() for t in qkv(1, 2, T, 16))  # forward only: Flex has no CPU backward
+    want = A.swa_reference(q, k, v, 100) if kind == "flex-swa" else A.sa_reference(q, k, v, 100, perm)
+    torch.testing.assert_close(fn(q, k, v), want, atol=1e-5, rtol=1e-5)
+    band = (0, 99, lambda b, h, s, t: (t <= s) & (s - t < 100), True) if kind == "flex-swa" else \
+        (-99, 99, lambda b, h, s, t: (s - t).abs() < 100, False)
+    mask = bench.band_block_mask(T, *band)
+    listed = mask.kv_num_blocks + (mask.full_kv_num_blocks if mask.full_kv_num_blocks is not None else 0)
+    assert listed.flatten().tolist() == ([1, 2, 2] if kind == "flex-swa" else [2, 3, 2])
