@@ -356,7 +356,7 @@ def _on(t):
     return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()
 
 
-def _val_spans(val, width, block, B, H, T):
+def _val_spans(val, width, margin, block, B, H, T):
     """With val (ascending along T): [lo, hi) of the slots each block of `block` rows may meet, as
     (R, nblocks, 2) int32 and the stride of R (0: one row of val serves every head). The block's own
     slots are always in; the margin covers fp32 rounding of |val_i - val_j| (r in [0, 1)); keys in a
@@ -364,8 +364,8 @@ def _val_spans(val, width, block, B, H, T):
     val = val.expand(B, H, T).reshape(B * H, T) if val.dim() > 1 else val[None]  # (R, T), R = 1 or B*H
     first = torch.arange(0, T, block, device=val.device)                   # (nblocks,)
     end = (first + block).clamp(max=T)
-    lo = torch.searchsorted(val, val[:, first] - width - 1e-6)             # (R, nblocks)
-    hi = torch.maximum(torch.searchsorted(val, val[:, end - 1] + width + 1e-6), end)
+    lo = torch.searchsorted(val, val[:, first] - width - margin)             # (R, nblocks)
+    hi = torch.maximum(torch.searchsorted(val, val[:, end - 1] + width + margin), end)
     spans = torch.stack([lo, hi], -1).to(torch.int32)                      # (R, nblocks, 2)
     return spans, (0 if len(val) == 1 else spans[0].numel())
 
@@ -373,7 +373,7 @@ def _val_spans(val, width, block, B, H, T):
 class _SlidingWindowAttention(torch.autograd.Function):
 
     @staticmethod
-    def forward(ctx, q, k, v, window, pos, val, target):
+    def forward(ctx, q, k, v, window, pos, val, margin, target):
         B, H, T, D = q.shape
         config = choose_config(q.dtype, D, target)
         q, k, v = (t.contiguous() for t in (q, k, v))      # the kernels index (B, H, T, D) as contiguous
@@ -385,7 +385,7 @@ class _SlidingWindowAttention(torch.autograd.Function):
         pos_strides = (0, 0, 0) if pos is None else Pos.stride()
         spans = {}  # block rows -> (spans, stride); a dummy without val
         for rows in (config.block_m, config.fixed):
-            spans[rows] = (q, 0) if val is None else _val_spans(val, width, rows, B, H, T)
+            spans[rows] = (q, 0) if val is None else _val_spans(val, width, margin, rows, B, H, T)
         o = torch.empty_like(q)
         lse = torch.empty((B, H, T), device=q.device, dtype=torch.float32)
         sm_scale = 1 / math.sqrt(D)
@@ -422,10 +422,10 @@ class _SlidingWindowAttention(torch.autograd.Function):
             dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
             _attn_bwd[(triton.cdiv(T, ctx.bwd_options["FIXED"]), B * H)](
                 q, k, v, do, dq, dk, dv, lse, delta, Pos, Val, spans, *ctx.scalars, **ctx.bwd_options)
-        return dq, dk, dv, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None
 
 
-def triton_swa(q, k, v, window, pos=None, val=None):
+def triton_swa(q, k, v, window, pos=None, val=None, margin=0.0):
     """Sliding-window attention, (B, H, T, D) -> (B, H, T, D); the rule is in attention.py's docstring:
     key j visible to query i iff |i - j| < window and pos[j] <= pos[i]; with val (fp32, pos's shape,
     ascending along T), iff |val[i] - val[j]| < window (a float: SA's value rule) and pos[j] <= pos[i].
@@ -451,7 +451,7 @@ def triton_swa(q, k, v, window, pos=None, val=None):
             raise ValueError(f"val must be ascending along T and the width > 0, got width {window!r}")
         pos, val = pos.contiguous(), val.contiguous()      # one set of strides serves both
     with _on(q):
-        return _SlidingWindowAttention.apply(q, k, v, window, pos, val, device_target(q.device))
+        return _SlidingWindowAttention.apply(q, k, v, window, pos, val, margin, device_target(q.device))
 
 
 # -----------------------------------------------------------------------------
