@@ -60,6 +60,9 @@ import triton.language as tl
 HEAD_DIMS = (16, 32, 64, 128)  # power-of-two head dims the kernels compile for
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 LOG2E = 1.4426950408889634     # the kernels use exp2; scores are pre-scaled by log2(e)
+# errors that mean "the kernel cannot run here" (attention.py's "auto" then takes the torch path): any other raises
+CANNOT_RUN = (ValueError, triton.compiler.errors.CompilationError, triton.runtime.errors.OutOfResources,
+              getattr(triton.runtime.errors, "PTXASError", triton.runtime.errors.OutOfResources))
 
 
 # -----------------------------------------------------------------------------
