@@ -62,6 +62,7 @@ def check_positive(value, name="window"):
     return value
 
 
+@torch.compiler.disable  # data-dependent: eager under torch.compile
 def _check_draw(draw, name, B, H, T):
     """SA's draw: a permutation `perm` of range(T) in every row, or finite value keys `r`; of shape
     (T,) or broadcastable to (B, H, T). O(T): a permutation's T values in range hit all T slots."""
@@ -155,9 +156,8 @@ def swa_reference(q, k, v, window, pos=None):
 
 
 def _band(q, k, v, width, pos, val=None):
-    """The rule over slots on the chosen backend: val None (the slot index, width = window) or the value
-    rule's sorted r (width = delta); pos None is plain causal SWA. Where BACKEND="auto" finds that the
-    kernel cannot compile or run on this GPU, a one-line warning and the torch path; any other error raises."""
+    """The rule over slots: val None (the slot index, width = window) or sorted r (width = delta); pos None is
+    causal SWA. Where "auto"'s kernel cannot compile or run on this GPU: a warning, the torch path."""
     backend = _backend(q)
     if backend == "reference":
         idx = torch.arange(q.shape[2], device=q.device)
@@ -171,7 +171,7 @@ def _band(q, k, v, width, pos, val=None):
                 raise
             warnings.warn(f"the Triton kernel failed, using the torch path instead: {type(e).__name__}: "
                           f"{(str(e).strip().splitlines() or [''])[0]}")
-    return blocked.GroupedAttention.apply(q, k, v, blocked.Band(q, width, pos, val, VALUE_MARGIN))
+    return blocked.attend(q, k, v, blocked.Band, width, pos, val, VALUE_MARGIN)
 
 
 @_sdpa_like
@@ -297,4 +297,4 @@ def moba_attention(q, k, v, moba_block, top_k):
     check_positive(top_k, "top_k")
     if _backend(q) == "reference":
         return moba_reference(q, k, v, moba_block, top_k)
-    return blocked.GroupedAttention.apply(q, k, v, blocked.Moba(q, moba_block, *moba_select(q, k, moba_block, top_k)))
+    return blocked.attend(q, k, v, blocked.Moba, moba_block, *moba_select(q, k, moba_block, top_k))

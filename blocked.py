@@ -229,3 +229,9 @@ class GroupedAttention(torch.autograd.Function):
                 dq.index_add_(0, qrows.flatten(), (ds @ kc).flatten(0, -2))
                 dk.index_add_(0, krows.flatten(), (ds.transpose(-1, -2) @ qc).flatten(0, -2))
         return layout.unflat(dq.mul_(scale), q), layout.unflat(dk, k), layout.unflat(dv, v), None
+
+
+@torch.compiler.disable  # torch.compile runs the engine eagerly: Dynamo cannot trace the band's strided views
+def attend(q, k, v, layout, *args):
+    """The engine's entry point: attention by layout(q, *args), a Band or Moba."""
+    return GroupedAttention.apply(q, k, v, layout(q, *args))

@@ -286,7 +286,7 @@ def compile_kernel(job):
     # as launched for SA: pos strides (.., 1); "value" = the value rule's variant (val and key spans)
     consts.update(HAS_POS=True, HAS_VAL=which.endswith("value"), PRECISION=config.precision, pos_stride_t=1)
     signature = {n: "constexpr" if n in consts else PTR[dtype] if n in ("Q", "K", "V", "O", "DO", "DQ", "DK", "DV")
-                 else "*fp32" if n in ("LSE", "Delta", "Val") else "*i64" if n == "Pos" else "*i32" if n == "Spans"
+                 else "*fp32" if n in ("LSE", "RowDot", "Val") else "*i64" if n == "Pos" else "*i32" if n == "Spans"
                  else "fp32" if n.endswith("scale") or n == "width" else "i32" for n in fn.arg_names}
     aligned = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if signature[n][0] == "*"}
     triton.knobs.nvidia.dump_ptxas_log = True           # ptxas -v's report is printed: registers and spills
