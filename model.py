@@ -6,12 +6,12 @@ A GPT language model with a switchable attention, after nanoGPT.
     "swa"    sliding-window attention, each token sees the previous `window` tokens
     "sa"     stochastic attention: a fresh random permutation per layer and per
              forward pass, SWA in permuted order, causal on original positions
-             (sa_rule="rank", the paper's); sa_rule="value" draws a random key r per
+             (sa_rule="rank", the paper's); sa_rule="value" draws a random number r per
              token instead: tokens see each other iff |r_a - r_b| < window / block_size
     "sa+swa" the paper's gated dual path: Y = sigmoid(x W_sa) * Y_sa + sigmoid(x W_swa) * Y_swa
     "moba"   mixture of block attention (block top-k routing), the baseline
   The exact visibility rules live in attention.py's docstring.
-  GPT.generate decodes from a KV cache (KVCache below), exactly, every kind but rank-rule SA.
+  GPT.generate decodes from a KV cache (kv_cache.py), exactly, every kind but rank-rule SA.
 """
 import inspect
 import math
@@ -25,6 +25,7 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 import attention
+from kv_cache import KVCache
 
 ATTN_KINDS = ("full", "swa", "sa", "sa+swa", "moba")
 SA_PERM_MODES = ("layer", "head")
@@ -48,25 +49,19 @@ class GPTConfig:
     moba_block: int = 64       # MoBA key block size
     moba_topk: int = 4         # MoBA blocks per query, its own included
     sa_perm: str = "layer"     # "layer": one permutation per layer (the paper); "head": one per (batch row, head)
-    sa_rule: str = "rank"      # "rank": the window over permuted slots (the paper); "value": over random keys r,
+    sa_rule: str = "rank"      # "rank": the window over permuted slots (the paper); "value": over random numbers r,
                                # which a KV cache can decode exactly (attention.py's docstring has both rules)
-    # RoPE is the default: it is applied to q and k BEFORE the permutation, so SA
-    # scores keep their true relative positions, as in the paper. "learned" is
-    # GPT-2's absolute embedding, needed to load GPT-2 weights.
+    # RoPE, the default, rotates q and k BEFORE the permutation, so SA scores keep their true relative
+    # positions, as in the paper. "learned" is GPT-2's absolute embedding, needed to load GPT-2 weights.
     pos_emb: str = "rope"
     rope_base: float = 10000.0
 
     def __post_init__(self):
         def bad(field, allowed):
             raise ValueError(f"GPTConfig.{field}={getattr(self, field)!r} is invalid: must be {allowed}")
-        if self.attn not in ATTN_KINDS:
-            bad("attn", f"one of {ATTN_KINDS}")
-        if self.sa_perm not in SA_PERM_MODES:
-            bad("sa_perm", f"one of {SA_PERM_MODES}")
-        if self.sa_rule not in SA_RULES:
-            bad("sa_rule", f"one of {SA_RULES}")
-        if self.pos_emb not in POS_EMBS:
-            bad("pos_emb", f"one of {POS_EMBS}")
+        for field, allowed in (("attn", ATTN_KINDS), ("sa_perm", SA_PERM_MODES), ("sa_rule", SA_RULES), ("pos_emb", POS_EMBS)):
+            if getattr(self, field) not in allowed:
+                bad(field, f"one of {allowed}")
         for field in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd", "window", "moba_block", "moba_topk"):
             attention.check_positive(getattr(self, field), f"GPTConfig.{field}")
         if self.n_embd % self.n_head:
@@ -83,8 +78,7 @@ class GPTConfig:
 
     @property
     def cacheable(self):
-        """Whether GPT.generate can decode this model from a KV cache exactly: every kind but
-        rank-rule SA, where whether key j is visible to query i depends on later tokens' slots."""
+        """Whether GPT.generate can decode this model from a KV cache (kv_cache.py) exactly: not rank-rule SA."""
         return self.attn not in ("sa", "sa+swa") or self.sa_rule == "value"
 
 
@@ -96,17 +90,16 @@ def rope_tables(config):
 
 
 def apply_rope(x, cos, sin):
-    T = x.shape[2]
+    """x (B, nh, T, hs) rotated by the angles of its T positions, cos and sin (T, hs/2)."""
     x1, x2 = x.float().chunk(2, dim=-1)                                          # (B, nh, T, hs/2) each
-    cos, sin = cos[:T], sin[:T]                                                  # (T, hs/2)
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], -1).type_as(x)  # (B, nh, T, hs)
 
 
 class CausalSelfAttention(nn.Module):
 
-    def __init__(self, config):
+    def __init__(self, config, layer_idx=0):
         super().__init__()
-        self.config = config
+        self.config, self.layer_idx = config, layer_idx  # layer_idx: this layer's place in a KVCache
         self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.resid_dropout = nn.Dropout(config.dropout)
@@ -114,10 +107,9 @@ class CausalSelfAttention(nn.Module):
             # one sigmoid gate per head and path, from the block's input: 2 * n_embd * n_head parameters
             self.gate = nn.Linear(config.n_embd, 2 * config.n_head, bias=False)
 
-    def forward(self, x, draw=None, rope=None, cache=None, pos=0):
-        """x (B, T, C); draw: SA's draw for this layer (GPT.draw_sa). With a cache (this layer's dict
-        of a KVCache), x holds the tokens at absolute positions pos..pos+T-1: a prefill (pos == 0) runs
-        the attention below and fills the cache, a decode step (T == 1) attends over the cache."""
+    def forward(self, x, draw=None, rope=None, cache=None):
+        """x (B, T, C); draw: SA's draw for this layer (GPT.draw_sa). cache: a KVCache (kv_cache.py) that
+        a prefill (start 0) fills, running the attention below; a decode step (one token) attends over it."""
         B, T, C = x.size()
         cfg, nh = self.config, self.config.n_head
         q, k, v = self.c_attn(x).split(C, dim=2)
@@ -127,11 +119,11 @@ class CausalSelfAttention(nn.Module):
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         if cache is not None:
-            self.store(cache, k, v, pos, draw)
+            cache.store(self.layer_idx, k, v, draw)
 
         def attend(kind):
-            if cache is not None and pos > 0:
-                return self.decode_step(q, cache, pos, kind)
+            if cache is not None and cache.start > 0:
+                return cache.attend(self.layer_idx, q, kind)
             if kind == "full":
                 return attention.full_attention(q, k, v)
             if kind == "swa":
@@ -150,93 +142,6 @@ class CausalSelfAttention(nn.Module):
         y = y.transpose(1, 2).contiguous().view(B, T, C)                         # (B, T, C)
         return self.resid_dropout(self.c_proj(y))
 
-    # -- The KV cache of one layer (GPT.generate) -----------------------------------------------
-    # The token at absolute position p sits in slot p % S of the k, v buffers (B, nh, S, hs).
-    # swa: S = window, so a key is overwritten exactly when it leaves every later query's window.
-    # Every other kind: S >= block_size (moba rounds it up to whole blocks), nothing is overwritten.
-    # moba also keeps kmean (B, nh, S // moba_block, hs), the key mean of each complete block.
-    # value-rule SA also keeps r (R, S), each token's key (R = 1, or B * nh for sa_perm="head"),
-    # and buckets: per row of r, the positions whose r lies in [b * delta, (b + 1) * delta), so
-    # that a step reads the 3 or 4 buckets near its own r, about 3 * window keys, not all T.
-
-    def store(self, cache, k, v, pos, draw=None):
-        """Write k, v (B, nh, T, hs) of positions pos..pos+T-1 into cache, allocating it on the first
-        call; value-rule SA also files their keys r (the layer's draw, (T,) or (B, nh, T))."""
-        cfg, (B, nh, T, hs) = self.config, k.shape
-        value_sa = cfg.attn in ("sa", "sa+swa") and cfg.sa_rule == "value"
-        if not cache:
-            bs = cfg.moba_block
-            S = {"swa": min(cfg.window, cfg.block_size), "moba": math.ceil(cfg.block_size / bs) * bs}.get(cfg.attn, cfg.block_size)
-            cache.update(k=k.new_zeros(B, nh, S, hs), v=v.new_zeros(B, nh, S, hs))
-            if cfg.attn == "moba":
-                cache["kmean"] = k.new_zeros(B, nh, S // bs, hs, dtype=torch.float32)
-            if value_sa:
-                R = 1 if cfg.sa_perm == "layer" else B * nh
-                cache["r"] = torch.zeros(R, S, device=k.device)
-                cache["buckets"] = [[[] for _ in range(math.ceil(cfg.block_size / cfg.window))] for _ in range(R)]
-        S = cache["k"].shape[2]
-        n = min(T, S)                                            # only the last S positions can ever be seen
-        slots = torch.arange(pos + T - n, pos + T, device=k.device) % S
-        cache["k"][:, :, slots] = k[:, :, T - n:]                               # (B, nh, n, hs) into their slots
-        cache["v"][:, :, slots] = v[:, :, T - n:]
-        if cfg.attn == "moba":  # the blocks these tokens complete, averaged as moba_select averages them
-            bs = cfg.moba_block
-            lo, hi = pos // bs, (pos + T) // bs
-            if hi > lo:
-                cache["kmean"][:, :, lo:hi] = attention.block_means(cache["k"][:, :, lo * bs:hi * bs], bs)
-        if value_sa:
-            r = draw.expand(B, nh, T).reshape(-1, T) if draw.dim() == 3 else draw[None]  # (R, T)
-            cache["r"][:, pos:pos + T] = r
-            delta = cfg.sa_delta
-            for row, buckets in zip(r.tolist(), cache["buckets"]):
-                for p, key in enumerate(row, pos):
-                    buckets[min(int(key / delta), len(buckets) - 1)].append(p)
-
-    def decode_step(self, q, cache, pos, kind):
-        """The attention of one query q (B, nh, 1, hs) at position pos over the cache (which holds
-        it already), by `kind`'s rule in attention.py's docstring; a plain masked softmax in fp32."""
-        cfg, (B, nh, _, hs) = self.config, q.shape
-        S = cache["k"].shape[2]
-        if kind in ("full", "swa"):  # full: every position so far; swa: the last `window` of them
-            slots = torch.arange(0 if kind == "full" else max(0, pos + 1 - cfg.window), pos + 1, device=q.device) % S
-            keys, vals = cache["k"][:, :, slots], cache["v"][:, :, slots]                  # (B, nh, n, hs)
-            mask = torch.ones(len(slots), dtype=torch.bool, device=q.device)
-        elif kind == "sa":  # value rule: the positions in the buckets within delta (and a margin) of r
-            delta, r = cfg.sa_delta, cache["r"]
-            found = []
-            for key, buckets in zip(r[:, pos].tolist(), cache["buckets"]):
-                lo, hi = (min(max(int(x / delta), 0), len(buckets) - 1) for x in (key - delta - 1e-6, key + delta + 1e-6))
-                found.append([p for b in range(lo, hi + 1) for p in buckets[b]])
-            n = max(map(len, found))
-            idx = torch.tensor([f + [pos] * (n - len(f)) for f in found], device=q.device)  # (R, n), padded with pos
-            mask = (torch.arange(n, device=q.device) < torch.tensor([len(f) for f in found], device=q.device)[:, None])
-            mask &= (r[:, pos, None] - r.gather(1, idx)).abs() < delta                    # (R, n): the rule
-            if len(found) == 1:
-                keys, vals, mask = cache["k"][:, :, idx[0]], cache["v"][:, :, idx[0]], mask[0]  # (B, nh, n, hs)
-            else:
-                idx = idx.view(B, nh, n, 1).expand(-1, -1, -1, hs)                           # (B, nh, n, hs)
-                keys, vals = cache["k"].gather(2, idx), cache["v"].gather(2, idx)            # (B, nh, n, hs)
-                mask = mask.view(B, nh, 1, n)
-        else:  # moba
-            bs = cfg.moba_block
-            nc = pos // bs                                       # complete blocks, all strictly past
-            own = nc * bs                                        # the own block's first position
-            keys, vals = cache["k"][:, :, own:pos + 1], cache["v"][:, :, own:pos + 1]  # (B, nh, pos+1-own, hs)
-            mask = torch.ones(keys.shape[2], dtype=torch.bool, device=q.device)
-            if cfg.moba_topk > 1 and nc > 0:
-                # score as moba_select scores the last row of a forward over pos + 1 tokens: the own block
-                # is one more column, masked to -inf, so that topk sees the same row and breaks ties alike
-                scores = q.float() @ cache["kmean"][:, :, :nc].transpose(-1, -2)     # (B, nh, 1, nc)
-                scores = F.pad(scores, (0, 1), value=float("-inf"))                   # (B, nh, 1, nc+1)
-                top, idx = scores.topk(min(cfg.moba_topk - 1, nc + 1), dim=-1)       # (B, nh, 1, n)
-                bh = (torch.arange(B, device=q.device)[:, None, None], torch.arange(nh, device=q.device)[None, :, None])
-                blocks = idx[:, :, 0]                                                  # (B, nh, n)
-                ksel = cache["k"].unflatten(2, (-1, bs))[bh + (blocks,)].flatten(2, 3)  # (B, nh, n*bs, hs)
-                vsel = cache["v"].unflatten(2, (-1, bs))[bh + (blocks,)].flatten(2, 3)  # (B, nh, n*bs, hs)
-                keys, vals = torch.cat([keys, ksel], 2), torch.cat([vals, vsel], 2)    # (B, nh, n_keys, hs)
-                mask = torch.cat([mask.expand(B, nh, 1, -1), (top > float("-inf")).repeat_interleave(bs, -1)], -1)
-        return attention.masked_attention(q, keys, vals, mask)                  # (B, nh, 1, hs)
-
 
 class MLP(nn.Module):
 
@@ -252,15 +157,15 @@ class MLP(nn.Module):
 
 class Block(nn.Module):
 
-    def __init__(self, config):
+    def __init__(self, config, layer_idx=0):
         super().__init__()
         self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
-        self.attn = CausalSelfAttention(config)
+        self.attn = CausalSelfAttention(config, layer_idx)
         self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = MLP(config)
 
-    def forward(self, x, draw=None, rope=None, cache=None, pos=0):
-        x = x + self.attn(self.ln_1(x), draw, rope, cache, pos)
+    def forward(self, x, draw=None, rope=None, cache=None):
+        x = x + self.attn(self.ln_1(x), draw, rope, cache)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -272,7 +177,7 @@ class GPT(nn.Module):
         self.transformer = nn.ModuleDict(dict(
             wte=nn.Embedding(config.vocab_size, config.n_embd),
             drop=nn.Dropout(config.dropout),
-            h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
+            h=nn.ModuleList([Block(config, i) for i in range(config.n_layer)]),
             ln_f=nn.LayerNorm(config.n_embd, bias=config.bias),
         ))
         if config.pos_emb == "learned":
@@ -283,11 +188,9 @@ class GPT(nn.Module):
             self.register_buffer("rope_sin", sin, persistent=False)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.transformer.wte.weight = self.lm_head.weight  # weight tying
-        # SA's permutations come from this generator, always on the CPU so that a
-        # seed gives the same permutations on every device. Its state is saved in
-        # checkpoints, so a resumed run draws exactly the permutations it would have.
+        # SA's draws come from this generator, on the CPU so that a seed gives the same draws on every
+        # device; checkpoints save its state, so a resumed run draws exactly what it would have.
         self.sa_generator = torch.Generator().manual_seed(sa_seed)
-
         self.apply(self._init_weights)
         for name, p in self.named_parameters():
             if name.endswith("c_proj.weight"):  # GPT-2's scaled init of residual projections
@@ -307,12 +210,11 @@ class GPT(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
     def draw_sa(self, B, T, device, lengths=None):
-        """SA's fresh draw for each layer, (T,) or (B, nh, T) per config.sa_perm: a permutation
-        (sa_rule="rank") or a uniform key in [0, 1) per token (sa_rule="value").
-        With lengths (B,), the real tokens of right-padded rows, each layer draws from a seed of its
-        own, so that a row's draw depends on that seed and its length, never on the rest of the
-        batch: the rank rule permutes only each row's first lengths[b] tokens (pads keep their slots
-        after them); the value rule's keys are already so (token t's r depends on the seed and t)."""
+        """SA's fresh draw for each layer, (T,) or (B, nh, T) per config.sa_perm: a permutation (sa_rule="rank")
+        or a uniform number r in [0, 1) per token (sa_rule="value"). With lengths (B,), the real tokens of right-padded
+        rows, each layer draws from a seed of its own, so that a row's draw depends on that seed and its length,
+        never on the batch: the rank rule permutes only each row's first lengths[b] tokens (pads keep their
+        slots after them); the value rule's r are already so (token t's r depends on the seed and t)."""
         cfg, g = self.config, self.sa_generator
         heads = 1 if cfg.sa_perm == "layer" else cfg.n_head
         if cfg.attn not in ("sa", "sa+swa"):
@@ -321,7 +223,7 @@ class GPT(nn.Module):
             seeds = torch.randint(2**62, (cfg.n_layer,), generator=g).tolist()
             if cfg.sa_rule == "rank":
                 draws = [attention.row_perms(seed, lengths, T, heads) for seed in seeds]        # (B, 1 or nh, T)
-            else:  # (T, heads): token t's keys come t-th from the seed, whatever T is
+            else:  # (T, heads): token t's r come t-th from the seed, whatever T is
                 draws = [torch.rand(T, heads, generator=torch.Generator().manual_seed(seed)).T[None] for seed in seeds]
         elif cfg.sa_rule == "value":
             draws = [torch.rand(*((T,) if heads == 1 else (B, heads, T)), generator=g) for _ in range(cfg.n_layer)]
@@ -333,29 +235,25 @@ class GPT(nn.Module):
 
     def forward(self, idx, targets=None, lengths=None, cache=None, draws=None):
         """idx (B, T) -> logits (B, T, vocab), and the loss if targets. lengths: see draw_sa.
-        cache: a KVCache (see generate); idx continues the tokens it has seen, all at once
+        cache: a KVCache (kv_cache.py); idx continues the tokens it has seen, all at once
         into an empty cache or one at a time. draws: SA's draw per layer, instead of fresh ones."""
         B, T = idx.size()
         cfg = self.config
-        pos = 0 if cache is None else cache.pos                                  # idx[:, 0]'s absolute position
-        if pos + T > cfg.block_size:
-            raise ValueError(f"sequence length {pos + T} exceeds block_size {cfg.block_size}")
-        if cache is not None and (not cfg.cacheable or lengths is not None or (pos and T > 1)):
-            raise ValueError(f"a KV cache takes a cacheable model (not rank-rule SA), no lengths, and one token at a "
-                             f"time after the prompt; got attn={cfg.attn!r}, sa_rule={cfg.sa_rule!r}, {T} tokens at position {pos}")
+        start = 0 if cache is None else cache.start                              # idx[:, 0]'s absolute position
+        if start + T > cfg.block_size:
+            raise ValueError(f"sequence length {start + T} exceeds block_size {cfg.block_size}")
+        if cache is not None and (lengths is not None or (start and T > 1)):
+            raise ValueError(f"a KV cache takes no lengths, and one token at a time after the prompt; got {T} at {start}")
         x = self.transformer.wte(idx)                                            # (B, T, C)
-        rope = None
         if cfg.pos_emb == "learned":
-            x = x + self.transformer.wpe(torch.arange(pos, pos + T, device=idx.device))  # (B, T, C)
-        else:
-            rope = (self.rope_cos[pos:pos + T], self.rope_sin[pos:pos + T])      # (T, hs/2) each
+            x = x + self.transformer.wpe(torch.arange(start, start + T, device=idx.device))  # (B, T, C)
+        rope = (self.rope_cos[start:start + T], self.rope_sin[start:start + T]) if cfg.pos_emb == "rope" else None
         x = self.transformer.drop(x)
-        layers = [None] * cfg.n_layer if cache is None else cache.layers
         draws = self.draw_sa(B, T, idx.device, lengths) if draws is None else draws
-        for block, draw, layer in zip(self.transformer.h, draws, layers):
-            x = block(x, draw, rope, layer, pos)
+        for block, draw in zip(self.transformer.h, draws):
+            x = block(x, draw, rope, cache)
         if cache is not None:
-            cache.pos += T
+            cache.start += T
         logits = self.lm_head(self.transformer.ln_f(x))                          # (B, T, vocab)
         loss = None
         if targets is not None:  # targets of -1 are ignored (MQAR scores answers only)
@@ -400,34 +298,30 @@ class GPT(nn.Module):
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True):
         """Append max_new_tokens sampled tokens to idx (B, T). temperature=0: greedy, the most likely token.
-        use_cache: keep every layer's keys and values (a KVCache), so that a step computes one token,
-        not the whole prefix. Exact where config.cacheable: each step's logits equal those of one
-        forward over all the tokens so far (with the same SA keys r). Rank-rule SA cannot be cached:
-        whether key j is visible to query i depends on the slots of the tokens after i, so it
-        recomputes the prefix at every step, as without the cache, and says so on stderr.
-        Past block_size, without the cache every step crops the context to its last block_size
-        tokens (nanoGPT); with it, a full cache is refilled from the last block_size // 2 tokens
-        by one forward, so a step sees between block_size // 2 and block_size tokens."""
+        use_cache: decode from a KVCache (kv_cache.py), one token per step, exactly where config.cacheable;
+        rank-rule SA recomputes the whole prefix at every step instead, and says so on stderr. Past block_size,
+        without the cache every step crops the context to its last block_size tokens (nanoGPT); with it,
+        a full cache is refilled from the last block_size // 2 tokens by one forward."""
         cfg = self.config
+        if not temperature >= 0:
+            raise ValueError(f"temperature={temperature}: use a value > 0, or 0 for greedy decoding")
         if use_cache and not cfg.cacheable:
             print(f"use_cache: attn={cfg.attn!r} with sa_rule='rank' cannot be decoded from a KV cache exactly; "
                   "recomputing the whole prefix for every token", file=sys.stderr)
             use_cache = False
         cache = None
         for _ in range(max_new_tokens):
-            if not use_cache:
-                logits, _ = self(idx[:, -cfg.block_size:])
-            elif cache is None or cache.pos == cfg.block_size:  # the prompt, or a full cache: (re)fill it
+            if use_cache and (cache is None or cache.start == cfg.block_size):  # the prompt, or a full cache: (re)fill it
                 keep = cfg.block_size if cache is None else max(1, cfg.block_size // 2)
-                cache = KVCache(cfg.n_layer)
+                cache = KVCache(cfg)
                 logits, _ = self(idx[:, -keep:], cache=cache)
-            else:
-                logits, _ = self(idx[:, -1:], cache=cache)
-            logits = logits[:, -1, :]                                            # (B, vocab)
+            else:  # with the cache, the newest token; without, the last block_size tokens (cache is None)
+                logits, _ = self(idx[:, -1:] if use_cache else idx[:, -cfg.block_size:], cache=cache)
+            logits = logits[:, -1, :].double()                                   # (B, vocab), whatever the autocast
             if temperature == 0:
                 idx_next = logits.argmax(-1, keepdim=True)                       # (B, 1)
-            else:
-                logits = logits / temperature
+            else:  # minus the max first: a tiny temperature then gives 0 and -inf, never inf - inf
+                logits = (logits - logits.max(-1, keepdim=True).values) / temperature
                 if top_k is not None:
                     v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
                     logits[logits < v[:, [-1]]] = -float("inf")
@@ -437,11 +331,9 @@ class GPT(nn.Module):
 
     @classmethod
     def from_pretrained(cls, model_type, override_args=None):
-        """GPT-2's weights in our GPT, as nanoGPT does it. model_type is a size name
-        ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", downloaded through
-        transformers) or a transformers GPT2LMHeadModel already built. override_args
-        may set dropout and the attention fields that carry no weights (attn, window,
-        moba_block, moba_topk, sa_perm, sa_rule); attn="sa+swa" adds gates at their init."""
+        """GPT-2's weights in our GPT, as nanoGPT does it. model_type is a size name (GPT2_SIZES, downloaded
+        through transformers) or a transformers GPT2LMHeadModel already built. override_args may set dropout
+        and the attention fields that carry no weights; attn="sa+swa" adds gates at their init."""
         override_args = override_args or {}
         allowed = {"dropout", "attn", "window", "moba_block", "moba_topk", "sa_perm", "sa_rule"}
         if set(override_args) - allowed:
@@ -482,15 +374,6 @@ class GPT(nn.Module):
 
     def model_args(self):
         return asdict(self.config)
-
-
-class KVCache:
-    """What GPT.generate keeps between steps: pos, the number of tokens seen (the absolute
-    position of the next one), and one dict per layer that CausalSelfAttention.store fills."""
-
-    def __init__(self, n_layer):
-        self.pos = 0
-        self.layers = [{} for _ in range(n_layer)]
 
 
 def autocast(device, dtype):

@@ -145,7 +145,7 @@ def get_tokenizer(meta):
                 raise ValueError(f"this dataset's tokens are numbers: write the prompt as e.g. '3 17 4', "
                                  f"not {s[:40]!r}")
             return [int(t) for t in s.split()]
-        return encode, lambda ids: " ".join(str(i) for i in ids)
+        return encode, lambda ids: " ".join(str(i) for i in ids if i < n)
     enc = tiktoken_encoding(name)
     return (lambda s: enc.encode(s, allowed_special={"<|endoftext|>"}),
             lambda ids: enc.decode([i for i in ids if i < n]))

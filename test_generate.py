@@ -1,9 +1,15 @@
-"""Tests for GPT.generate and its KV cache (model.py). Run: python -m pytest -q test_generate.py"""
+"""Tests for GPT.generate (model.py), its KV cache (kv_cache.py) and sample.py.
+Run: python -m pytest -q test_generate.py"""
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
 import attention
-from model import GPT, GPTConfig, KVCache
+from kv_cache import KVCache
+from model import GPT, GPTConfig, save_checkpoint
 from test_attention import MaxNumel
 
 # lengths that are no multiple of the window (7) or the MoBA block (8)
@@ -24,12 +30,13 @@ VALUE = dict(sa_rule="value")
 
 
 def cached_draws(model, cache, B, T):
-    """The SA keys r that a cache holds, as GPT.forward's draws: (T,) or (B, nh, T) per layer."""
+    """The SA numbers r that a cache holds (sorted, with their positions), as GPT.forward's draws:
+    (T,) or (B, nh, T) per layer, in position order."""
     cfg = model.config
-    if "r" not in cache.layers[0]:
+    if "rs" not in cache.layers[0]:
         return None
-    return [layer["r"][0, :T] if cfg.sa_perm == "layer" else layer["r"][:, :T].view(B, cfg.n_head, T)
-            for layer in cache.layers]
+    r = [torch.zeros_like(layer["rs"]).scatter_(1, layer["ps"], layer["rs"]) for layer in cache.layers]  # (R, T) each
+    return [x[0] if cfg.sa_perm == "layer" else x.view(B, cfg.n_head, T) for x in r]
 
 
 @pytest.mark.parametrize("attn,kw", [("full", {}), ("full", dict(pos_emb="learned")), ("swa", {}),
@@ -41,15 +48,17 @@ def cached_draws(model, cache, B, T):
 def test_cached_logits_equal_one_full_forward(attn, kw):
     """Teacher forcing: a prefill, then one token at a time across many windows and MoBA blocks,
     gives at every step the logits of one forward over all the tokens (value-rule SA: with the
-    keys r the cache drew, one per token and layer)."""
+    numbers r the cache drew, one per token and layer)."""
     model, idx = tiny(attn, **kw), tokens(2, TOTAL)
     with torch.no_grad():
-        cache = KVCache(model.config.n_layer)
+        cache = KVCache(model.config)
         got = [model(idx[:, :PROMPT], cache=cache)[0]]
         got += [model(idx[:, t:t + 1], cache=cache)[0] for t in range(PROMPT, TOTAL)]
         want, _ = model(idx, draws=cached_draws(model, cache, 2, TOTAL))     # (2, TOTAL, vocab)
     diff = (torch.cat(got, 1) - want).abs().max().item()
     assert diff <= 1e-5, f"{attn} {kw}: cached logits differ by {diff:.2e}"
+    for layer in cache.layers if "rs" in cache.layers[0] else []:  # rs stays sorted, each position once
+        assert (layer["rs"].diff(dim=1) >= 0).all() and torch.equal(layer["ps"].sort(1)[0][0], torch.arange(TOTAL))
 
 
 @pytest.mark.parametrize("attn", ["full", "swa", "moba"])
@@ -68,7 +77,7 @@ def test_moba_cache_breaks_ties_as_moba_select():
     model, idx = tiny("moba", n_layer=1), tokens(2, TOTAL)
     for block in model.transformer.h:
         block.attn.c_attn.weight.data[:model.config.n_embd] = 0
-    cache = KVCache(1)
+    cache = KVCache(model.config)
     with torch.no_grad():
         model(idx[:, :PROMPT], cache=cache)
         for t in range(PROMPT, TOTAL):
@@ -89,7 +98,7 @@ def test_past_block_size_the_cache_is_refilled_from_half_a_block():
 
 
 def largest_tensor_of_a_decode_step(model, T):
-    cache = KVCache(model.config.n_layer)
+    cache = KVCache(model.config)
     with torch.no_grad():
         model(tokens(1, T), cache=cache)
         with MaxNumel() as seen:
@@ -110,7 +119,7 @@ def test_swa_decode_is_o_window():
 
 @pytest.mark.parametrize("attn", ["sa", "sa+swa"])
 def test_value_sa_decode_reads_o_window_keys(attn, monkeypatch):
-    """A cached value-rule SA step reads the keys of the buckets near its r: about 3 * window of
+    """A cached value-rule SA step reads the keys whose r lie near its own: about 2 * window of
     them at T = block_size, not T (the probe does see full attention read all T)."""
     kw = dict(block_size=2048, vocab_size=61, n_layer=2, n_head=2, n_embd=32, window=8, sa_rule="value")
     read = []
@@ -118,7 +127,8 @@ def test_value_sa_decode_reads_o_window_keys(attn, monkeypatch):
     monkeypatch.setattr(attention, "masked_attention", lambda q, k, v, m: read.append(k.shape[2]) or masked_attention(q, k, v, m))
     for kind in (attn, "full"):
         torch.manual_seed(0)
-        model, cache = GPT(GPTConfig(attn=kind, **kw)).eval(), KVCache(2)
+        model = GPT(GPTConfig(attn=kind, **kw)).eval()
+        cache = KVCache(model.config)
         with torch.no_grad():
             model(tokens(1, 2000), cache=cache)
             read.clear()
@@ -140,4 +150,89 @@ def test_sa_cannot_be_cached_says_so_and_recomputes(attn, capsys):
     err = capsys.readouterr().err
     assert torch.equal(*outs) and err.count("\n") == 1 and "cannot be decoded from a KV cache" in err
     with pytest.raises(ValueError, match="a KV cache takes a cacheable model"):
-        model(idx, cache=KVCache(model.config.n_layer))
+        KVCache(model.config)
+
+
+# -----------------------------------------------------------------------------
+# mixed precision (issue 21 section 1): every kind, both SA rules and both sa_perm modes
+
+EVERY_KIND = [("full", {}), ("swa", {}), ("moba", {})] + [
+    (attn, dict(sa_rule=rule, sa_perm=perm)) for attn in ("sa", "sa+swa") for rule in ("rank", "value") for perm in ("layer", "head")]
+CACHEABLE = [(attn, kw) for attn, kw in EVERY_KIND if kw.get("sa_rule") != "rank"]
+
+
+def kind_id(case):
+    return "-".join([case[0], *case[1].values()])
+
+
+@pytest.mark.parametrize("use_cache", [True, False], ids=["cache", "nocache"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("attn,kw", EVERY_KIND, ids=[kind_id(c) for c in EVERY_KIND])
+def test_generate_under_autocast(attn, kw, dtype, use_cache):
+    """generate under bf16 and fp16 autocast, past several windows, MoBA blocks and one cache refill."""
+    model = tiny(attn, block_size=16, **kw)
+    with torch.autocast("cpu", dtype=dtype):
+        out = model.generate(tokens(2, 5), 20, temperature=0.8, top_k=10, use_cache=use_cache)
+    assert out.shape == (2, 25) and 0 <= out.min() and out.max() < 61
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("attn,kw", CACHEABLE, ids=[kind_id(c) for c in CACHEABLE])
+def test_cache_under_autocast_holds_its_dtype_and_matches_a_forward(attn, kw, dtype):
+    """The cache holds what autocast produces, and the cached logits equal one forward's under the
+    same autocast within a few of its roundings (measured: one bf16 / fp16 ulp of the logits)."""
+    model, idx, total = tiny(attn, **kw), tokens(2, 40), 40
+    with torch.no_grad(), torch.autocast("cpu", dtype=dtype):
+        cache = KVCache(model.config)
+        got = [model(idx[:, :PROMPT], cache=cache)[0]]
+        got += [model(idx[:, t:t + 1], cache=cache)[0] for t in range(PROMPT, total)]
+        want, _ = model(idx, draws=cached_draws(model, cache, 2, total))
+    got = torch.cat(got, 1)
+    assert got.dtype == want.dtype == dtype and all(layer[kv].dtype == dtype for layer in cache.layers for kv in "kv")
+    torch.testing.assert_close(got.float(), want.float(), atol=4 * torch.finfo(dtype).eps, rtol=0)
+
+
+def test_tiny_temperature_is_greedy_and_a_negative_one_is_refused():
+    """temperature=1e-40 used to give `probability tensor contains either inf, nan`."""
+    model, idx = tiny("full"), tokens(2, 5)
+    greedy = model.generate(idx, 20, temperature=0)
+    for t in (1e-40, 1e-300, 5e-324):
+        assert torch.equal(model.generate(idx, 20, temperature=t), greedy)
+    with pytest.raises(ValueError, match="temperature=-1"):
+        model.generate(idx, 1, temperature=-1)
+
+
+# -----------------------------------------------------------------------------
+# sample.py, on checkpoints of untrained tiny models
+
+def sample(ckpt_dir, *args):
+    cmd = [sys.executable, "sample.py", f"--out_dir={ckpt_dir}", "--device=cpu", *args]
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=os.path.dirname(os.path.abspath(__file__)),
+                       env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r
+
+
+def checkpoint(tmp_path, meta, **kw):
+    model = tiny(**kw)
+    save_checkpoint({"model": model.state_dict(), "model_args": model.model_args(), "meta": meta}, str(tmp_path / "ckpt.pt"))
+    return tmp_path
+
+
+def test_sample_rank_sa_says_once_that_it_recomputes(tmp_path):
+    """The README's model (rank-rule sa+swa): one line about the cache for three samples, not three;
+    and a tiny temperature runs."""
+    out = checkpoint(tmp_path, {"tokenizer": "bytes", "vocab_size": 256}, attn="sa+swa", vocab_size=256)
+    r = sample(out, "--start=ab", "--num_samples=3", "--max_new_tokens=8", "--temperature=1e-40")
+    assert r.stdout.count("---------------") == 3
+    assert r.stderr.count("cannot be decoded from a KV cache") == 1
+
+
+def test_sample_mqar_prints_no_padding_ids(tmp_path):
+    """An MQAR model's vocabulary (10 ids) is padded to 61 here: sampling among all of them draws
+    padding ids, which decode (get_tokenizer) drops; cached full attention under fp16."""
+    out = checkpoint(tmp_path, {"tokenizer": "ids", "vocab_size": 10}, attn="full")
+    r = sample(out, "--start=1 2 3", "--num_samples=1", "--max_new_tokens=40", "--temperature=1.0", "--top_k=0",
+               "--dtype=float16")
+    ids = [int(t) for t in r.stdout.split("---------------")[0].split()]
+    assert ids[:3] == [1, 2, 3] and max(ids) < 10 and len(ids) < 43

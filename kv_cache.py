@@ -1,0 +1,119 @@
+"""
+The KV cache of GPT.generate (model.py): what each layer keeps of the tokens seen so far, and the
+attention of one new token over it, by its kind's rule in attention.py's docstring. Exact: a step's
+output is the last row of one forward over all the tokens so far (test_generate.py checks every kind).
+
+A layer's dict holds k, v (B, nh, S, hs), the token at absolute position p in slot p % S:
+  swa:   S = window, so a key is overwritten exactly when it leaves every later query's window;
+  other: S >= block_size (moba rounds it up to whole blocks), nothing is overwritten.
+  moba also keeps kmean (B, nh, S // moba_block, hs), the key mean of each complete block, in fp32.
+  value-rule SA also keeps the tokens' numbers r SORTED: rs (R, n) ascending and ps (R, n), the position
+  each belongs to (R = 1, or B * nh for sa_perm="head"). A step's visible keys are one contiguous run
+  of rs, found by two searchsorted calls: about 2 * window keys at T = block_size, not all T.
+Rank-rule SA cannot be cached: whether key j is visible to query i depends on the slots of the
+tokens after i (GPTConfig.cacheable).
+"""
+import math
+
+import torch
+import torch.nn.functional as F
+
+import attention
+
+
+class KVCache:
+
+    def __init__(self, config):
+        if not config.cacheable:
+            raise ValueError(f"a KV cache takes a cacheable model (not rank-rule SA), got attn={config.attn!r} "
+                             f"with sa_rule={config.sa_rule!r}")
+        self.config = config
+        self.start = 0                                   # tokens seen: the absolute position of the next one
+        self.layers = [{} for _ in range(config.n_layer)]
+        self.value_sa = config.attn in ("sa", "sa+swa")  # cacheable SA is value-rule SA
+
+    def store(self, i, k, v, draw=None):
+        """Write layer i's k, v (B, nh, T, hs) of positions start..start+T-1, allocating its buffers on
+        the first call (in k's dtype: what autocast produced); value-rule SA also files the tokens'
+        numbers r (the layer's draw, (T,) or (B, nh, T)) into the sorted rs, ps."""
+        cfg, cache, start, (B, nh, T, hs) = self.config, self.layers[i], self.start, k.shape
+        if not cache:
+            bs = cfg.moba_block
+            S = {"swa": min(cfg.window, cfg.block_size), "moba": math.ceil(cfg.block_size / bs) * bs}.get(cfg.attn, cfg.block_size)
+            cache.update(k=k.new_zeros(B, nh, S, hs), v=v.new_zeros(B, nh, S, hs))
+            if cfg.attn == "moba":
+                cache["kmean"] = k.new_zeros(B, nh, S // bs, hs, dtype=torch.float32)
+        S = cache["k"].shape[2]
+        n = min(T, S)                                            # only the last S positions can ever be seen
+        slots = torch.arange(start + T - n, start + T, device=k.device) % S
+        cache["k"][:, :, slots] = k[:, :, T - n:]                               # (B, nh, n, hs) into their slots
+        cache["v"][:, :, slots] = v[:, :, T - n:]
+        if cfg.attn == "moba":  # the blocks these tokens complete, averaged as moba_select averages them
+            bs = cfg.moba_block
+            lo, hi = start // bs, (start + T) // bs
+            if hi > lo:
+                cache["kmean"][:, :, lo:hi] = attention.block_means(cache["k"][:, :, lo * bs:hi * bs], bs)
+        if self.value_sa:
+            r = draw.expand(B, nh, T).reshape(-1, T) if draw.dim() == 3 else draw[None]  # (R, T)
+            cache["rq"] = r[:, -1:]                                 # (R, 1): the newest token's r, a step's query
+            r, order = r.sort(-1)                                                       # (R, T) ascending
+            p = start + order                                                           # (R, T) their positions
+            if "rs" in cache:  # merge into the sorted rs: each r's place is its rank in the union
+                rs, ps = cache["rs"], cache["ps"]                                       # (R, m) each
+                at_old = torch.arange(rs.shape[1], device=r.device) + torch.searchsorted(r, rs)  # (R, m)
+                at_new = torch.arange(T, device=r.device) + torch.searchsorted(rs, r, right=True)  # (R, T)
+                r = rs.new_empty(r.shape[0], rs.shape[1] + T).scatter_(1, at_old, rs).scatter_(1, at_new, r)
+                p = ps.new_empty(r.shape).scatter_(1, at_old, ps).scatter_(1, at_new, p)  # (R, m + T) each
+            cache["rs"], cache["ps"] = r, p
+
+    def attend(self, i, q, kind):
+        """The attention of one query q (B, nh, 1, hs) at position start over layer i's cache (which
+        holds it already) by `kind`'s rule: a masked softmax with autocast off, the scores in fp32 as
+        attention.py computes them, the output in the cache's dtype."""
+        cfg, cache, start, (B, nh, _, hs) = self.config, self.layers[i], self.start, q.shape
+        S = cache["k"].shape[2]
+        if kind in ("full", "swa"):  # full: every position so far; swa: the last `window` of them
+            slots = torch.arange(0 if kind == "full" else max(0, start + 1 - cfg.window), start + 1, device=q.device) % S
+            keys, vals = cache["k"][:, :, slots], cache["v"][:, :, slots]                # (B, nh, n, hs)
+            mask = torch.ones(len(slots), dtype=torch.bool, device=q.device)
+        elif kind == "sa":  # value rule: the run of rs within delta (and a margin) of the query's r
+            delta, rs, rq = cfg.sa_delta, cache["rs"], cache["rq"]                      # rs (R, m), rq (R, 1)
+            lo = torch.searchsorted(rs, rq - delta - attention.VALUE_MARGIN)             # (R, 1)
+            hi = torch.searchsorted(rs, rq + delta + attention.VALUE_MARGIN)             # (R, 1)
+            run = lo + torch.arange(int((hi - lo).max()), device=q.device)              # (R, n)
+            at = run.clamp(max=rs.shape[1] - 1)                                          # (R, n) in range
+            mask = (run < hi) & ((rq - rs.gather(1, at)).abs() < delta)                  # (R, n): the rule itself
+            pos = cache["ps"].gather(1, at)                                              # (R, n) their positions
+            if pos.shape[0] == 1:
+                keys, vals, mask = cache["k"][:, :, pos[0]], cache["v"][:, :, pos[0]], mask[0]  # (B, nh, n, hs)
+            else:
+                at = pos.view(B, nh, -1, 1).expand(-1, -1, -1, hs)                       # (B, nh, n, hs)
+                keys, vals, mask = cache["k"].gather(2, at), cache["v"].gather(2, at), mask.view(B, nh, 1, -1)
+        else:  # moba
+            keys, vals, mask = self._moba_keys(cache, q)
+        with torch.autocast(q.device.type, enabled=False):
+            return attention.masked_attention(q, keys, vals, mask)                       # (B, nh, 1, hs)
+
+    def _moba_keys(self, cache, q):
+        """The keys, values and mask of MoBA's step: the own block so far, plus the top_k - 1 past blocks
+        with the largest q . kmean, chosen as moba_select chooses the last row of a forward over them."""
+        cfg, start, (B, nh, _, hs) = self.config, self.start, q.shape
+        bs = cfg.moba_block
+        nc = start // bs                                     # complete blocks, all strictly past
+        own = nc * bs                                        # the own block's first position
+        keys, vals = cache["k"][:, :, own:start + 1], cache["v"][:, :, own:start + 1]  # (B, nh, start+1-own, hs)
+        mask = torch.ones(keys.shape[2], dtype=torch.bool, device=q.device)
+        if cfg.moba_topk > 1 and nc > 0:
+            # the own block is one more column, masked to -inf, so that topk sees moba_select's row
+            # and breaks ties alike; fp32 with autocast off, as moba_select scores
+            with torch.autocast(q.device.type, enabled=False):
+                scores = q.float() @ cache["kmean"][:, :, :nc].transpose(-1, -2)     # (B, nh, 1, nc)
+            scores = F.pad(scores, (0, 1), value=float("-inf"))                       # (B, nh, 1, nc+1)
+            top, idx = scores.topk(min(cfg.moba_topk - 1, nc + 1), dim=-1)           # (B, nh, 1, n)
+            bh = (torch.arange(B, device=q.device)[:, None, None], torch.arange(nh, device=q.device)[None, :, None])
+            blocks = idx[:, :, 0]                                                      # (B, nh, n)
+            ksel = cache["k"].unflatten(2, (-1, bs))[bh + (blocks,)].flatten(2, 3)      # (B, nh, n*bs, hs)
+            vsel = cache["v"].unflatten(2, (-1, bs))[bh + (blocks,)].flatten(2, 3)      # (B, nh, n*bs, hs)
+            keys, vals = torch.cat([keys, ksel], 2), torch.cat([vals, vsel], 2)        # (B, nh, n_keys, hs)
+            mask = torch.cat([mask.expand(B, nh, 1, -1), (top > float("-inf")).repeat_interleave(bs, -1)], -1)
+        return keys, vals, mask
