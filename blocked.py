@@ -4,7 +4,7 @@ attention.py runs its fast paths here (SWA with pos, so both SA rules, and MoBA)
 run the Triton kernel. The rules themselves are stated in attention.py's docstring.
 
 A LAYOUT cuts the (query, key) pairs a rule allows into GROUPS: C query rows, the L key rows they
-may see, and a bool mask (C, L) of the pairs the rule hides. Rows index a flat fp32 copy (N, D) of
+may see, and an additive mask (C, L): 0 where the rule allows, -inf where it hides. Rows index a flat fp32 copy (N, D) of
 q, k, v that the layout makes (`flat`); it yields its groups in CHUNKS (`chunks`), as many groups
 as keep their scores (CHUNK elements) in cache. The band (SWA) pads each head with `left` zero
 slots before its T slots and `right` after, so that every block of C query slots sees the same
@@ -49,7 +49,8 @@ class Band:
             left, right = w - 1, (0 if pos is None else w - 1)
             L = left + C + right
             r, c = torch.arange(C, device=device), torch.arange(L, device=device)
-            self.outside = (r[:, None] + left - c[None, :]).abs() >= w           # (C, L): the band's edges
+            outside = (r[:, None] + left - c[None, :]).abs() >= w                # (C, L): the band's edges
+            self.band = torch.zeros(C, L, device=device).masked_fill_(outside, NEG)
         else:
             val = val.expand(B, H, T).reshape(BH, T) if val.dim() == 3 else val[None]  # (R, T), R = 1 or BH
             first = torch.arange(nb, device=device) * C                         # each block's first slot
@@ -98,26 +99,27 @@ class Band:
         ks = self.kslots[h:h + self.m] if len(self.kslots) > 1 else self.kslots
         return t.gather(1, ks[:, s:e].flatten(1).expand(len(t), -1)).view(len(t), e - s, L)
 
-    def hidden(self, h, s, e):
-        """The pairs the rule hides in blocks s..e-1 of heads h..h+m-1: (m or 1, e-s, C, L) bool."""
+    def mask(self, h, s, e):
+        """The rule's additive mask in blocks s..e-1 of heads h..h+m-1: (m or 1, e-s, C, L)."""
         C, q = self.C, slice(self.left + s * self.C, self.left + e * self.C)
         qpos = self.pos[h:h + self.m, q].unflatten(1, (e - s, C))               # (m or 1, e-s, C)
-        hidden = self.spans(self.pos, h, s, e)[..., None, :] > qpos[..., :, None]
+        visible = self.spans(self.pos, h, s, e)[..., None, :] <= qpos[..., :, None]
         if self.val is None:
-            return hidden | self.outside
+            return torch.where(visible, self.band, NEG)
         qval = self.val[h:h + self.m, q].unflatten(1, (e - s, C))               # (m or 1, e-s, C)
-        return hidden | ~((qval[..., :, None] - self.spans(self.val, h, s, e)[..., None, :]).abs() < self.width)
+        visible &= (qval[..., :, None] - self.spans(self.val, h, s, e)[..., None, :]).abs() < self.width
+        return torch.zeros(visible.shape, device=visible.device).masked_fill_(~visible, NEG)
 
     def chunks(self):
-        """(query rows (m, n, C), key rows (m, n, L), hidden (m or 1, n, C, L)) per chunk."""
+        """(query rows (m, n, C), key rows (m, n, L), mask (m or 1, n, C, L)) per chunk."""
         BH, shared = len(self.rows), len(self.pos) == 1  # a pos shared by the heads: one mask for all
         for s in range(0, self.nb, self.n):
             e = min(s + self.n, self.nb)
-            mask = self.hidden(0, s, e) if shared else None
+            mask = self.mask(0, s, e) if shared else None
             for h in range(0, BH, self.m):
                 qrows = self.rows[h:h + self.m, self.left + s * self.C:self.left + e * self.C]
                 yield qrows.unflatten(1, (e - s, self.C)), self.spans(self.rows, h, s, e), \
-                    mask if shared else self.hidden(h, s, e)
+                    mask if shared else self.mask(h, s, e)
 
 
 class Moba:
@@ -136,8 +138,9 @@ class Moba:
         rows = F.pad(torch.arange(T, device=device) + base, (0, nblk * bs - T), value=BH * T)  # (BH, nblk*bs)
         self.own = rows.view(BH, nblk, bs)                                          # queries = keys
         r = torch.arange(bs, device=device)
-        self.keypad = (torch.arange(nblk * bs, device=device) >= T).view(nblk, bs)  # (nblk, bs): past T
-        self.own_hidden = (r[None, :] > r[:, None]) | self.keypad[:, None, :]        # (nblk, bs, bs): causal, pads
+        keypad = torch.zeros(nblk * bs, device=device).index_fill_(0, torch.arange(T, nblk * bs, device=device),
+                                                                   NEG).view(nblk, bs)   # (nblk, bs): -inf past T
+        self.own_mask = torch.zeros(bs, bs, device=device).masked_fill_(r[None, :] > r[:, None], NEG) + keypad[:, None]
         pair_blk = (idx + torch.arange(BH, device=device).view(B, H, 1, 1) * nblk)[ok]  # (P,): head*nblk + block
         pair_row = (torch.arange(T, device=device) + base.view(B, H, 1)).unsqueeze(-1).expand_as(idx)[ok]  # (P,)
         pair_blk, order = pair_blk.sort(stable=True)
@@ -151,7 +154,7 @@ class Moba:
         self.tile_q.view(-1)[tile0[pair_blk] * C + rank] = pair_row
         tile_blk = torch.repeat_interleave(torch.arange(BH * nblk, device=device), ntile)  # (tiles,)
         self.tile_k = rows.view(BH * nblk, bs)[tile_blk]                            # (tiles, bs)
-        self.tile_hidden = self.keypad[tile_blk % nblk][:, None, :]                 # (tiles, 1, bs)
+        self.tile_mask = keypad[tile_blk % nblk][:, None, :]                        # (tiles, 1, bs)
         self.n = max(1, CHUNK // (C * bs))                                          # tiles per chunk
         self.m = max(1, self.n // BH)                                               # own blocks per chunk
 
@@ -166,15 +169,20 @@ class Moba:
 
     def chunks(self):
         for s in range(0, self.own.shape[1], self.m):  # (BH, m, bs), (BH, m, bs), (m, bs, bs)
-            yield self.own[:, s:s + self.m], self.own[:, s:s + self.m], self.own_hidden[s:s + self.m]
+            yield self.own[:, s:s + self.m], self.own[:, s:s + self.m], self.own_mask[s:s + self.m]
         for s in range(0, len(self.tile_q), self.n):   # (n, C), (n, bs), (n, 1, bs)
-            yield self.tile_q[s:s + self.n], self.tile_k[s:s + self.n], self.tile_hidden[s:s + self.n]
+            yield self.tile_q[s:s + self.n], self.tile_k[s:s + self.n], self.tile_mask[s:s + self.n]
+
+
+def _masked(s, mask, finite):
+    """Scores s with the additive mask applied: added where every key is finite (fast), else filled."""
+    return s.add_(mask) if finite else s.masked_fill_(mask == NEG, NEG)
 
 
 class GroupedAttention(torch.autograd.Function):
     """softmax over each query's groups in `layout`, forward and backward: (B, H, T, D) -> (B, H, T, D).
-    Hidden pairs are set to -inf BEFORE anything is summed, so that a NaN in a hidden key never
-    reaches a query (0 * NaN would)."""
+    A key that is not finite gets its hidden scores set to -inf, not -inf added (NaN + -inf is NaN),
+    so that its NaN never reaches a query that may not see it."""
 
     @staticmethod
     def forward(ctx, q, k, v, layout):
@@ -183,9 +191,10 @@ class GroupedAttention(torch.autograd.Function):
         # the sum of exp(lse - top) (total) and the output sum. Without, each row is written once.
         top = torch.full_like(qf[:, 0], NEG)                                    # (N,)
         total, out = torch.zeros_like(top), torch.zeros_like(qf) if layout.merge else torch.empty_like(qf)
-        for qrows, krows, hidden in layout.chunks():                            # (..., C), (..., L), (..., C, L)
+        finite = bool(kf.isfinite().all())  # else the slower exact masking
+        for qrows, krows, mask in layout.chunks():                              # (..., C), (..., L), (..., C, L)
             qc, kc, vc = layout.gather(qf, qrows), layout.gather(kf, krows), layout.gather(vf, krows)
-            s = (qc @ kc.transpose(-1, -2)).masked_fill_(hidden, NEG)           # (..., C, L)
+            s = _masked(qc @ kc.transpose(-1, -2), mask, finite)                # (..., C, L)
             m = s.amax(-1, keepdim=True)                                        # (..., C, 1)
             p = s.sub_(m).exp_()                                                # (..., C, L), unnormalised
             l = p.sum(-1, keepdim=True)                                         # (..., C, 1)
@@ -219,10 +228,11 @@ class GroupedAttention(torch.autograd.Function):
             qf, kf, vf, dof = layout.flat(q).mul_(scale), layout.flat(k), layout.flat(v), layout.flat(dout)
             rowdot = (dof * out).sum(-1)                                        # (N,): rowsum(dO * O)
             dq, dk, dv = torch.zeros_like(qf), torch.zeros_like(kf), torch.zeros_like(vf)
-            for qrows, krows, hidden in layout.chunks():
+            finite = bool(kf.isfinite().all())
+            for qrows, krows, mask in layout.chunks():
                 qc, doc = layout.gather(qf, qrows), layout.gather(dof, qrows)
                 kc, vc = layout.gather(kf, krows), layout.gather(vf, krows)
-                s = (qc @ kc.transpose(-1, -2)).masked_fill_(hidden, NEG)       # (..., C, L)
+                s = _masked(qc @ kc.transpose(-1, -2), mask, finite)            # (..., C, L)
                 p = s.sub_(lse[qrows][..., None]).exp_()                        # (..., C, L): probabilities
                 dv.index_add_(0, krows.flatten(), (p.transpose(-1, -2) @ doc).flatten(0, -2))
                 ds = p.mul_((doc @ vc.transpose(-1, -2)).sub_(rowdot[qrows][..., None]))  # dloss/dscores
