@@ -76,7 +76,7 @@ class Band:
         (B, H, T), D = self.shape, t.shape[-1]
         f = t.new_empty(B * H, self.S, D, dtype=torch.float32)
         f[:, :self.left], f[:, self.left + T:] = 0, 0
-        f[:, self.left:self.left + T] = t.detach().reshape(B * H, T, D)
+        f.view(B, H, self.S, D)[:, :, self.left:self.left + T] = t.detach()  # any strides, any dtype: one pass
         return f.view(-1, D)
 
     def unflat(self, f, like):
