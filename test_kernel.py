@@ -10,13 +10,14 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 import attention as A
-from test_attention import assert_same, qkv, random_perm
+from test_attention import assert_same, attention_kinds, out_and_grads, qkv, random_perm
 
 triton = pytest.importorskip("triton", reason="triton is not installed: the Triton kernel tests need it")
 import kernel  # noqa: E402  (after the skip)
@@ -159,17 +160,46 @@ def assert_finite_like_sdpa(fn, q, k, v, mask):
     return got
 
 
-# -----------------------------------------------------------------------------
-# The fallback: a GPU the kernel cannot run on gets the torch path with a warning under
-# BACKEND="auto", and the error under BACKEND="triton".
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("kind", ["swa", "sa", "sa-bht", "sa-value"])
+def test_kernel_under_autocast(small_blocks, bf16_dot, monkeypatch, kind, dtype):
+    """fp32 inputs under torch.autocast through the kernel: SDPA's output dtype, forward and backward
+    equal to the reference under the same autocast."""
+    monkeypatch.setattr(A, "BACKEND", "triton")
+    fast, ref = attention_kinds(100, B=2, H=2)[kind]
+    q, k, v = qkv(2, 2, 100, 16, device=KDEV)
+    with torch.autocast(KDEV, dtype=dtype):
+        got, want = out_and_grads(fast, q, k, v), out_and_grads(ref, q, k, v)
+    assert got[0].dtype == dtype
+    for name, a, b in zip(("out", "dq", "dk", "dv"), got, want):
+        torch.testing.assert_close(a.float(), b.float(), atol=6e-2, rtol=5e-2, msg=lambda m: f"{name}: {m}")
 
-@pytest.mark.parametrize("cause, match", [("shared memory", "the GPU has 16 KB"),
-                                          ("launch", "arange")])
+
+@pytest.mark.parametrize("kind", ["swa", "sa", "sa-value"])
+def test_kernel_nan_key_reaches_only_the_queries_that_see_it(small_blocks, monkeypatch, kind):
+    monkeypatch.setattr(A, "BACKEND", "triton")
+    fast, ref = attention_kinds(100, window=4, B=1, H=2)[kind]
+    q, k, v = (t.detach() for t in qkv(1, 2, 100, 16, device=KDEV))
+    k[:, :, 70] = float("nan")
+    want = ref(q, k, v).isnan().any(-1)
+    assert want.any() and not want[..., :70].any()
+    assert torch.equal(fast(q, k, v).isnan().any(-1), want)
+
+
+# -----------------------------------------------------------------------------
+# The fallback: where the kernel cannot compile or run on a GPU, BACKEND="auto" warns and takes
+# the torch path; BACKEND="triton" raises. A bug in the kernel raises under both.
+
+def oom(*args):
+    raise triton.runtime.errors.OutOfResources(300000, 232448, "shared memory")
+
+
+@pytest.mark.parametrize("cause, match", [("shared memory", "the GPU has 16 KB"), ("out of resources", "out of resource: shared memory")])
 def test_auto_falls_back_to_torch(monkeypatch, cause, match):
     if cause == "shared memory":   # a device with 16 KB: no configuration fits
         monkeypatch.setattr(kernel, "INTERPRETER", kernel.Target("cuda", 80, 16 * 1024))
-    else:                          # a configuration that cannot compile: a block of 48 rows is no power of 2
-        monkeypatch.setattr(kernel, "choose_config", lambda *a: SMALL._replace(block_m=48))
+    else:                          # as a compile for a GPU may fail
+        monkeypatch.setattr(kernel, "choose_config", oom)
     q, k, v = qkv(1, 2, 50, 16, device=KDEV)
     perm = random_perm((), 50, device=KDEV)
     monkeypatch.setattr(A, "BACKEND", "triton")
@@ -183,6 +213,37 @@ def test_auto_falls_back_to_torch(monkeypatch, cause, match):
     with pytest.warns(UserWarning, match=f"torch path instead: .*{match}"):
         assert_same(lambda *x: A.stochastic_value_attention(*x, 0.2, r), q, k, v,
                     lambda *x: A.sa_value_reference(*x, 0.2, r))
+
+
+def test_a_kernel_bug_raises_under_auto(monkeypatch):
+    """A kernel that fails for a reason other than the GPU's limits (here: blocks of 48 rows, no power
+    of 2) must raise, not hide behind the torch path."""
+    monkeypatch.setattr(kernel, "choose_config", lambda *a: SMALL._replace(block_m=48))
+    monkeypatch.setattr(A, "_backend", lambda q: "triton")
+    q, k, v = qkv(1, 2, 50, 16, device=KDEV)
+    with pytest.raises(Exception, match="power of 2"):
+        A.sliding_window_attention(q, k, v, 8)
+
+
+class FakeCudaTensor:
+    is_cuda, shape, dtype = True, (1, 2, 8, 64), torch.bfloat16
+
+
+@pytest.mark.parametrize("version, supported", [("3.0.0", True), ("3.6.0", True), ("3.9.1", True),
+                                                ("2.3.1", False), ("3.10.0", False), ("4.0.0", False)])
+def test_auto_uses_the_kernel_only_with_a_tested_triton(monkeypatch, version, supported):
+    """BACKEND="auto" on a CUDA tensor: the kernel with a Triton in attention.TRITON_VERSIONS; otherwise
+    the torch path and one warning (not one per call)."""
+    monkeypatch.setattr(triton, "__version__", version)
+    A._triton_supported.cache_clear()
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            assert [A._backend(FakeCudaTensor()) for _ in range(2)] == ["triton" if supported else "torch"] * 2
+        assert len(caught) == (0 if supported else 1)
+        assert supported or f"Triton {version} is outside the tested range" in str(caught[0].message)
+    finally:
+        A._triton_supported.cache_clear()
 
 
 def test_check_passes_under_the_interpreter():
@@ -225,7 +286,7 @@ def compile_kernel(job):
     # as launched for SA: pos strides (.., 1); "value" = the value rule's variant (val and key spans)
     consts.update(HAS_POS=True, HAS_VAL=which.endswith("value"), PRECISION=config.precision, pos_stride_t=1)
     signature = {n: "constexpr" if n in consts else PTR[dtype] if n in ("Q", "K", "V", "O", "DO", "DQ", "DK", "DV")
-                 else "*fp32" if n in ("LSE", "Delta", "Val") else "*i64" if n == "Pos" else "*i32" if n == "Spans"
+                 else "*fp32" if n in ("LSE", "RowDot", "Val") else "*i64" if n == "Pos" else "*i32" if n == "Spans"
                  else "fp32" if n.endswith("scale") or n == "width" else "i32" for n in fn.arg_names}
     aligned = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if signature[n][0] == "*"}
     triton.knobs.nvidia.dump_ptxas_log = True           # ptxas -v's report is printed: registers and spills

@@ -1,0 +1,247 @@
+"""
+The blocked torch engine: attention in O(T * w) time and memory, forward and backward, on any device.
+attention.py runs its fast paths here (SWA with pos, so both SA rules, and MoBA) when it does not
+run the Triton kernel. The rules themselves are stated in attention.py's docstring.
+
+A LAYOUT cuts the (query, key) pairs a rule allows into GROUPS: C query rows, the L key rows they
+may see, and an additive mask (C, L): 0 where the rule allows, -inf where it hides. Rows index a flat fp32 copy (N, D) of
+q, k, v that the layout makes (`flat`); it yields its groups in CHUNKS (`chunks`), as many groups
+as keep their scores (CHUNK elements) in cache. The band (SWA) pads each head with `left` zero
+slots before its T slots and `right` after, so that every block of C query slots sees the same
+L = left + C + right key slots around it, and the key spans are strided VIEWS of the copy:
+
+    slots:    | pad |  0 ...                                      T-1 | pad |
+    block 0   [left |  C  | right]
+    block 1         [left |  C  | right]      (one-sided SWA: right = 0)
+    block 2               [left |  C  | right]
+
+With val (the value rule: slots sorted by val), block b's span starts at the first slot within
+width of the block's smallest val and has the length the widest block needs: a gather, not a view.
+MoBA's groups are key blocks with the queries that see them; a query in several groups gets one
+softmax over all of them, merged by logsumexp as FlashAttention merges its key blocks.
+Why an explicit backward: autograd would keep every chunk's (C, L) probabilities until backward,
+O(T * L) memory per layer; here the forward keeps only the output and each row's logsumexp, and
+the backward recomputes each chunk's probabilities from them.
+"""
+import math
+
+import torch
+import torch.nn.functional as F
+
+BLOCK = 64           # query rows per group
+CHUNK = 1 << 19      # score elements per chunk: a chunk's scores stay in cache
+NEG = float("-inf")  # hidden scores; every real query sees itself, so no real row is all -inf
+
+
+class Band:
+    """The band over slots: key slot j is visible to query slot i iff |i - j| < width (with val:
+    |val[i] - val[j]| < width) and pos[j] <= pos[i]; pos (T,) or broadcastable to (B, H, T),
+    None for plain causal SWA; val has pos's shape, ascending along T."""
+    merge = False  # every query is in exactly one group
+
+    def __init__(self, q, width, pos=None, val=None, margin=0.0):
+        (B, H, T, _), device = q.shape, q.device
+        BH = B * H
+        C = min(BLOCK, 1 << (T - 1).bit_length())           # small T needs no full block
+        nb = math.ceil(T / C)
+        if val is None:
+            w = min(width, T)                                # |i - j| < T always holds
+            left, right = w - 1, (0 if pos is None else w - 1)
+            L = left + C + right
+            r, c = torch.arange(C, device=device), torch.arange(L, device=device)
+            outside = (r[:, None] + left - c[None, :]).abs() >= w                # (C, L): the band's edges
+            self.band = torch.zeros(C, L, device=device).masked_fill_(outside, NEG)
+        else:
+            val = val.expand(B, H, T).reshape(BH, T) if val.dim() == 3 else val[None]  # (R, T), R = 1 or BH
+            first = torch.arange(nb, device=device) * C                         # each block's first slot
+            start = torch.searchsorted(val, val[:, first] - width - margin)     # (R, nb): the spans' first slots
+            end = torch.searchsorted(val, val[:, (first + C).clamp(max=T) - 1] + width + margin)
+            L = int((torch.maximum(end, first + C) - start).max())  # a block's own slots are always in its span
+            left, right = 0, L - C
+            self.kslots = start[..., None] + torch.arange(L, device=device)     # (R, nb, L)
+            val = F.pad(val, (0, nb * C - T + right))                          # (R, S): pads hidden by pos
+        if pos is None:
+            pos = torch.arange(T, device=device)
+        pos = pos.expand(B, H, T).reshape(BH, T) if pos.dim() == 3 else pos[None]   # (R, T)
+        self.S = left + nb * C + right
+        self.pos = pos.new_full((len(pos), self.S), torch.iinfo(torch.long).max)     # (R, S): pads in the future
+        self.pos[:, left:left + T] = pos
+        self.rows = torch.arange(BH * self.S, device=device).view(BH, self.S)  # (BH, S): rows of the flat copy
+        self.shape, self.width, self.val, self.C, self.L, self.left, self.nb = (B, H, T), width, val, C, L, left, nb
+        self.n = min(nb, max(1, CHUNK // (C * L)))             # blocks per chunk
+        self.m = max(1, CHUNK // (C * L * nb))                 # heads per chunk, when one head's blocks all fit
+
+    def flat(self, t):
+        """(B, H, T, D) -> (BH * S, D) fp32, each head between its zero pads: one copy."""
+        (B, H, T), D = self.shape, t.shape[-1]
+        f = t.new_empty(B * H, self.S, D, dtype=torch.float32)
+        f[:, :self.left], f[:, self.left + T:] = 0, 0
+        f.view(B, H, self.S, D)[:, :, self.left:self.left + T] = t.detach()  # any strides, any dtype: one pass
+        return f.view(-1, D)
+
+    def unflat(self, f, like):
+        """flat undone, as a view of f: (BH * S, D) -> the shape and dtype of `like` (B, H, T, D)."""
+        T = self.shape[2]
+        return f.view(-1, self.S, f.shape[-1])[:, self.left:self.left + T].view(like.shape).to(like.dtype)
+
+    def gather(self, f, rows):
+        """f (N, D) at rows: the spans of the slot band are strided views of f, the value rule's a gather."""
+        if self.val is not None:
+            return f.index_select(0, rows.flatten()).view(*rows.shape, f.shape[-1])
+        return f.as_strided((*rows.shape, f.shape[-1]), (*(st * f.shape[-1] for st in rows.stride()), 1),
+                            rows.storage_offset() * f.shape[-1])   # rows[i] is i: the same view of f
+
+    def spans(self, t, h, s, e):
+        """t (R or BH, S) at the key slots of blocks s..e-1 of heads h..h+m-1: (m or 1, e-s, L)."""
+        C, L, t = self.C, self.L, t[h:h + self.m]
+        if self.val is None:
+            return t[:, s * C:(e - 1) * C + L].unfold(1, L, C)                  # a strided view
+        ks = self.kslots[h:h + self.m] if len(self.kslots) > 1 else self.kslots
+        return t.gather(1, ks[:, s:e].flatten(1).expand(len(t), -1)).view(len(t), e - s, L)
+
+    def mask(self, h, s, e):
+        """The rule's additive mask in blocks s..e-1 of heads h..h+m-1: (m or 1, e-s, C, L)."""
+        C, q = self.C, slice(self.left + s * self.C, self.left + e * self.C)
+        qpos = self.pos[h:h + self.m, q].unflatten(1, (e - s, C))               # (m or 1, e-s, C)
+        visible = self.spans(self.pos, h, s, e)[..., None, :] <= qpos[..., :, None]
+        if self.val is None:
+            return torch.where(visible, self.band, NEG)
+        qval = self.val[h:h + self.m, q].unflatten(1, (e - s, C))               # (m or 1, e-s, C)
+        visible &= (qval[..., :, None] - self.spans(self.val, h, s, e)[..., None, :]).abs() < self.width
+        return torch.zeros(visible.shape, device=visible.device).masked_fill_(~visible, NEG)
+
+    def chunks(self):
+        """(query rows (m, n, C), key rows (m, n, L), mask (m or 1, n, C, L)) per chunk."""
+        BH, shared = len(self.rows), len(self.pos) == 1  # a pos shared by the heads: one mask for all
+        for s in range(0, self.nb, self.n):
+            e = min(s + self.n, self.nb)
+            mask = self.mask(0, s, e) if shared else None
+            for h in range(0, BH, self.m):
+                qrows = self.rows[h:h + self.m, self.left + s * self.C:self.left + e * self.C]
+                yield qrows.unflatten(1, (e - s, self.C)), self.spans(self.rows, h, s, e), \
+                    mask if shared else self.mask(h, s, e)
+
+
+class Moba:
+    """MoBA's groups, each a block of moba_block keys and the queries that see it:
+    - own: query block b and key block b, causal;
+    - picked: the (query, block) pairs the router chose (idx, ok: attention.moba_select's), sorted
+      by key block and cut into tiles of C queries, so that each tile is one small matmul.
+    Rows index q, k, v flattened to (B*H*T + 1, D), the extra last row zeros (what pads read)."""
+    merge = True  # a query is in 1 + (top_k - 1) groups
+
+    def __init__(self, q, moba_block, idx, ok):
+        (B, H, T, _), device = q.shape, q.device
+        BH, bs, C = B * H, moba_block, BLOCK
+        nblk = math.ceil(T / bs)
+        base = torch.arange(BH, device=device)[:, None] * T                        # (BH, 1): each head's first row
+        rows = F.pad(torch.arange(T, device=device) + base, (0, nblk * bs - T), value=BH * T)  # (BH, nblk*bs)
+        self.own = rows.view(BH, nblk, bs)                                          # queries = keys
+        r = torch.arange(bs, device=device)
+        keypad = torch.zeros(nblk * bs, device=device).index_fill_(0, torch.arange(T, nblk * bs, device=device),
+                                                                   NEG).view(nblk, bs)   # (nblk, bs): -inf past T
+        self.own_mask = torch.zeros(bs, bs, device=device).masked_fill_(r[None, :] > r[:, None], NEG) + keypad[:, None]
+        pair_blk = (idx + torch.arange(BH, device=device).view(B, H, 1, 1) * nblk)[ok]  # (P,): head*nblk + block
+        pair_row = (torch.arange(T, device=device) + base.view(B, H, 1)).unsqueeze(-1).expand_as(idx)[ok]  # (P,)
+        pair_blk, order = pair_blk.sort(stable=True)
+        pair_row = pair_row[order]
+        count = torch.bincount(pair_blk, minlength=BH * nblk)                       # (BH*nblk,): queries per block
+        first = torch.cumsum(count, 0) - count                                      # where each block's pairs start
+        ntile = (count + C - 1) // C
+        tile0 = torch.cumsum(ntile, 0) - ntile                                      # each block's first tile
+        rank = torch.arange(len(pair_blk), device=device) - first[pair_blk]         # a pair's rank in its block
+        self.tile_q = torch.full((int(ntile.sum()), C), BH * T, device=device)      # (tiles, C): pads read the zero row
+        self.tile_q.view(-1)[tile0[pair_blk] * C + rank] = pair_row
+        tile_blk = torch.repeat_interleave(torch.arange(BH * nblk, device=device), ntile)  # (tiles,)
+        self.tile_k = rows.view(BH * nblk, bs)[tile_blk]                            # (tiles, bs)
+        self.tile_mask = keypad[tile_blk % nblk][:, None, :]                        # (tiles, 1, bs)
+        self.n = max(1, CHUNK // (C * bs))                                          # tiles per chunk
+        self.m = max(1, self.n // BH)                                               # own blocks per chunk
+
+    def flat(self, t):
+        return F.pad(t.detach().float().flatten(0, 2), (0, 0, 0, 1))                # (B*H*T + 1, D)
+
+    def unflat(self, f, like):
+        return f[:-1].view(like.shape).to(like.dtype)
+
+    def gather(self, f, rows):
+        return f.index_select(0, rows.flatten()).view(*rows.shape, f.shape[-1])   # faster than f[rows]
+
+    def chunks(self):
+        for s in range(0, self.own.shape[1], self.m):  # (BH, m, bs), (BH, m, bs), (m, bs, bs)
+            yield self.own[:, s:s + self.m], self.own[:, s:s + self.m], self.own_mask[s:s + self.m]
+        for s in range(0, len(self.tile_q), self.n):   # (n, C), (n, bs), (n, 1, bs)
+            yield self.tile_q[s:s + self.n], self.tile_k[s:s + self.n], self.tile_mask[s:s + self.n]
+
+
+def _masked(s, mask, finite):
+    """Scores s with the additive mask applied: added where every key is finite (fast), else filled."""
+    return s.add_(mask) if finite else s.masked_fill_(mask == NEG, NEG)
+
+
+class GroupedAttention(torch.autograd.Function):
+    """softmax over each query's groups in `layout`, forward and backward: (B, H, T, D) -> (B, H, T, D).
+    A key that is not finite gets its hidden scores set to -inf, not -inf added (NaN + -inf is NaN),
+    so that its NaN never reaches a query that may not see it."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, layout):
+        qf, kf, vf = layout.flat(q).mul_(1 / math.sqrt(q.shape[-1])), layout.flat(k), layout.flat(v)  # (N, D)
+        # With merge (MoBA), a query's groups are merged online: the largest logsumexp so far (top),
+        # the sum of exp(lse - top) (total) and the output sum. Without, each row is written once.
+        top = torch.full_like(qf[:, 0], NEG)                                    # (N,)
+        total, out = torch.zeros_like(top), torch.zeros_like(qf) if layout.merge else torch.empty_like(qf)
+        finite = bool(kf.isfinite().all())  # else the slower exact masking
+        for qrows, krows, mask in layout.chunks():                              # (..., C), (..., L), (..., C, L)
+            qc, kc, vc = layout.gather(qf, qrows), layout.gather(kf, krows), layout.gather(vf, krows)
+            s = _masked(qc @ kc.transpose(-1, -2), mask, finite)                # (..., C, L)
+            m = s.amax(-1, keepdim=True)                                        # (..., C, 1)
+            p = s.sub_(m).exp_()                                                # (..., C, L), unnormalised
+            l = p.sum(-1, keepdim=True)                                         # (..., C, 1)
+            rows, lse = qrows.flatten(), (m + l.log()).flatten()                # (n,): this chunk's query rows
+            if not layout.merge:
+                out.index_copy_(0, rows, (p @ vc).div_(l).flatten(0, -2))
+                top.index_copy_(0, rows, lse)
+                continue
+            seen = rows.unique()                                                # a row may be in several groups
+            old = top[seen]
+            top.scatter_reduce_(0, rows, lse, "amax")
+            rescale = (old - top[seen]).exp_()                                  # earlier groups, to the new max
+            total[seen] *= rescale
+            out[seen] *= rescale[:, None]
+            w = (lse - top[rows]).exp_()                                        # (n,)
+            total.index_add_(0, rows, w)
+            out.index_add_(0, rows, (p @ vc).mul_((w / l.flatten()).view_as(l)).flatten(0, -2))
+        if layout.merge:
+            out /= total[:, None]
+            top += total.log()                                                  # the logsumexp of each row
+        ctx.save_for_backward(q, k, v, out, top)
+        ctx.layout = layout
+        return layout.unflat(out, q)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dout):
+        q, k, v, out, lse = ctx.saved_tensors
+        layout, scale = ctx.layout, 1 / math.sqrt(q.shape[-1])
+        with torch.autocast(q.device.type, enabled=False):  # scores in fp32, even if backward runs under autocast
+            qf, kf, vf, dof = layout.flat(q).mul_(scale), layout.flat(k), layout.flat(v), layout.flat(dout)
+            rowdot = (dof * out).sum(-1)                                        # (N,): rowsum(dO * O)
+            dq, dk, dv = torch.zeros_like(qf), torch.zeros_like(kf), torch.zeros_like(vf)
+            finite = bool(kf.isfinite().all())
+            for qrows, krows, mask in layout.chunks():
+                qc, doc = layout.gather(qf, qrows), layout.gather(dof, qrows)
+                kc, vc = layout.gather(kf, krows), layout.gather(vf, krows)
+                s = _masked(qc @ kc.transpose(-1, -2), mask, finite)            # (..., C, L)
+                p = s.sub_(lse[qrows][..., None]).exp_()                        # (..., C, L): probabilities
+                dv.index_add_(0, krows.flatten(), (p.transpose(-1, -2) @ doc).flatten(0, -2))
+                ds = p.mul_((doc @ vc.transpose(-1, -2)).sub_(rowdot[qrows][..., None]))  # dloss/dscores
+                dq.index_add_(0, qrows.flatten(), (ds @ kc).flatten(0, -2))
+                dk.index_add_(0, krows.flatten(), (ds.transpose(-1, -2) @ qc).flatten(0, -2))
+        return layout.unflat(dq.mul_(scale), q), layout.unflat(dk, k), layout.unflat(dv, v), None
+
+
+@torch.compiler.disable  # torch.compile runs the engine eagerly: Dynamo cannot trace the band's strided views
+def attend(q, k, v, layout, *args):
+    """The engine's entry point: attention by layout(q, *args), a Band or Moba."""
+    return GroupedAttention.apply(q, k, v, layout(q, *args))
