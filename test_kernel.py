@@ -229,7 +229,7 @@ class FakeCudaTensor:
     is_cuda, shape, dtype = True, (1, 2, 8, 64), torch.bfloat16
 
 
-@pytest.mark.parametrize("version, supported", [("3.0.0", True), ("3.6.0", True), ("3.9.1", True),
+@pytest.mark.parametrize("version, supported", [("3.2.0", True), ("3.6.0", True), ("3.9.1", True), ("3.1.0", False),
                                                 ("2.3.1", False), ("3.10.0", False), ("4.0.0", False)])
 def test_auto_uses_the_kernel_only_with_a_tested_triton(monkeypatch, version, supported):
     """BACKEND="auto" on a CUDA tensor: the kernel with a Triton in attention.TRITON_VERSIONS; otherwise

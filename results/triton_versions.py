@@ -46,7 +46,7 @@ def ast_source(fn, dtype, consts):
     (constexprs in the signature, attributes keyed by index tuples)."""
     from triton.compiler import ASTSource
     names = fn.arg_names
-    sig = {n: f"*{dtype}" if n in ("Q", "K", "V", "O", "DO", "DQ", "DK", "DV") else "*fp32" if n in ("LSE", "Delta")
+    sig = {n: f"*{dtype}" if n in ("Q", "K", "V", "O", "DO", "DQ", "DK", "DV") else "*fp32" if n in ("LSE", "RowDot")
            else "*fp32" if n == "Val" else "*i64" if n == "Pos" else "*i32" if n == "Spans"
            else "fp32" if n in ("width", "qk_scale", "sm_scale") else "i32" for n in names if n not in consts}
     ptrs = [i for i, n in enumerate(names) if sig.get(n, "")[:1] == "*"]
