@@ -62,7 +62,7 @@ def test_reproduce_fast_writes_every_result(tmp_path):
                        cwd=REPO, capture_output=True, text=True, timeout=900,
                        env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert r.returncode == 0, r.stderr[-3000:]
-    for png in ("sa_picture", "lm", "swap", "mqar", "recall_swap", "coverage"):
+    for png in ("sa_picture", "lm", "swap", "mqar", "mqar_decisive", "recall_swap", "coverage"):
         assert (out / f"{png}.png").stat().st_size > 1000, png
     kinds = {"full", "swa", "sa", "sa+swa", "moba"}
     mqar = json.loads((out / "mqar.json").read_text())

@@ -434,6 +434,21 @@ def mqar_decisive():
     save("mqar_decisive.json", dict(setup=DECISIVE, arms={P: {k: x for k, x in a.items()} for P, a in ARMS.items()},
                                     train=["config/mqar.py", *MQAR["train"]], runs=rows, predicted=predicted,
                                     verdicts=verdicts, overall=overall))
+    p = plt()
+    fig, axes = p.subplots(1, len(ARMS), figsize=(7, 3.2), sharey=True)
+    for ax, (P, a) in zip(axes, ARMS.items()):
+        for i, c in enumerate(a["cells"]):
+            accs = [r["val_acc"] for r in rows if (r["P"], r["cell"]) == (P, c)]
+            ax.scatter([i] * len(accs), accs, color=f"C{i}", zorder=3)
+            ax.plot([i - 0.3, i + 0.3], [predicted[f"P{P}/{c}"]["ceiling"]] * 2, color="k", ls=":")
+        ax.axhline(a["confirm"], color="g", lw=0.8)
+        ax.axhline(a["refute"], color="r", lw=0.8)
+        ax.set_xticks(range(len(a["cells"])), list(a["cells"]), fontsize=8)
+        ax.set_title(f"P={P}, {a['iters']} iterations: {verdicts[P].split(' (')[0].split(':')[0]}", fontsize=8)
+    axes[0].set_ylabel("val answer accuracy (dots: seeds)")
+    fig.suptitle("pre-registered, 3 layers: green confirm, red refute, dotted the ceiling r + (1 - r)/P", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, "mqar_decisive.png"), dpi=120)
     lines = ["| arm | cell | iterations | val accuracy per seed | mean ± std | val loss (nats) | reachable in the graph "
              "| retrievable r | ceiling r + (1 − r)/P |", "|---|---|---|---|---|---|---|---|---|"]
     for P, a in ARMS.items():
