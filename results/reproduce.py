@@ -397,10 +397,13 @@ def arm_verdict(P, accs):
     missing = [f"{c} {len(accs.get(c, []))} of {n}" for c, n in a["cells"].items() if len(accs.get(c, [])) < n]
     if missing:
         return "not decidable (not run: " + ", ".join(missing) + " seeds finished)"
-    if min(accs["full"]) < 0.95:
-        return f"not decidable: full attention {min(accs['full']):.3f} < 0.95 in a seed"
-    if max(accs["swa"]) > 0.10:
-        return f"not decidable: SWA {max(accs['swa']):.3f} > 0.10"
+    full, swa = accs.get("full", []), accs.get("swa", [])
+    if not full or not swa:  # --fast trains only two cells per arm
+        return "not decidable: no full-attention or SWA run"
+    if min(full) < 0.95:
+        return f"not decidable: full attention {min(full):.3f} < 0.95 in a seed"
+    if max(swa) > 0.10:
+        return f"not decidable: SWA {max(swa):.3f} > 0.10"
     sa = accs["sa+swa"]
     return "refutes" if max(sa) <= a["refute"] else "confirms" if min(sa) >= a["confirm"] else "partial"
 
