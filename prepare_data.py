@@ -34,7 +34,7 @@ Helpers for train.py, sample.py and eval.py (import prepare_data; no side effect
   load_tokens(data_dir, split, meta) -> memmap  one split's tokens, checked against meta
   get_tokenizer(meta) -> (encode, decode)       str -> list[int], list[int] -> str
   mqar_targets(x, meta) -> y                    MQAR targets: the answers, -1 elsewhere
-  mqar_batch(rng, n, meta, stored) -> (x, y)    n MQAR sequences (fresh, or stored ones) and their targets
+  mqar_batch(rng, n, meta) -> (x, y)            n fresh MQAR sequences and their targets
   check_writable(directory)                     a one-line ValueError if no file can be made there
 Bad data raises a one-line ValueError naming the file and the fix. A dataset is replaced only
 once every split of the new one is written and none is empty.
@@ -65,6 +65,7 @@ mqar_train_seqs = 1000   # sequences in train.bin, a sample: train.py draws fres
 mqar_val_seqs = 1000     # sequences in val.bin
 mqar_seed = 0            # the generator's seed (val uses its own stream)
 mqar_ordered = False     # ask every pair once, in order, at a fixed distance (a copy task: position finds the answer)
+mqar_offset = 0          # the pairs start at this token (1: no block of 2 tokens holds a whole pair, as MoBA's blocks would)
 hf_max_docs = 0          # fineweb-edu: stop after this many documents (0: all of sample-10BT, ~10B tokens, ~20 GB)
 hf_val_docs = 5000       # fineweb-edu: the first documents of the stream are held out as val
 # -----------------------------------------------------------------------------
@@ -159,28 +160,24 @@ def mqar_targets(x, meta):
     """Targets for MQAR sequences x, an integer numpy array (..., seq_len): at each
     query (a key in the second half) the value paired with it at the start, -1 (ignored)
     everywhere else."""
-    P, half = meta["mqar"]["num_pairs"], meta["mqar"]["seq_len"] // 2
-    keys, values = x[..., 0:2 * P:2], x[..., 1:2 * P:2]                 # (..., P) each
+    P, half, o = meta["mqar"]["num_pairs"], meta["mqar"]["seq_len"] // 2, meta["mqar"].get("offset", 0)
+    keys, values = x[..., o:o + 2 * P:2], x[..., o + 1:o + 2 * P:2]     # (..., P) each
     match = x[..., half:, None] == keys[..., None, :]                   # (..., T/2, P); filler 0 is no key
     y = np.full_like(x, -1)
     y[..., half:] = np.where(match.any(-1), (match * values[..., None, :]).sum(-1), -1)
     return y
 
 
-def mqar_batch(rng, n, meta, stored=None):
-    """n MQAR sequences drawn with the numpy Generator rng: (x, y), int64 (n, seq_len) each,
-    y = mqar_targets(x, meta). Fresh ones (train.py's training batches), or, given stored (a
-    split's tokens, whole sequences back to back), n of those at random (its val batches)."""
+def mqar_batch(rng, n, meta):
+    """n fresh MQAR sequences drawn with the numpy Generator rng: (x, y), int64 (n, seq_len)
+    each, y = mqar_targets(x, meta). train.py draws every training batch this way."""
     m, V = meta["mqar"], meta["vocab_size"]
     T, P, Q, K = m["seq_len"], m["num_pairs"], m["num_queries"], m["num_keys"]
-    if stored is not None:
-        rows = rng.integers(len(stored) // T, size=n)                   # (n,) sequence indices
-        x = np.stack([stored[i * T:(i + 1) * T] for i in rows]).astype(np.int64)  # (n, T)
-        return x, mqar_targets(x, meta)
     firsts = lambda lo, hi, k: rng.permuted(np.tile(np.arange(lo, hi), (n, 1)), axis=1)[:, :k]  # k distinct per row
     keys, values = firsts(1, K + 1, P), firsts(K + 1, V, P)             # (n, P) each
     x = np.zeros((n, T), np.int64)                                      # (n, T), filler 0
-    x[:, 0:2 * P:2], x[:, 1:2 * P:2] = keys, values
+    o = m.get("offset", 0)
+    x[:, o:o + 2 * P:2], x[:, o + 1:o + 2 * P:2] = keys, values
     if m.get("ordered"):  # pair i asked at T/2 + 2i: every answer exactly T/2 - 1 tokens back
         where = np.broadcast_to(T // 2 + 2 * np.arange(P), (n, P))      # (n, P) query positions
         asked = np.broadcast_to(np.arange(P), (n, P))                   # (n, P)
@@ -374,7 +371,7 @@ def prepare_pystdlib(data_dir, frac, root=None):
                          files={"train": is_val.count(False), "val": is_val.count(True)})
 
 
-def prepare_mqar(data_dir, seq_len, num_pairs, num_queries, vocab, train_seqs, val_seqs, seed, ordered=False):
+def prepare_mqar(data_dir, seq_len, num_pairs, num_queries, vocab, train_seqs, val_seqs, seed, ordered=False, offset=0):
     """Multi-query associative recall, Zoology's layout (Arora et al. 2023). Each sequence of
     seq_len tokens is
 
@@ -390,22 +387,23 @@ def prepare_mqar(data_dir, seq_len, num_pairs, num_queries, vocab, train_seqs, v
     tokens after the value it asks for, so an SWA model of n_layer layers and window w,
     whose reach is n_layer * (w - 1) tokens, can only guess when that reach is < min_gap.
     train.bin holds a sample (train.py draws fresh sequences with mqar_batch); val.bin
-    is the fixed val set, from its own seed stream."""
+    is the fixed val set, from its own seed stream. offset > 0 starts the pairs at that token
+    (filler before them), and min_gap shrinks by as much."""
     K = (vocab - 1) // 2
-    min_gap = seq_len // 2 - (2 * num_pairs - 1)
-    if not (1 <= num_pairs <= K and 1 <= num_queries <= seq_len - seq_len // 2 and min_gap >= 1):
+    min_gap = seq_len // 2 - (2 * num_pairs - 1) - offset
+    if not (1 <= num_pairs <= K and 1 <= num_queries <= seq_len - seq_len // 2 and min_gap >= 1 and offset >= 0):
         raise ValueError(f"mqar needs 1 <= num_pairs ({num_pairs}) <= (vocab-1)//2 ({K}), "
                          f"1 <= num_queries ({num_queries}) <= seq_len - seq_len // 2 and seq_len ({seq_len}) > 4 * num_pairs")
     if ordered and (num_queries != num_pairs or 4 * num_pairs > seq_len):
         raise ValueError(f"mqar_ordered asks each pair once: it needs num_queries = num_pairs ({num_pairs}) "
                          f"and seq_len ({seq_len}) >= 4 * num_pairs")
     if ordered:
-        min_gap = seq_len // 2 - 1
+        min_gap = seq_len // 2 - 1 - offset
     if train_seqs < 1 or val_seqs < 1:
         raise ValueError(f"mqar needs mqar_train_seqs >= 1 and mqar_val_seqs >= 1, got {train_seqs} and {val_seqs}")
     os.makedirs(data_dir, exist_ok=True)
     mqar = dict(seq_len=seq_len, num_pairs=num_pairs, num_queries=num_queries, num_keys=K, min_gap=min_gap, seed=seed,
-                ordered=ordered)
+                ordered=ordered, offset=offset)
     meta = {"vocab_size": vocab, "tokenizer": "ids", "dtype": np.dtype(token_dtype(vocab)).name,
             "source": f"synthetic MQAR, seed {seed}", "tokens": {}, "eot": None, "mqar": mqar}
     for split, n, rng in zip(("train", "val"), (train_seqs, val_seqs), np.random.default_rng(seed).spawn(2)):
@@ -495,7 +493,7 @@ if __name__ == "__main__":
             prepare_pystdlib(data_dir, val_fraction)
         elif name == "mqar":
             prepare_mqar(data_dir, mqar_seq_len, mqar_num_pairs, mqar_num_queries, mqar_vocab,
-                         mqar_train_seqs, mqar_val_seqs, mqar_seed, mqar_ordered)
+                         mqar_train_seqs, mqar_val_seqs, mqar_seed, mqar_ordered, mqar_offset)
         elif name == "shakespeare_char":
             prepare_shakespeare_char(data_dir, val_fraction)
         elif name == "fineweb-edu":

@@ -1,11 +1,59 @@
 """The miniature reproduction's pipeline, end to end in its --fast mode (a couple of minutes),
 so that results/reproduce.py cannot rot. Run: python -m pytest -q test_reproduce.py"""
+import importlib.util
 import json
 import os
 import subprocess
 import sys
 
+import numpy as np
+import pytest
+
+from prepare_data import mqar_batch
+
 REPO = os.path.dirname(os.path.abspath(__file__))
+
+
+@pytest.fixture(scope="module")
+def reproduce():
+    """results/reproduce.py as a module (its configurator reads sys.argv: give it none)."""
+    argv, sys.argv = sys.argv, ["reproduce.py"]
+    try:
+        spec = importlib.util.spec_from_file_location("reproduce", os.path.join(REPO, "results", "reproduce.py"))
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.argv = argv
+    return module
+
+
+@pytest.mark.parametrize("sa_perm,n_head,depth,window", [("layer", 1, 2, 4), ("layer", 4, 3, 4), ("head", 4, 2, 4),
+                                                         ("head", 4, 3, 8)])
+def test_retrievable_matches_its_closed_form(reproduce, sa_perm, n_head, depth, window):
+    """attention.py's masks over recall sequences give the fraction of answers whose value token a query
+    sees at layer >= 2 that the closed form predicts; the issue's approximation is a little above it."""
+    meta = {"vocab_size": 32, "mqar": dict(seq_len=64, num_pairs=4, num_queries=4, num_keys=15, offset=1)}
+    x, y = mqar_batch(np.random.default_rng(0), 200, meta)                    # (200, 64) each
+    heads = n_head if sa_perm == "head" else 1  # sa_perm=layer: the heads share one permutation
+    exact, approx = reproduce.retrievable_formula(64, window, depth, heads)
+    for kind in ("sa", "sa+swa"):  # every answer is > window back: SWA's path adds nothing
+        r = reproduce.retrievable(kind, sa_perm, n_head, depth, x, y, window, draws=300)
+        assert abs(r - exact) < 0.02, (kind, r, exact)
+    assert exact < approx < exact + 0.03
+    assert reproduce.retrievable("swa", sa_perm, n_head, depth, x, y, window) == 0
+    assert reproduce.retrievable("full", sa_perm, n_head, depth, x, y, window) == 1
+    assert reproduce.retrievable("sa+swa", sa_perm, n_head, 1, x, y, window) == 0  # layer 1 forms the binding
+
+
+def test_arm_verdict_follows_the_preregistered_rule(reproduce):
+    v = lambda P, **accs: reproduce.arm_verdict(P, accs)
+    base = dict(full=[0.99, 0.97, 1.0], swa=[0.06], moba=[0.5])
+    assert v(4, **base, **{"sa+swa": [0.8, 0.76, 0.9]}) == "confirms"
+    assert v(4, **base, **{"sa+swa": [0.3, 0.35, 0.2]}) == "refutes"
+    assert v(4, **base, **{"sa+swa": [0.3, 0.8, 0.2]}) == "partial"
+    assert v(4, **dict(base, full=[0.99, 0.94, 1.0]), **{"sa+swa": [0.8] * 3}).startswith("not decidable: full")
+    assert v(4, **dict(base, swa=[0.11]), **{"sa+swa": [0.8] * 3}).startswith("not decidable: SWA")
+    assert v(1, full=[1.0], swa=[0.05], **{"sa+swa": [0.95]}).startswith("not decidable (not run: sa+swa 1 of 2")
 
 
 def test_reproduce_fast_writes_every_result(tmp_path):
@@ -14,7 +62,7 @@ def test_reproduce_fast_writes_every_result(tmp_path):
                        cwd=REPO, capture_output=True, text=True, timeout=900,
                        env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert r.returncode == 0, r.stderr[-3000:]
-    for png in ("sa_picture", "lm", "swap", "mqar", "recall_swap", "coverage"):
+    for png in ("sa_picture", "lm", "swap", "mqar", "mqar_decisive", "recall_swap", "coverage"):
         assert (out / f"{png}.png").stat().st_size > 1000, png
     kinds = {"full", "swa", "sa", "sa+swa", "moba"}
     mqar = json.loads((out / "mqar.json").read_text())
@@ -22,8 +70,15 @@ def test_reproduce_fast_writes_every_result(tmp_path):
     assert {r["cell"] for r in mqar["runs"]} == kinds | {"sa+swa-head", "full-4heads"}
     assert [(a["cell"], sorted(a["accs"])) for a in mqar["permutation_average"]] == [
         (c, ["1", "16", "4"]) for c in ("sa", "sa+swa", "sa+swa-head")]  # logits averaged over 1, 4 and 16 draws
-    assert mqar["predicted_reachable"]["swa/2"] == 0 and mqar["predicted_reachable"]["full/2"] == 1
-    assert mqar["predicted_reachable"]["sa+swa-head/2"] > mqar["predicted_reachable"]["sa+swa/2"]  # 4 permutations
+    predicted = mqar["predicted"]
+    assert predicted["swa/2"]["reachable"] == predicted["swa/2"]["retrievable"] == 0
+    assert predicted["full/2"]["reachable"] == predicted["full/2"]["retrievable"] == 1
+    for key in ("reachable", "retrievable"):  # 4 permutations: more shortcuts
+        assert predicted["sa+swa-head/2"][key] > predicted["sa+swa/2"][key]
+    assert predicted["sa+swa/2"]["retrievable"] < predicted["sa+swa/2"]["reachable"]  # a relay carries no binding
+    decisive = json.loads((out / "mqar_decisive.json").read_text())
+    assert {(r["P"], r["cell"]) for r in decisive["runs"]} == {(1, "full"), (1, "sa+swa"), (4, "sa+swa"), (4, "moba")}
+    assert set(decisive["verdicts"]) == {"1", "4"} and decisive["overall"]
     search = json.loads((out / "mqar_search.json").read_text())
     assert len(search["runs"]) > 1 and all(0 <= r["val_acc"] <= 1 for r in search["runs"])
     recall = json.loads((out / "recall_swap.json").read_text())
@@ -42,5 +97,6 @@ def test_reproduce_fast_writes_every_result(tmp_path):
     loss = {(r["task"], r["attn"], r["seed"], r["sa_rule"]): r["val_loss"] for r in rules}
     assert all(loss[t, k, s, "rank"] != loss[t, k, s, "value"] for t, k, s, _ in loss)  # --sa_rule reached the model
     summary = (out / "summary.md").read_text()
-    for section in ("figure", "lm", "swap", "mqar_search", "mqar", "recall_swap", "coverage", "speed", "sa_rules"):
+    for section in ("figure", "lm", "swap", "mqar_search", "mqar", "mqar_decisive", "recall_swap", "coverage", "speed",
+                    "sa_rules"):
         assert f"## {section} (" in summary

@@ -43,7 +43,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from attention import check_positive
 from model import DTYPES, GPT, GPTConfig, autocast, load_checkpoint, save_checkpoint
-from prepare_data import check_writable, load_meta, load_tokens, mqar_batch
+from prepare_data import check_writable, load_meta, load_tokens, mqar_batch, mqar_targets
 
 # -----------------------------------------------------------------------------
 # I/O
@@ -185,9 +185,12 @@ def get_batch(split, gen):
     MQAR sequences whose targets are the answers only, fresh ones for training
     (seeded from gen, so a resumed run draws the same) and val.bin's for val."""
     tokens = data[split]
-    if mqar:
-        rng = np.random.default_rng(torch.randint(2**62, (), generator=gen).item())
-        x, y = mqar_batch(rng, batch_size, meta, stored=None if split == "train" else tokens)  # (B, T) each
+    if mqar and split == "train":  # fresh sequences, from a numpy Generator seeded by gen
+        x, y = mqar_batch(np.random.default_rng(torch.randint(2**62, (), generator=gen).item()), batch_size, meta)
+    elif mqar:  # whole stored sequences; the targets are the answers only
+        starts = torch.randint(len(tokens) // T, (batch_size,), generator=gen).numpy() * T
+        x = np.stack([tokens[i:i + T] for i in starts]).astype(np.int64)             # (B, T)
+        y = mqar_targets(x, meta)
     else:
         starts = torch.randint(len(tokens) - T, (batch_size,), generator=gen).numpy()
         x = np.stack([tokens[i:i + T] for i in starts]).astype(np.int64)             # (B, T)

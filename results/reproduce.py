@@ -1,12 +1,18 @@
 """
 Reproduce the paper in miniature on a CPU: every table and plot in the README's Results.
 
-    python results/reproduce.py                 # the paper's claims: about 3 h on 2 CPU cores, 2.6 h of it MQAR
-    python results/reproduce.py --only=mqar --seeds=1 --depths=2   # a first pass of the MQAR grid (about 35 min)
-    python results/reproduce.py --only=mqar --seeds=0   # the MQAR tables from the finished runs, no training
+    python results/reproduce.py                 # the paper's claims: about 3 h on 2 quiet CPU cores (estimated, below)
+    python results/reproduce.py --only=mqar --seeds=1   # a first pass of the depth-2 MQAR grid (about 35 min)
+    python results/reproduce.py --only=mqar --seeds=0   # the MQAR tables from the finished (or committed) runs, no training
+    python results/reproduce.py --only=mqar_decisive --arms=1   # the pre-registered experiment's P=1 arm
     python results/reproduce.py --fast=True     # a tiny version of everything, a couple of minutes (tested in CI)
-    python results/reproduce.py --only=mqar,lm  # some experiments: figure, lm, swap, mqar_search, mqar,
-                                                # recall_swap, coverage, speed; sa_rules only when named (47 min with --jobs=1)
+    python results/reproduce.py --only=mqar,lm  # some experiments: figure, lm, swap, mqar, mqar_decisive, recall_swap,
+                                                # coverage, speed; mqar_search and sa_rules (47 min with --jobs=1) only when named
+
+The default run's time, estimated from measured steps (never run as one invocation): the depth-2
+MQAR grid about 1.6 h (21 runs, two at a time), mqar_decisive about 1.3 h (12 runs at depth 3; per
+iteration, SA+SWA with 4 permuted heads costs about 2.3 times full attention), lm 11 minutes,
+coverage 6, the rest a few. Depth 4 (--depths=2,4) adds about an hour.
 
 Each experiment runs the repo's own scripts (train.py, eval.py, receptive_field.py,
 bench.py) as subprocesses, printing every command, and writes one JSON (and its
@@ -35,13 +41,15 @@ out = os.path.join(ROOT, "results")  # JSON, PNG and summary.md go here
 work = os.path.join(ROOT, "out-reproduce")  # data and checkpoints (not committed)
 jobs = 2                # training runs in parallel, one thread each (2 cores: faster than 2 threads per run)
 seeds = 3               # MQAR: train the first `seeds` seeds of each cell (a rerun with more keeps these)
-depths = ""             # MQAR: train these depths, comma list ("" = all: 2 and 4)
+depths = "2"            # MQAR: train these depths, comma list ("" = all: 2 and 4; depth 4 is not decidable with this recipe)
 kinds = ""              # MQAR: train these cells (CELLS), comma list ("" = the default grid)
+arms = ""               # mqar_decisive: train these arms, comma list of P ("" = both); tables report every finished run
 # -----------------------------------------------------------------------------
 exec(open(os.path.join(ROOT, "configurator.py")).read())
 
 KINDS = ["full", "swa", "sa", "sa+swa", "moba"]
-EXTRA = {"sa_rules"}  # run when named in --only (and in --fast): the value rule is ours, not the paper's
+EXTRA = {"sa_rules", "mqar_search"}  # run when named in --only (and in --fast): the value rule is ours, not the
+# paper's; the search's result is committed (mqar_search.json), and leaving it out keeps the default run near 3 hours
 if fast:
     MQAR = dict(iters=8, seeds=[0], depths=[2], T=64, window=4, swap_windows=[4, 64], swap_seeds=2,
                 swap_seqs=20, data=["--mqar_train_seqs=64", "--mqar_val_seqs=100"], train=["--eval_iters=2"])
@@ -154,11 +162,11 @@ CELLS = {**{k: (k, "layer", RECIPE["n_head"]) for k in KINDS}, "sa+swa-head": ("
 PERM_DRAWS = (1, 4, 16)  # SA evaluated with its logits averaged over K draws of the permutations
 
 
-def mqar_data():
-    """data_root holding the recall dataset, prepared once (it is deterministic)."""
-    data = os.path.join(work, "data-recall")
+def mqar_data(name="data-recall", layout=MQAR_DATA):
+    """data_root holding a recall dataset, prepared once (it is deterministic)."""
+    data = os.path.join(work, name)
     if not os.path.exists(os.path.join(data, "mqar", "meta.json")):
-        run("prepare_data.py", "--dataset=mqar", f"--data_root={data}", *MQAR_DATA, *MQAR["data"])
+        run("prepare_data.py", "--dataset=mqar", f"--data_root={data}", *layout, *MQAR["data"])
     return data
 
 
@@ -180,14 +188,15 @@ def mqar_search():
 
 
 @functools.lru_cache
-def recall_val(n):
-    """The first n val sequences of the recall set and their targets (-1 where unscored), (n, T) each;
-    read once (every cell's graph prediction asks for them)."""
+def recall_val(n, data=None):
+    """The first n val sequences of the recall set in data_root `data` (None: mqar_data()) and their
+    targets (-1 where unscored), (n, T) each; read once (every cell's prediction asks for them)."""
     import numpy as np
 
     from prepare_data import load_meta, load_tokens, mqar_targets
-    meta = load_meta(os.path.join(mqar_data(), "mqar"))
-    x = np.asarray(load_tokens(os.path.join(mqar_data(), "mqar"), "val", meta), np.int64).reshape(-1, MQAR["T"])[:n]
+    path = os.path.join(data or mqar_data(), "mqar")
+    meta = load_meta(path)
+    x = np.asarray(load_tokens(path, "val", meta), np.int64).reshape(-1, MQAR["T"])[:n]
     return x, mqar_targets(x, meta)
 
 
@@ -204,21 +213,28 @@ def recall_accuracy(model, x, y, draws=1):
     return correct / (y != -1).sum().item()
 
 
-def reachable(kind, sa_perm, n_head, depth, seeds=20):
-    """The prediction: with receptive_field.py's exact graph (causal), the fraction of the val
-    set's (query, answer) pairs (the first 300 sequences) that `depth` layers connect; mean over
-    seeds of the permutations. Full attention connects all in one layer; MoBA's graph is chosen
-    by content, and any past block can be chosen, so the graph allows it all (1.0): whether
-    routing finds it is learned."""
+def answers(x, y):
+    """Every scored answer of recall sequences x with targets y, (N, T) each: (query, value) token
+    positions, (A,) each: where the query stands and where the value it asks for stands."""
+    import numpy as np
+    row, query = np.nonzero(y != -1)                                           # (A,) each
+    return query, (x[row] == y[row, query][:, None]).argmax(1)                 # (A,) each
+
+
+def reachable(kind, sa_perm, n_head, depth, x, y, window, seeds=20):
+    """Coverage: with receptive_field.py's exact graph (causal), the fraction of the (query,
+    answer) pairs of x, y that `depth` layers connect by any path; mean over seeds of the
+    permutations. Full attention connects all in one layer; MoBA's graph is chosen by content,
+    and any past block can be chosen, so the graph allows it all (1.0): whether routing finds
+    it is learned. A path counts even when its first hop carries a raw embedding, so this is
+    not what content recall needs: retrievable() is."""
     import numpy as np
 
     import receptive_field as rf
     if kind in ("full", "moba"):
         return 1.0
-    T, w = MQAR["T"], MQAR["window"]
-    x, y = recall_val(300)                                                     # (N, T) each
-    row, query = np.nonzero(y != -1)                                           # (A,) each: every scored answer
-    answer = (x[row] == y[row, query][:, None]).argmax(1)                      # (A,) where its value stands
+    T = x.shape[1]
+    query, answer = answers(x, y)                                              # (A,) each
     heads = n_head if sa_perm == "head" else 1  # sa_perm=head: a permutation per head, the graph their union
     fractions = []
     for s in range(1 if kind == "swa" else seeds):
@@ -226,13 +242,71 @@ def reachable(kind, sa_perm, n_head, depth, seeds=20):
         R = rf.identity_bits(T)                                                # (T, ceil(T/64)) bitsets
         for _ in range(depth):
             perms = [rng.permutation(T) for _ in range(heads)] if kind != "swa" else []
-            R = rf.apply_layer(R, *rf.layer_graph(T, w, kind, "causal", perms), True)
+            R = rf.apply_layer(R, *rf.layer_graph(T, window, kind, "causal", perms), True)
         fractions.append(np.mean((R[query, answer >> 6] >> (answer & 63).astype(np.uint64)) & np.uint64(1)))
     return float(np.mean(fractions))
 
 
+def retrievable(kind, sa_perm, n_head, depth, x, y, window, draws=200):
+    """What content recall needs: the fraction of the (query, answer) pairs of x, y in which the
+    query sees its answer's value token directly in some layer >= 2, with attention.py's own
+    masks (sa_mask, swa_mask) and fresh permutations per layer (per head with sa_perm=head);
+    mean over `draws` draws. The value token learns its key (the binding) at layer 1, from its
+    neighbour; a query can match that binding only by reading the value token afterwards. Full
+    attention sees it at depth >= 2 (1.0); MoBA's router may pick any past block (1.0: whether
+    it does is learned); SWA sees nothing farther than window - 1. A relay (the value token's
+    binding copied onward at layer 2, read at layer 3) is not counted: a lower bound for L >= 3."""
+    import numpy as np
+    import torch
+
+    import attention
+    if depth < 2:
+        return 0.0
+    if kind in ("full", "moba"):
+        return 1.0
+    T = x.shape[1]
+    q, a = map(torch.from_numpy, answers(x, y))                                # (A,) each
+    local = attention.swa_mask(T, window)[q, a]                                # (A,) SWA's path, every layer
+    if kind == "swa":
+        return local.float().mean().item()
+    heads = n_head if sa_perm == "head" else 1
+    g = torch.Generator().manual_seed(0)
+    seen = []
+    for _ in range(draws):
+        perms = torch.stack([torch.randperm(T, generator=g) for _ in range((depth - 1) * heads)])  # (M, T)
+        shortcut = attention.sa_mask(window, perms)[:, q, a].any(0)           # (A,) in some layer >= 2
+        seen.append((shortcut | (local if kind == "sa+swa" else False)).float().mean().item())
+    return float(np.mean(seen))
+
+
+def retrievable_formula(T, window, depth, heads):
+    """retrievable() in closed form for an answer farther back than window - 1: a uniform
+    permutation puts two tokens fewer than w slots apart with p = (w - 1)(2T - w) / (T(T - 1)),
+    and the (depth - 1) * heads draws are independent. Also the issue's approximation, with
+    p ~ 2(w - 1)/(T - 1). Returns (exact, approximate)."""
+    n = (depth - 1) * heads
+    p = (window - 1) * (2 * T - window) / (T * (T - 1))
+    return 1 - (1 - p) ** n, 1 - (1 - 2 * (window - 1) / (T - 1)) ** n
+
+
+def committed(name):
+    """The committed results/NAME (the runs of a machine whose checkpoints are gone), or {}."""
+    path = os.path.join(out, name)
+    return json.load(open(path)) if os.path.exists(path) else {}
+
+
+def predictions(kind, sa_perm, n_head, depth, x, y, window, pairs):
+    """The graph's reach, the retrievable fraction r, and the accuracy ceiling r + (1 - r) / pairs:
+    a model that misses the binding guesses among the sequence's values, or among all 16 values
+    of the vocabulary where the graph reaches none of them (SWA)."""
+    r = retrievable(kind, sa_perm, n_head, depth, x, y, window)
+    reach = reachable(kind, sa_perm, n_head, depth, x, y, window)
+    return dict(reachable=reach, retrievable=r, ceiling=r + (1 - r) / (pairs if reach > 0 else 16))
+
+
 def mqar():
-    """MQAR at equal budget: answer accuracy by cell, depth and seed, beside the graph's prediction."""
+    """MQAR at equal budget: answer accuracy and val loss by cell, depth and seed, beside the graph's
+    reach and the retrievable fraction. A run whose checkpoint is not here keeps its committed row."""
     data = mqar_data()
     first = MQAR["depths"][0]  # every cell trains at the first depth, the 4-head cells only there
     deeper = ("full", "sa+swa")  # by default, deeper only the claim's pair: the whole reproduction fits 3 hours
@@ -245,19 +319,28 @@ def mqar():
                                        sa_perm=CELLS[c][1], n_head=CELLS[c][2], n_layer=d, seed=s,
                                        max_iters=MQAR["iters"], eval_interval=MQAR["iters"] // 4))
                for c, d, s in grid if chosen(c, d, s)])
-    rows = []
+    old = committed("mqar.json") if not fast else {}
+    kept = {(r["cell"], r["n_layer"], r["seed"]): r for r in old.get("runs", []) if old.get("iters") == MQAR["iters"]}
+    rows, fresh = [], []
     for c, d, s in grid:
         if finished(out_dir(c, d, s), MQAR["iters"]):
             last = evals(out_dir(c, d, s))[-1]
-            rows.append(dict(cell=c, attn=CELLS[c][0], sa_perm=CELLS[c][1], n_head=CELLS[c][2], n_layer=d, seed=s,
-                             val_acc=last["val_acc"], val_loss=last["val_loss"], wall_s=last["elapsed_s"]))
-    predicted = {f"{c}/{d}": reachable(*CELLS[c], d) for c in CELLS for d in MQAR["depths"]}
-    averaged = permutation_average([r for r in rows if r["attn"] in ("sa", "sa+swa")], out_dir)
+            fresh.append(dict(cell=c, attn=CELLS[c][0], sa_perm=CELLS[c][1], n_head=CELLS[c][2], n_layer=d, seed=s,
+                              val_acc=last["val_acc"], val_loss=last["val_loss"], wall_s=last["elapsed_s"]))
+            rows.append(fresh[-1])
+        elif (c, d, s) in kept:
+            rows.append(kept[c, d, s])
+    x, y = recall_val(300)
+    predicted = {f"{c}/{d}": predictions(*CELLS[c], d, x, y, MQAR["window"], 4) for c in CELLS for d in MQAR["depths"]}
+    averaged = permutation_average([r for r in fresh if r["attn"] in ("sa", "sa+swa")], out_dir)
+    done = {(a["cell"], a["n_layer"], a["seed"]) for a in averaged}
+    averaged += [a for a in old.get("permutation_average", []) if (a["cell"], a["n_layer"], a["seed"]) not in done
+                 and (a["cell"], a["n_layer"], a["seed"]) in kept]
     save("mqar.json", dict(iters=MQAR["iters"], data=MQAR_DATA, train=["config/mqar.py", *MQAR["train"]],
-                           recipe=RECIPE, cells=CELLS, runs=rows, predicted_reachable=predicted,
+                           recipe=RECIPE, cells=CELLS, runs=rows, predicted=predicted,
                            permutation_average=averaged))
 
-    cell = lambda c, d: [r["val_acc"] for r in rows if (r["cell"], r["n_layer"]) == (c, d)]
+    cell = lambda c, d, key="val_acc": [r[key] for r in rows if (r["cell"], r["n_layer"]) == (c, d)]
     p = plt()
     fig, ax = p.subplots(figsize=(5.5, 3.6))
     for i, c in enumerate(CELLS):
@@ -265,25 +348,121 @@ def mqar():
         accs = [cell(c, d) for d in ds]
         ax.errorbar(ds, [statistics.mean(a) for a in accs], yerr=[statistics.pstdev(a) for a in accs], marker="o",
                     color=f"C{i}", capsize=3, label=c, ls="-" if c in KINDS else "none")
-        ax.plot(ds, [predicted[f"{c}/{d}"] for d in ds], color=f"C{i}", ls=":", alpha=0.7)
+        ax.plot(ds, [predicted[f"{c}/{d}"]["ceiling"] for d in ds], color=f"C{i}", ls=":", alpha=0.7)
     ax.set_xlabel("layers")
     ax.set_ylabel("MQAR answer accuracy (val)")
     ax.set_xticks(MQAR["depths"])
-    ax.set_title("solid: measured (mean ± std over seeds); dotted: graph's reachable fraction", fontsize=8)
+    ax.set_title("solid: measured (mean ± std over seeds); dotted: ceiling r + (1 - r)/4", fontsize=8)
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(os.path.join(out, "mqar.png"), dpi=120)
 
-    lines = ["| cell | layers | val accuracy (mean ± std over seeds) | seeds | reachable in the graph |",
-             "|---|---|---|---|---|"]
-    lines += [f"| {c} | {d} | {mean_std(cell(c, d))} | {len(cell(c, d))} | {predicted[f'{c}/{d}']:.3f} |"
+    lines = ["| cell | layers | val accuracy (mean ± std over seeds) | val loss (nats) | seeds | reachable in the graph "
+             "| retrievable r | ceiling r + (1 − r)/4 |", "|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {c} | {d} | {mean_std(cell(c, d))} | {mean_std(cell(c, d, 'val_loss'))} | {len(cell(c, d))} | "
+              + " | ".join(f"{predicted[f'{c}/{d}'][k]:.3f}" for k in ("reachable", "retrievable", "ceiling")) + " |"
               for d in MQAR["depths"] for c in CELLS if cell(c, d)]
     lines += ["", "SA's logits averaged over K draws of the permutations (first 300 val sequences):", "",
               "| cell | layers | seeds | " + " | ".join(f"K={K}" for K in PERM_DRAWS) + " |",
               "|---|---|---|" + "---|" * len(PERM_DRAWS)]
     for c, d in dict.fromkeys((a["cell"], a["n_layer"]) for a in averaged):
-        group = [a["accs"] for a in averaged if (a["cell"], a["n_layer"]) == (c, d)]
-        lines.append(f"| {c} | {d} | {len(group)} | " + " | ".join(mean_std([g[K] for g in group]) for K in PERM_DRAWS) + " |")
+        group = [{str(K): v for K, v in a["accs"].items()} for a in averaged if (a["cell"], a["n_layer"]) == (c, d)]
+        lines.append(f"| {c} | {d} | {len(group)} | " + " | ".join(mean_std([g[str(K)] for g in group]) for K in PERM_DRAWS)
+                     + " |")
+    return "\n".join(lines)
+
+
+# The pre-registered experiment (issue 22), at the depth where SA can work: 3 layers, window 8, 4
+# heads of 16 dimensions, each with its own permutation (sa_perm=head; receptive_field.py: every
+# pair connected in 2 layers at n=64), MoBA at the same key budget (4 blocks of 2). The pairs start
+# at token 1, so no MoBA block holds a whole (key, value) pair. Arm P=1: one pair, one query (a
+# pure long-range broadcast: any path carries the value); arm P=4: content recall.
+DECISIVE = dict(n_layer=3, window=8, n_head=4, sa_perm="head", moba_block=2, moba_topk=4)
+ARMS = {1: dict(iters=3000, cells={"full": 1, "swa": 1, "sa+swa": 2}, confirm=0.9, refute=0.5,
+                data=["--mqar_seq_len=64", "--mqar_num_pairs=1", "--mqar_num_queries=1", "--mqar_vocab=32",
+                      "--mqar_offset=1"]),
+        4: dict(iters=12000, cells={"full": 3, "sa+swa": 3, "swa": 1, "moba": 1}, confirm=0.75, refute=0.35,
+                data=["--mqar_seq_len=64", "--mqar_num_pairs=4", "--mqar_num_queries=4", "--mqar_vocab=32",
+                      "--mqar_offset=1"])}
+if fast:  # one seed of two cells per arm: every code path, few runs
+    ARMS = {P: dict(a, iters=8, cells=dict.fromkeys(cells, 1)) for (P, a), cells in
+            zip(ARMS.items(), [("full", "sa+swa"), ("sa+swa", "moba")])}
+
+
+def arm_verdict(P, accs):
+    """The pre-registered rule, literally. Valid only if every full seed >= 0.95 and SWA <= 0.10.
+    SA+SWA confirms at >= ARMS[P]["confirm"] in every seed, refutes at <= ARMS[P]["refute"] in
+    every seed; anything between is partial."""
+    a = ARMS[P]
+    missing = [f"{c} {len(accs.get(c, []))} of {n}" for c, n in a["cells"].items() if len(accs.get(c, [])) < n]
+    if missing:
+        return "not decidable (not run: " + ", ".join(missing) + " seeds finished)"
+    full, swa = accs.get("full", []), accs.get("swa", [])
+    if not full or not swa:  # --fast trains only two cells per arm
+        return "not decidable: no full-attention or SWA run"
+    if min(full) < 0.95:
+        return f"not decidable: full attention {min(full):.3f} < 0.95 in a seed"
+    if max(swa) > 0.10:
+        return f"not decidable: SWA {max(swa):.3f} > 0.10"
+    sa = accs["sa+swa"]
+    return "refutes" if max(sa) <= a["refute"] else "confirms" if min(sa) >= a["confirm"] else "partial"
+
+
+def mqar_decisive():
+    """Both arms of the pre-registered experiment: accuracy and val loss per cell and seed, the
+    predictions beside them, and the verdict by the rule (arm_verdict)."""
+    rows, verdicts, predicted = [], {}, {}
+    for P, a in ARMS.items():
+        data = mqar_data(f"data-recall-P{P}", a["data"])
+        out_dir = lambda c, s: os.path.join(work, f"decisive-P{P}-{c}-L{DECISIVE['n_layer']}-s{s}")
+        runs = [(c, s) for c, n in a["cells"].items() for s in range(n)]
+        if not arms or str(P) in arms.split(","):
+            train_all([(out_dir(c, s), dict(config=["config/mqar.py", *MQAR["train"]], data_root=data, attn=c, seed=s,
+                                            max_iters=a["iters"], eval_interval=a["iters"] // 4, **DECISIVE))
+                       for c, s in runs])
+        for c, s in runs:
+            if finished(out_dir(c, s), a["iters"]):
+                log = evals(out_dir(c, s))
+                rows.append(dict(P=P, cell=c, seed=s, iters=a["iters"], val_acc=log[-1]["val_acc"],
+                                 val_loss=log[-1]["val_loss"], wall_s=log[-1]["elapsed_s"],
+                                 curve=[(r["iter"], r["val_acc"]) for r in log]))
+        x, y = recall_val(300, data)
+        for c in a["cells"]:
+            predicted[f"P{P}/{c}"] = predictions(c, DECISIVE["sa_perm"], DECISIVE["n_head"], DECISIVE["n_layer"], x, y,
+                                                 DECISIVE["window"], P)
+        verdicts[P] = arm_verdict(P, {c: [r["val_acc"] for r in rows if (r["P"], r["cell"]) == (P, c)] for c in a["cells"]})
+    v = list(verdicts.values())
+    overall = ("refuted" if "refutes" in v else "confirmed" if v == ["confirms"] * len(v)
+               else "not decidable" if any(x.startswith("not") for x in v) else "partial")
+    save("mqar_decisive.json", dict(setup=DECISIVE, arms={P: {k: x for k, x in a.items()} for P, a in ARMS.items()},
+                                    train=["config/mqar.py", *MQAR["train"]], runs=rows, predicted=predicted,
+                                    verdicts=verdicts, overall=overall))
+    p = plt()
+    fig, axes = p.subplots(1, len(ARMS), figsize=(7, 3.2), sharey=True)
+    for ax, (P, a) in zip(axes, ARMS.items()):
+        for i, c in enumerate(a["cells"]):
+            accs = [r["val_acc"] for r in rows if (r["P"], r["cell"]) == (P, c)]
+            ax.scatter([i] * len(accs), accs, color=f"C{i}", zorder=3)
+            ax.plot([i - 0.3, i + 0.3], [predicted[f"P{P}/{c}"]["ceiling"]] * 2, color="k", ls=":")
+        ax.axhline(a["confirm"], color="g", lw=0.8)
+        ax.axhline(a["refute"], color="r", lw=0.8)
+        ax.set_xticks(range(len(a["cells"])), list(a["cells"]), fontsize=8)
+        ax.set_title(f"P={P}, {a['iters']} iterations: {verdicts[P].split(' (')[0].split(':')[0]}", fontsize=8)
+    axes[0].set_ylabel("val answer accuracy (dots: seeds)")
+    fig.suptitle("pre-registered, 3 layers: green confirm, red refute, dotted the ceiling r + (1 - r)/P", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, "mqar_decisive.png"), dpi=120)
+    lines = ["| arm | cell | iterations | val accuracy per seed | mean ± std | val loss (nats) | reachable in the graph "
+             "| retrievable r | ceiling r + (1 − r)/P |", "|---|---|---|---|---|---|---|---|---|"]
+    for P, a in ARMS.items():
+        for c in a["cells"]:
+            rs = [r for r in rows if (r["P"], r["cell"]) == (P, c)]
+            pr = predicted[f"P{P}/{c}"]
+            lines.append(f"| P={P} | {c} | {a['iters']} | " + (", ".join(f"{r['val_acc']:.3f}" for r in rs) or "not run")
+                         + f" | {mean_std([r['val_acc'] for r in rs]) if rs else '-'} | "
+                         + f"{mean_std([r['val_loss'] for r in rs]) if rs else '-'} | "
+                         + " | ".join(f"{pr[k]:.3f}" for k in ("reachable", "retrievable", "ceiling")) + " |")
+    lines += [""] + [f"- arm P={P}: **{v}**" for P, v in verdicts.items()] + [f"- overall: **{overall}**"]
     return "\n".join(lines)
 
 
@@ -478,8 +657,8 @@ def speed():
 
 
 if __name__ == "__main__":
-    steps = dict(figure=figure, lm=lm, swap=swap, mqar_search=mqar_search, mqar=mqar, recall_swap=recall_swap,
-                 coverage=coverage, speed=speed, sa_rules=sa_rules)
+    steps = dict(figure=figure, lm=lm, swap=swap, mqar_search=mqar_search, mqar=mqar, mqar_decisive=mqar_decisive,
+                 recall_swap=recall_swap, coverage=coverage, speed=speed, sa_rules=sa_rules)
     chosen = [s for s in only.split(",") if s] or [s for s in steps if fast or s not in EXTRA]
     unknown = set(chosen) - steps.keys()
     if unknown:
