@@ -97,7 +97,7 @@ class KVCache:
     def _moba_keys(self, cache, q):
         """The keys, values and mask of MoBA's step: the own block so far, plus the top_k - 1 past blocks
         with the largest q . kmean, chosen as moba_select chooses the last row of a forward over them."""
-        cfg, start, (B, nh, _, hs) = self.config, self.start, q.shape
+        cfg, start, (B, nh) = self.config, self.start, q.shape[:2]
         bs = cfg.moba_block
         nc = start // bs                                     # complete blocks, all strictly past
         own = nc * bs                                        # the own block's first position
