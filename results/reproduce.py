@@ -376,8 +376,11 @@ def mqar():
 # heads of 16 dimensions, each with its own permutation (sa_perm=head; receptive_field.py: every
 # pair connected in 2 layers at n=64), MoBA at the same key budget (4 blocks of 2). The pairs start
 # at token 1, so no MoBA block holds a whole (key, value) pair. Arm P=1: one pair, one query (a
-# pure long-range broadcast: any path carries the value); arm P=4: content recall.
-DECISIVE = dict(n_layer=3, window=8, n_head=4, sa_perm="head", moba_block=2, moba_topk=4)
+# pure long-range broadcast: any path carries the value); arm P=4: content recall. Every cell trains
+# with Zoology's optimiser settings (lr 3e-4, warmup, cosine to 0, beta2 0.999, weight decay 0.01, no
+# clipping): config/mqar.py's depth-2 recipe left full attention on the plateau at depth 3 (mqar_probes.json).
+DECISIVE = dict(n_layer=3, window=8, n_head=4, sa_perm="head", moba_block=2, moba_topk=4, learning_rate=3e-4,
+                decay_lr=True, warmup_iters=200, min_lr=0.0, beta2=0.999, weight_decay=0.01, grad_clip=0.0)
 ARMS = {1: dict(iters=3000, cells={"full": 1, "swa": 1, "sa+swa": 2}, confirm=0.9, refute=0.5,
                 data=["--mqar_seq_len=64", "--mqar_num_pairs=1", "--mqar_num_queries=1", "--mqar_vocab=32",
                       "--mqar_offset=1"]),
