@@ -62,16 +62,17 @@ def check_positive(value, name="window"):
     return value
 
 
-@torch.compiler.disable  # data-dependent: eager under torch.compile
 def _check_draw(draw, name, B, H, T):
-    """SA's draw: a permutation `perm` of range(T) in every row, or finite value keys `r`; of shape
-    (T,) or broadcastable to (B, H, T). O(T): a permutation's T values in range hit all T slots."""
+    """SA's draw: a permutation `perm` of range(T) in every row, or finite value keys `r`; of shape (T,) or
+    broadcastable to (B, H, T). O(T): a permutation's T values in range hit all T slots. Values: eager only."""
     kind, ok = ("a LongTensor", draw.dtype == torch.long) if name == "perm" else ("a float tensor", draw.is_floating_point())
     if not ok or draw.shape[-1] != T or draw.dim() not in (1, 3):
         raise ValueError(f"{name} must be {kind} of shape (T,) or (B, H, T) with T={T}, got {draw.dtype} {tuple(draw.shape)}")
     if draw.dim() == 3 and draw.shape[:2] not in ((B, H), (1, H), (B, 1), (1, 1)):
         raise ValueError(f"{name} of shape {tuple(draw.shape)} does not broadcast to (B, H, T)=({B}, {H}, {T})")
     rows = draw.reshape(-1, T)                                           # (R, T)
+    if torch.compiler.is_compiling():                                   # unknown while tracing (GPT draws its own)
+        return
     if name == "r" and not bool(rows.isfinite().all()):
         raise ValueError("r must be finite, got NaN or inf")
     if name == "perm":
@@ -171,7 +172,7 @@ def _band(q, k, v, width, pos, val=None):
                 raise
             warnings.warn(f"the Triton kernel failed, using the torch path instead: {type(e).__name__}: "
                           f"{(str(e).strip().splitlines() or [''])[0]}")
-    return blocked.attend(q, k, v, blocked.Band, width, pos, val, VALUE_MARGIN)
+    return blocked.band(q, k, v, pos, val, width, VALUE_MARGIN)[0]
 
 
 @_sdpa_like
@@ -293,8 +294,7 @@ def moba_reference(q, k, v, moba_block, top_k):
 @_sdpa_like
 def moba_attention(q, k, v, moba_block, top_k):
     """MoBA (Mixture of Block Attention, the rule above): out (B, H, T, D). Equals moba_reference."""
-    check_positive(moba_block, "moba_block")
-    check_positive(top_k, "top_k")
+    moba_block, top_k = check_positive(moba_block, "moba_block"), check_positive(top_k, "top_k")
     if _backend(q) == "reference":
         return moba_reference(q, k, v, moba_block, top_k)
-    return blocked.attend(q, k, v, blocked.Moba, moba_block, *moba_select(q, k, moba_block, top_k))
+    return blocked.moba(q, k, v, *moba_select(q, k, moba_block, top_k), moba_block)[0]

@@ -19,9 +19,11 @@ With val (the value rule: slots sorted by val), block b's span starts at the fir
 width of the block's smallest val and has the length the widest block needs: a gather, not a view.
 MoBA's groups are key blocks with the queries that see them; a query in several groups gets one
 softmax over all of them, merged by logsumexp as FlashAttention merges its key blocks.
-Why an explicit backward: autograd would keep every chunk's (C, L) probabilities until backward,
-O(T * L) memory per layer; here the forward keeps only the output and each row's logsumexp, and
-the backward recomputes each chunk's probabilities from them.
+A chunk of groups is one batched call: on the CPU PyTorch's fused flash-attention kernel (with the
+mask), elsewhere four matmul-sized ops. Why an explicit backward: autograd would keep every chunk's
+(C, L) probabilities until backward, O(T * L) memory per layer; here the forward keeps only the
+output and each row's logsumexp, and the backward recomputes each chunk's probabilities from them.
+forward and backward are registered ops (band, moba, at the bottom), so torch.compile sees one node each.
 """
 import math
 
@@ -45,7 +47,7 @@ class Band:
         C = min(BLOCK, 1 << (T - 1).bit_length())           # small T needs no full block
         nb = math.ceil(T / C)
         if val is None:
-            w = min(width, T)                                # |i - j| < T always holds
+            w = min(int(width), T)                           # |i - j| < T always holds
             left, right = w - 1, (0 if pos is None else w - 1)
             L = left + C + right
             r, c = torch.arange(C, device=device), torch.arange(L, device=device)
@@ -79,10 +81,10 @@ class Band:
         f.view(B, H, self.S, D)[:, :, self.left:self.left + T] = t.detach()  # any strides, any dtype: one pass
         return f.view(-1, D)
 
-    def unflat(self, f, like):
-        """flat undone, as a view of f: (BH * S, D) -> the shape and dtype of `like` (B, H, T, D)."""
+    def unflat(self, f):
+        """flat undone, as a view of f: (BH * S, D) -> (B, H, T, D)."""
         T = self.shape[2]
-        return f.view(-1, self.S, f.shape[-1])[:, self.left:self.left + T].view(like.shape).to(like.dtype)
+        return f.view(-1, self.S, f.shape[-1])[:, self.left:self.left + T].view(*self.shape, -1)
 
     def gather(self, f, rows):
         """f (N, D) at rows: the spans of the slot band are strided views of f, the value rule's a gather."""
@@ -133,6 +135,7 @@ class Moba:
     def __init__(self, q, moba_block, idx, ok):
         (B, H, T, _), device = q.shape, q.device
         BH, bs, C = B * H, moba_block, BLOCK
+        self.shape = (B, H, T)
         nblk = math.ceil(T / bs)
         base = torch.arange(BH, device=device)[:, None] * T                        # (BH, 1): each head's first row
         rows = F.pad(torch.arange(T, device=device) + base, (0, nblk * bs - T), value=BH * T)  # (BH, nblk*bs)
@@ -161,17 +164,17 @@ class Moba:
     def flat(self, t):
         return F.pad(t.detach().float().flatten(0, 2), (0, 0, 0, 1))                # (B*H*T + 1, D)
 
-    def unflat(self, f, like):
-        return f[:-1].view(like.shape).to(like.dtype)
+    def unflat(self, f):
+        return f[:-1].view(*self.shape, -1)                                         # (B, H, T, D)
 
     def gather(self, f, rows):
         return f.index_select(0, rows.flatten()).view(*rows.shape, f.shape[-1])   # faster than f[rows]
 
     def chunks(self):
-        for s in range(0, self.own.shape[1], self.m):  # (BH, m, bs), (BH, m, bs), (m, bs, bs)
-            yield self.own[:, s:s + self.m], self.own[:, s:s + self.m], self.own_mask[s:s + self.m]
-        for s in range(0, len(self.tile_q), self.n):   # (n, C), (n, bs), (n, 1, bs)
-            yield self.tile_q[s:s + self.n], self.tile_k[s:s + self.n], self.tile_mask[s:s + self.n]
+        for s in range(0, self.own.shape[1], self.m):  # (BH, m, bs), (BH, m, bs), (1, m, bs, bs)
+            yield self.own[:, s:s + self.m], self.own[:, s:s + self.m], self.own_mask[None, s:s + self.m]
+        for s in range(0, len(self.tile_q), self.n):   # (n, 1, C), (n, 1, bs), (n, 1, 1, bs)
+            yield self.tile_q[s:s + self.n, None], self.tile_k[s:s + self.n, None], self.tile_mask[s:s + self.n, None]
 
 
 def _masked(s, mask, finite):
@@ -179,69 +182,111 @@ def _masked(s, mask, finite):
     return s.add_(mask) if finite else s.masked_fill_(mask == NEG, NEG)
 
 
-class GroupedAttention(torch.autograd.Function):
-    """softmax over each query's groups in `layout`, forward and backward: (B, H, T, D) -> (B, H, T, D).
-    A key that is not finite gets its hidden scores set to -inf, not -inf added (NaN + -inf is NaN),
-    so that its NaN never reaches a query that may not see it."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, layout):
-        qf, kf, vf = layout.flat(q).mul_(1 / math.sqrt(q.shape[-1])), layout.flat(k), layout.flat(v)  # (N, D)
-        # With merge (MoBA), a query's groups are merged online: the largest logsumexp so far (top),
-        # the sum of exp(lse - top) (total) and the output sum. Without, each row is written once.
-        top = torch.full_like(qf[:, 0], NEG)                                    # (N,)
-        total, out = torch.zeros_like(top), torch.zeros_like(qf) if layout.merge else torch.empty_like(qf)
-        finite = bool(kf.isfinite().all())  # else the slower exact masking
-        for qrows, krows, mask in layout.chunks():                              # (..., C), (..., L), (..., C, L)
-            qc, kc, vc = layout.gather(qf, qrows), layout.gather(kf, krows), layout.gather(vf, krows)
-            s = _masked(qc @ kc.transpose(-1, -2), mask, finite)                # (..., C, L)
-            m = s.amax(-1, keepdim=True)                                        # (..., C, 1)
-            p = s.sub_(m).exp_()                                                # (..., C, L), unnormalised
-            l = p.sum(-1, keepdim=True)                                         # (..., C, 1)
-            rows, lse = qrows.flatten(), (m + l.log()).flatten()                # (n,): this chunk's query rows
-            if not layout.merge:
-                out.index_copy_(0, rows, (p @ vc).div_(l).flatten(0, -2))
-                top.index_copy_(0, rows, lse)
-                continue
-            seen = rows.unique()                                                # a row may be in several groups
-            old = top[seen]
-            top.scatter_reduce_(0, rows, lse, "amax")
-            rescale = (old - top[seen]).exp_()                                  # earlier groups, to the new max
-            total[seen] *= rescale
-            out[seen] *= rescale[:, None]
-            w = (lse - top[rows]).exp_()                                        # (n,)
-            total.index_add_(0, rows, w)
-            out.index_add_(0, rows, (p @ vc).mul_((w / l.flatten()).view_as(l)).flatten(0, -2))
-        if layout.merge:
-            out /= total[:, None]
-            top += total.log()                                                  # the logsumexp of each row
-        ctx.save_for_backward(q, k, v, out, top)
-        ctx.layout = layout
-        return layout.unflat(out, q)
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, dout):
-        q, k, v, out, lse = ctx.saved_tensors
-        layout, scale = ctx.layout, 1 / math.sqrt(q.shape[-1])
-        with torch.autocast(q.device.type, enabled=False):  # scores in fp32, even if backward runs under autocast
-            qf, kf, vf, dof = layout.flat(q).mul_(scale), layout.flat(k), layout.flat(v), layout.flat(dout)
-            rowdot = (dof * out).sum(-1)                                        # (N,): rowsum(dO * O)
-            dq, dk, dv = torch.zeros_like(qf), torch.zeros_like(kf), torch.zeros_like(vf)
-            finite = bool(kf.isfinite().all())
-            for qrows, krows, mask in layout.chunks():
-                qc, doc = layout.gather(qf, qrows), layout.gather(dof, qrows)
-                kc, vc = layout.gather(kf, krows), layout.gather(vf, krows)
-                s = _masked(qc @ kc.transpose(-1, -2), mask, finite)            # (..., C, L)
-                p = s.sub_(lse[qrows][..., None]).exp_()                        # (..., C, L): probabilities
-                dv.index_add_(0, krows.flatten(), (p.transpose(-1, -2) @ doc).flatten(0, -2))
-                ds = p.mul_((doc @ vc.transpose(-1, -2)).sub_(rowdot[qrows][..., None]))  # dloss/dscores
-                dq.index_add_(0, qrows.flatten(), (ds @ kc).flatten(0, -2))
-                dk.index_add_(0, krows.flatten(), (ds.transpose(-1, -2) @ qc).flatten(0, -2))
-        return layout.unflat(dq.mul_(scale), q), layout.unflat(dk, k), layout.unflat(dv, v), None
+def _fused(q, finite):
+    """Whether PyTorch's fused CPU flash-attention kernel runs the groups (it takes an additive mask, and
+    returns the logsumexp the backward needs): on the CPU, where every key is finite (NaN + -inf is NaN)."""
+    return q.device.type == "cpu" and finite and hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu")
 
 
-@torch.compiler.disable  # torch.compile runs the engine eagerly: Dynamo cannot trace the band's strided views
-def attend(q, k, v, layout, *args):
-    """The engine's entry point: attention by layout(q, *args), a Band or Moba."""
-    return GroupedAttention.apply(q, k, v, layout(q, *args))
+def _group_forward(qc, kc, vc, mask, finite):
+    """softmax(qc kc^T / sqrt(D) + mask) vc and its logsumexp, per group: (m, n, C, D), (m, n, C)."""
+    if _fused(qc, finite):
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(qc, kc, vc, attn_mask=mask)
+    s = _masked(qc @ kc.transpose(-1, -2) / math.sqrt(qc.shape[-1]), mask, finite)  # (m, n, C, L)
+    lse = s.logsumexp(-1)                                                   # (m, n, C)
+    return s.sub_(lse[..., None]).exp_() @ vc, lse
+
+
+def _group_backward(doc, qc, kc, vc, oc, lse, mask, finite):
+    """dq, dk, dv of each group, its probabilities recomputed from lse (the row's over all its groups)."""
+    if _fused(qc, finite):
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            doc, qc, kc, vc, oc, lse, 0.0, False, attn_mask=mask)
+    scale = 1 / math.sqrt(qc.shape[-1])
+    p = _masked(qc @ kc.transpose(-1, -2) * scale, mask, finite).sub_(lse[..., None]).exp_()  # (m, n, C, L)
+    ds = p * (doc @ vc.transpose(-1, -2)).sub_((doc * oc).sum(-1, keepdim=True))  # dloss/dscores
+    return (ds @ kc).mul_(scale), (ds.transpose(-1, -2) @ qc).mul_(scale), p.transpose(-1, -2) @ doc
+
+
+def forward(q, k, v, layout):
+    """softmax over each query's groups in `layout`: out (B, H, T, D) in q's dtype and each row's logsumexp
+    (B, H, T) in fp32. A key that is not finite gets its hidden scores set to -inf, not -inf added
+    (NaN + -inf is NaN), so that its NaN never reaches a query that may not see it."""
+    qf, kf, vf = layout.flat(q), layout.flat(k), layout.flat(v)             # (N, D)
+    # With merge (MoBA), a query's groups are merged online: the largest logsumexp so far (top),
+    # the sum of exp(lse - top) (total) and the output sum. Without, each row is written once.
+    top = torch.full_like(qf[:, 0], NEG)                                    # (N,)
+    total, out = torch.zeros_like(top), torch.zeros_like(qf) if layout.merge else torch.empty_like(qf)
+    finite = bool(kf.isfinite().all())
+    for qrows, krows, mask in layout.chunks():                              # (m, n, C), (m, n, L), (m or 1, n, C, L)
+        o, lse = _group_forward(layout.gather(qf, qrows), layout.gather(kf, krows), layout.gather(vf, krows), mask, finite)
+        rows, o, lse = qrows.flatten(), o.flatten(0, -2), lse.flatten()     # this chunk's query rows, (n, D), (n,)
+        if not layout.merge:
+            out.index_copy_(0, rows, o)
+            top.index_copy_(0, rows, lse)
+            continue
+        seen = rows.unique()                                                # a row may be in several groups
+        old = top[seen]
+        top.scatter_reduce_(0, rows, lse, "amax")
+        rescale = (old - top[seen]).exp_()                                  # earlier groups, to the new max
+        total[seen] *= rescale
+        out[seen] *= rescale[:, None]
+        w = (lse - top[rows]).exp_()                                        # (n,)
+        total.index_add_(0, rows, w)
+        out.index_add_(0, rows, o.mul_(w[:, None]))
+    if layout.merge:
+        out /= total[:, None]
+        top += total.log()                                                  # the logsumexp of each row
+    return _unflat(layout, out, q.dtype), _unflat(layout, top[:, None], torch.float32)[..., 0]
+
+
+@torch.autocast("cpu", enabled=False)  # scores in fp32, even where backward runs under autocast
+@torch.autocast("cuda", enabled=False)
+def backward(dout, q, k, v, out, lse, layout):
+    """dq, dk, dv (B, H, T, D) of forward's out: each group's share, from its rows' out and logsumexp."""
+    qf, kf, vf, dof, of = (layout.flat(t) for t in (q, k, v, dout, out))   # (N, D)
+    lse = layout.flat(lse[..., None])[:, 0]                                 # (N,); pad rows 0, their dO is 0
+    dq, dk, dv = torch.zeros_like(qf), torch.zeros_like(kf), torch.zeros_like(vf)
+    finite = bool(kf.isfinite().all())
+    for qrows, krows, mask in layout.chunks():
+        grads = _group_backward(layout.gather(dof, qrows), layout.gather(qf, qrows), layout.gather(kf, krows),
+                                layout.gather(vf, krows), layout.gather(of, qrows), lse[qrows], mask, finite)
+        for g, rows, grad in ((dq, qrows, grads[0]), (dk, krows, grads[1]), (dv, krows, grads[2])):
+            g.index_add_(0, rows.flatten(), grad.flatten(0, -2))
+    return _unflat(layout, dq, q.dtype), _unflat(layout, dk, k.dtype), _unflat(layout, dv, v.dtype)
+
+
+def _unflat(layout, f, dtype):
+    """(N, D) fp32 -> (B, H, T, D) of dtype, contiguous (what the ops' fake shapes promise)."""
+    return layout.unflat(f).to(dtype).contiguous()
+
+
+def _op(name, layout, args):
+    """forward and backward over layout(q, two tensors, *scalars) as registered ops, sa::name(q, k, v, args)
+    -> (out, lse), with their autograd and fake shapes."""
+    schema = f"Tensor q, Tensor k, Tensor v, {args}"
+    fwd = torch.library.custom_op(f"sa::{name}", lambda q, k, v, *a: forward(q, k, v, layout(q, *a)), mutates_args=(),
+                                  schema=f"({schema}) -> (Tensor, Tensor)")
+    bwd = torch.library.custom_op(f"sa::{name}_backward",
+                                  lambda dout, out, lse, q, k, v, *a: backward(dout, q, k, v, out, lse, layout(q, *a)),
+                                  mutates_args=(), schema=f"(Tensor dout, Tensor out, Tensor lse, {schema}) -> (Tensor, Tensor, Tensor)")
+    fwd.register_fake(lambda q, k, v, *a: (torch.empty_like(q, memory_format=torch.contiguous_format),
+                                           q.new_empty(q.shape[:3], dtype=torch.float32)))
+    bwd.register_fake(lambda dout, out, lse, q, k, v, *a: tuple(
+        torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v)))
+
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(*output, *inputs[:5])                         # out, lse, q, k, v, the two tensors
+        ctx.scalars = inputs[5:]
+
+    def grad(ctx, dout, _):
+        return *bwd(dout, *ctx.saved_tensors, *ctx.scalars), *[None] * (2 + len(ctx.scalars))
+    fwd.register_autograd(grad, setup_context=setup_context)
+    return fwd
+
+
+# The engine's entry points: out (B, H, T, D) = band(q, k, v, ...)[0]. Registered ops, so that torch.compile
+# sees one opaque node each (no graph break), not the chunk loops and the band's strided views.
+band = _op("band", lambda q, pos, val, width, margin: Band(q, width, pos, val, margin),
+           "Tensor? pos, Tensor? val, float width, float margin")
+moba = _op("moba", lambda q, idx, ok, moba_block: Moba(q, moba_block, idx, ok), "Tensor idx, Tensor ok, int moba_block")

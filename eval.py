@@ -63,7 +63,8 @@ import torch
 import torch.nn.functional as F
 
 import attention
-from model import ATTN_KINDS, DTYPES, GPT, GPT2_SIZES, autocast, load_checkpoint
+from checkpoint import load_checkpoint
+from model import ATTN_KINDS, DTYPES, GPT, GPT2_SIZES, autocast
 from prepare_data import check_writable, get_tokenizer, load_meta, load_tokens, progress, pyplot
 from tasks import TASKS, Tokenizer, evaluate_task, load_task, load_task_file
 
@@ -210,7 +211,7 @@ class OurLM:
         self.model.swap_attention(**setting)
 
     def seed(self, s):
-        self.model.sa_generator.manual_seed(s)
+        self.model.seed_sa(s)
 
 
 def hf_context_length(config, tokenizer_max=None):

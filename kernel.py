@@ -1,10 +1,9 @@
 """
 Sliding-window attention in Triton, forward and backward: triton_swa(q, k, v, width, pos, val).
 
-The rule is stated once, in attention.py's docstring; this file only makes it fast, and imports
-nothing from this repo. SA reuses it: attention.stochastic_attention gathers q, k, v by perm,
-calls triton_swa(..., window, pos=perm) and scatters back; the value rule sorts by r and calls
-triton_swa(..., delta, pos=perm, val=sorted r), each block's key span from the host (_val_spans).
+The rule is stated once, in attention.py's docstring; this file only makes it fast, and imports nothing
+from this repo. SA reuses it: gather q, k, v by perm, triton_swa(..., window, pos=perm), scatter back; the
+value rule sorts by r: triton_swa(..., delta, pos=perm, val=sorted r), key spans from the host (_val_spans).
 
 How it works (shaped like Triton's fused-attention tutorial, 06-fused-attention.py):
 - Forward: program (i, b*h) owns BLOCK_M query rows and streams the key blocks its band reaches,
@@ -14,21 +13,19 @@ How it works (shaped like Triton's fused-attention tutorial, 06-fused-attention.
   pay for the band mask and bounds checks. The value rule's span is one edge region.
 - Masked scores are -inf before anything is summed: no visible score loses to a masked one, and a
   NaN in a masked key never reaches a query. Every real query sees itself.
-- Backward: program (i, b*h) computes dK, dV for key block i (moving over query blocks), then dQ
-  for query block i (moving over key blocks), recomputing the probabilities from the forward's
-  log-sum-exp, clamped to <= 1 (at |q.k| ~ 1e9 a recomputed score can differ by a few ulps, and
-  exp2 of that overflows fp16 gradients).
-- choose_config: fp16/bf16 128-row blocks, 8 warps; fp32 32-row blocks (16 at D = 128) and tf32x3,
-  about fp32-exact ("ieee" on AMD). Below sm_80, or short of shared memory, it raises and "auto" takes
-  the torch path. What it compiles to (registers, spills, shared memory; sm_75 to sm_90, gfx942, by
-  Triton's ptxas, no GPU): results/kernel_compile.txt. GPU timings: not measured by this project yet.
+- Backward: program (i, b*h) computes dK, dV for key block i (moving over query blocks), then dQ for
+  query block i (moving over key blocks), the probabilities recomputed from the forward's log-sum-exp,
+  clamped to <= 1 (at |q.k| ~ 1e9 a recomputed score can be a few ulps off: exp2 overflows fp16).
+- choose_config picks the blocks (fp32: tf32x3, about fp32-exact); below sm_80 it raises and "auto" takes the
+  torch path. What it compiles to, no GPU needed: results/kernel_compile.txt. GPU timings: not measured yet.
 
 Runs on the CPU under TRITON_INTERPRET=1 (test_kernel.py). On a GPU: python kernel.py --check.
 """
 import math
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 import torch
+from torch import Tensor
 import triton
 import triton.language as tl
 
@@ -156,15 +153,6 @@ def _attn_fwd(Q, K, V, O, LSE, Pos, Val, Spans, pos_stride_b, pos_stride_h, pos_
     tl.store(LSE + offs_m, m_i + tl.math.log2(l_i), mask=offs_m < T)  # log2-sum-exp2, for the backward
     tl.store(O + offs_m[:, None] * D + tl.arange(0, D)[None, :], (acc / l_i[:, None]).to(O.dtype.element_ty),
              mask=offs_m[:, None] < T)
-
-
-@triton.jit
-def _attn_bwd_preprocess(O, DO, RowDot, T, D: tl.constexpr, BLOCK_M: tl.constexpr):
-    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    bh = tl.program_id(1).to(tl.int64)
-    o = _load(O + bh * T * D, offs_m, T, D, True)
-    do = _load(DO + bh * T * D, offs_m, T, D, True)
-    tl.store(RowDot + bh * T + offs_m, tl.sum(o.to(tl.float32) * do.to(tl.float32), 1), mask=offs_m < T)
 
 
 @triton.jit
@@ -307,7 +295,7 @@ def choose_config(dtype, D, target):
 
 
 # -----------------------------------------------------------------------------
-# autograd and the public function
+# The launches, as registered ops, and the public function
 
 def _val_spans(val, width, margin, block, B, H, T):
     """[lo, hi) of the slots each block of `block` rows may meet (its own always), as (R, nblocks, 2) int32, and
@@ -321,67 +309,78 @@ def _val_spans(val, width, margin, block, B, H, T):
     return spans, (0 if len(val) == 1 else spans[0].numel())
 
 
-class _SlidingWindowAttention(torch.autograd.Function):
+def _launch_args(q, pos, val, width, margin, config, block):
+    """What the kernels take besides q, k, v: pos and val as (B, H, T) views, each block's key span with val
+    (a dummy without), the scalars up to the scores' scale, and the compile-time options."""
+    B, H, T, D = q.shape
+    if val is None:  # the slot band [i - left, i + right], one-sided without pos; |i - j| < T always holds
+        left = min(int(width), T) - 1
+        right, width = (0 if pos is None else left), 0.0
+    else:            # the value band |val_i - val_j| < width, over each block's span from the host
+        left = right = 0
+    Pos = q if pos is None else pos.expand(B, H, T)    # (B, H, T) view with 0 strides: no copy; q is a dummy
+    Val = q if val is None else val.expand(B, H, T)    # val has pos's shape, so pos's strides
+    spans, span_stride = (q, 0) if val is None else _val_spans(val, width, margin, block, B, H, T)
+    options = dict(D=D, HAS_POS=pos is not None, HAS_VAL=val is not None, PRECISION=config.precision,
+                   num_warps=config.num_warps, num_stages=config.num_stages)
+    return (Pos, Val, spans, *((0, 0, 0) if pos is None else Pos.stride()), span_stride, H, T, left, right, width), options
 
-    @staticmethod
-    def forward(ctx, q, k, v, width, pos, val, margin, target):
-        B, H, T, D = q.shape
-        config = choose_config(q.dtype, D, target)
-        q, k, v = (t.contiguous() for t in (q, k, v))      # the kernels index (B, H, T, D) as contiguous
-        if val is None:  # the slot band [i - left, i + right], one-sided without pos; |i - j| < T always holds
-            left = min(width, T) - 1
-            right, width = (0 if pos is None else left), 0.0
-        else:            # the value band |val_i - val_j| < width, over each block's span from the host
-            left = right = 0
-            width = float(width)
-        Pos = q if pos is None else pos.expand(B, H, T)    # (B, H, T) view with 0 strides: no copy; q is a dummy
-        Val = q if val is None else val.expand(B, H, T)    # val has pos's shape, so pos's strides
-        pos_strides = (0, 0, 0) if pos is None else Pos.stride()
-        # each block's key span with val, for the forward's and the backward's block rows; a dummy without
-        fwd_spans, fwd_stride = (q, 0) if val is None else _val_spans(val, width, margin, config.block_m, B, H, T)
-        bwd_spans, bwd_stride = (q, 0) if val is None else _val_spans(val, width, margin, config.fixed, B, H, T)
-        o = torch.empty_like(q)
-        lse = torch.empty((B, H, T), device=q.device, dtype=torch.float32)
-        sm_scale = 1 / math.sqrt(D)
-        _attn_fwd[(triton.cdiv(T, config.block_m), B * H)](
-            q, k, v, o, lse, Pos, Val, fwd_spans, *pos_strides, fwd_stride, H, T, left, right, width, sm_scale * LOG2E,
-            D=D, BLOCK_M=config.block_m, BLOCK_N=config.block_n, HAS_POS=pos is not None, HAS_VAL=val is not None,
-            PRECISION=config.precision, num_warps=config.num_warps, num_stages=config.num_stages)
-        scalars = (*pos_strides, bwd_stride, H, T, left, right, width, sm_scale * LOG2E, sm_scale)  # the backward's
-        bwd_options = dict(D=D, FIXED=config.fixed, MOVE=config.move, HAS_POS=pos is not None,     # non-tensor args
-                           HAS_VAL=val is not None, PRECISION=config.precision, num_warps=config.num_warps,
-                           num_stages=config.num_stages)
-        if q.is_cuda and any(ctx.needs_input_grad[:3]):
-            # compile the backward now: if it cannot run on this GPU, attention.py can still take the torch path
-            compiled = _attn_bwd.warmup(q, k, v, o, q, k, v, lse, lse, Pos, Val, bwd_spans, *scalars, grid=(1,),
-                                        **bwd_options)
-            if compiled is not None and compiled.metadata.shared > target.shared:  # None: a compile hook took it
-                raise ValueError(f"the backward kernel needs {compiled.metadata.shared // 1024} KB of shared "
-                                 f"memory, the GPU has {target.shared // 1024} KB")
-        ctx.save_for_backward(q, k, v, o, lse, Pos, Val, bwd_spans)
-        ctx.scalars, ctx.bwd_options, ctx.block_m = scalars, bwd_options, config.block_m
-        return o
 
-    @staticmethod
-    def backward(ctx, do):
-        q, k, v, o, lse, Pos, Val, spans = ctx.saved_tensors
-        B, H, T, D = q.shape
-        with torch.cuda.device(q.device if q.is_cuda else -1):  # launch on q's GPU, not the current one
-            do = do.contiguous()
-            rowdot = torch.empty_like(lse)                  # (B, H, T): rowsum(dO * O)
-            _attn_bwd_preprocess[(triton.cdiv(T, ctx.block_m), B * H)](o, do, rowdot, T, D=D, BLOCK_M=ctx.block_m)
-            dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-            _attn_bwd[(triton.cdiv(T, ctx.bwd_options["FIXED"]), B * H)](
-                q, k, v, do, dq, dk, dv, lse, rowdot, Pos, Val, spans, *ctx.scalars, **ctx.bwd_options)
-        return dq, dk, dv, None, None, None, None, None
+# The tutorial's autograd.Function, as registered ops: torch.compile traces nothing inside, breaks no graph.
+@torch.library.custom_op("sa::triton_swa", mutates_args=())
+def _forward(q: Tensor, k: Tensor, v: Tensor, pos: Optional[Tensor], val: Optional[Tensor], width: float,
+             margin: float) -> tuple[Tensor, Tensor]:
+    """out (B, H, T, D) and each row's logsumexp (B, H, T), fp32."""
+    (B, H, T, D), target = q.shape, device_target(q.device)
+    config = choose_config(q.dtype, D, target)
+    q, k, v = (t.contiguous() for t in (q, k, v))      # the kernels index (B, H, T, D) as contiguous
+    o, lse = torch.empty_like(q), q.new_empty((B, H, T), dtype=torch.float32)
+    with torch.cuda.device(q.device if q.is_cuda else -1):  # launch on q's GPU, not the current one
+        args, options = _launch_args(q, pos, val, width, margin, config, config.block_m)
+        _attn_fwd[(triton.cdiv(T, config.block_m), B * H)](q, k, v, o, lse, *args, LOG2E / math.sqrt(D),
+                                                            BLOCK_M=config.block_m, BLOCK_N=config.block_n, **options)
+        if q.is_cuda and torch.is_grad_enabled():  # compile the backward now: if it cannot run, "auto" can still fall back
+            bwd = _attn_bwd.warmup(q, k, v, o, q, k, v, lse, lse, *args, 0.0, 0.0, grid=(1,), FIXED=config.fixed,
+                                   MOVE=config.move, **options)
+            if bwd is not None and bwd.metadata.shared > target.shared:  # None: a compile hook took it
+                raise ValueError(f"the backward kernel needs {bwd.metadata.shared // 1024} KB, the GPU has {target.shared // 1024} KB")
+    return o, lse
+
+
+@torch.library.custom_op("sa::triton_swa_backward", mutates_args=())
+def _backward(do: Tensor, o: Tensor, lse: Tensor, q: Tensor, k: Tensor, v: Tensor, pos: Optional[Tensor],
+              val: Optional[Tensor], width: float, margin: float) -> tuple[Tensor, Tensor, Tensor]:
+    """dq, dk, dv (B, H, T, D) of _forward's o, the probabilities recomputed from lse."""
+    B, H, T, D = q.shape
+    config = choose_config(q.dtype, D, device_target(q.device))
+    q, k, v, do = (t.contiguous() for t in (q, k, v, do))
+    with torch.cuda.device(q.device if q.is_cuda else -1):
+        args, options = _launch_args(q, pos, val, width, margin, config, config.fixed)
+        rowdot = (o.float() * do.float()).sum(-1)           # (B, H, T): rowsum(dO * O), fp32
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        _attn_bwd[(triton.cdiv(T, config.fixed), B * H)](q, k, v, do, dq, dk, dv, lse, rowdot, *args, LOG2E / math.sqrt(D),
+                                                          1 / math.sqrt(D), FIXED=config.fixed, MOVE=config.move, **options)
+    return dq, dk, dv
+
+
+_forward.register_fake(lambda q, *_: (torch.empty_like(q, memory_format=torch.contiguous_format), q.new_empty(q.shape[:3])))
+_backward.register_fake(lambda do, o, lse, *qkv: tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in qkv[:3]))
+
+
+def _save(ctx, inputs, output):
+    ctx.save_for_backward(*output, *inputs[:5])            # o, lse, q, k, v, pos, val
+    ctx.scalars = inputs[5:]                               # width, margin
+
+
+_forward.register_autograd(lambda ctx, do, _: (*_backward(do, *ctx.saved_tensors, *ctx.scalars), *[None] * 4),
+                           setup_context=_save)
 
 
 def triton_swa(q, k, v, width, pos=None, val=None, margin=0.0):
-    """Sliding-window attention, (B, H, T, D) -> (B, H, T, D), by the rule in attention.py's docstring:
-    key j is visible to query i iff |i - j| < width (an int, the window) and pos[j] <= pos[i]; with val
-    (fp32, pos's shape, ascending along T), iff |val[i] - val[j]| < width (a float: the value rule's delta)
-    and pos[j] <= pos[i], each block's key span reaching `margin` past width (fp32 rounding).
-    Raises ValueError for input it does not support (attention.BACKEND="auto" then uses the torch path)."""
+    """Sliding-window attention, (B, H, T, D) -> (B, H, T, D), by the rule in attention.py's docstring: key j is
+    visible to query i iff |i - j| < width (an int, the window) and pos[j] <= pos[i]; with val (fp32, pos's shape,
+    ascending along T), iff |val[i] - val[j]| < width (a float: delta) and pos[j] <= pos[i], each block's key span
+    reaching `margin` past width. ValueError for input it does not support ("auto" then takes the torch path)."""
     B, H, T, D = q.shape
     if D not in HEAD_DIMS:
         raise ValueError(f"triton_swa supports head dims {HEAD_DIMS}, got {D}; pad it or set attention.BACKEND = 'torch'")
@@ -395,12 +394,11 @@ def triton_swa(q, k, v, width, pos=None, val=None, margin=0.0):
     if val is None and (not isinstance(width, int) or isinstance(width, bool) or width < 1):
         raise ValueError(f"window must be an integer >= 1, got {width!r}")
     if val is not None and (pos is None or val.dtype != torch.float32 or val.shape != pos.shape or val.device != q.device
-                            or not width > 0 or not bool((val[..., 1:] >= val[..., :-1]).all())):
+                            or not width > 0 or not (torch.compiler.is_compiling() or bool((val[..., 1:] >= val[..., :-1]).all()))):
         raise ValueError(f"val must be fp32 with pos's shape, ascending along T, and the width > 0; got {val.dtype} "
                          f"{tuple(val.shape)}, pos {None if pos is None else tuple(pos.shape)}, width {width!r}")
     pos, val = (pos, val) if val is None else (pos.contiguous(), val.contiguous())  # one set of strides for both
-    with torch.cuda.device(q.device if q.is_cuda else -1):  # launch on q's GPU, not the current one
-        return _SlidingWindowAttention.apply(q, k, v, width, pos, val, margin, device_target(q.device))
+    return _forward(q, k, v, pos, val, width, margin)[0]
 
 
 # -----------------------------------------------------------------------------
@@ -415,31 +413,28 @@ if __name__ == "__main__":
     import attention  # only the self-check needs the repo
 
     B, H, D, check_T, check_windows = 1, 16, 64, "1000,4099", "1,64,300"  # lengths no multiple of any block
-    args = dict(a[2:].split("=", 1) if "=" in a else (a[2:], "1") for a in sys.argv[1:])
-    cuda = torch.cuda.is_available()
+    args, cuda = dict(a[2:].split("=", 1) if "=" in a else (a[2:], "1") for a in sys.argv[1:]), torch.cuda.is_available()
     if "check" not in args or set(args) - {"check", "B", "H", "D", "check_T", "check_windows"} or not (
             cuda or os.environ.get("TRITON_INTERPRET") == "1"):
         raise SystemExit("usage: python kernel.py --check [--B= --H= --D= --check_T=1000,4099 --check_windows=1,64,300]"
                          " on a CUDA GPU, or on the CPU with TRITON_INTERPRET=1")
     globals().update({key: int(value) if key in ("B", "H", "D") else value for key, value in args.items()})
-    device = "cuda" if cuda else "cpu"
+    device, failed = "cuda" if cuda else "cpu", 0
     __import__("numpy").seterr(all="ignore")  # the interpreter computes rows past T too (0 / 0), never stored
     print(f"B={B} H={H} D={D} on {torch.cuda.get_device_name() if cuda else 'the CPU interpreter'}: max |error| of "
           "out, dq, dk, dv relative to max(1, |torch path|), which runs in fp32")
-    failed = 0
     # the interpreter multiplies bf16 bit patterns in tl.dot (triton-lang/triton#11584): fp32 only there
     for dtype, tol in [(torch.bfloat16, 5e-2), (torch.float32, 1e-3)][0 if cuda else 1:]:
         for T, window in ((int(T), int(w)) for T in check_T.split(",") for w in check_windows.split(",")):
             g = torch.Generator().manual_seed(T + window)
             q, k, v, do = (torch.randn(B, H, T, D, generator=g).to(device, dtype) for _ in range(4))
             perm, r = torch.randperm(T, generator=g).to(device), torch.rand(T, generator=g).to(device)
-            for kind, fn in dict(swa=lambda *x: attention.sliding_window_attention(*x, window),
-                                 sa=lambda *x: attention.stochastic_attention(*x, window, perm),
-                                 value=lambda *x: attention.stochastic_value_attention(*x, window / T, r)).items():
+            for kind, fn, extra in (("swa", attention.sliding_window_attention, ()), ("sa", attention.stochastic_attention,
+                                    (perm,)), ("value", attention.stochastic_value_attention, (r,))):
                 results = []
                 for attention.BACKEND, inputs in (("triton", (q, k, v)), ("torch", (q.float(), k.float(), v.float()))):
                     inputs = [t.detach().requires_grad_() for t in inputs]
-                    out = fn(*inputs)
+                    out = fn(*inputs, window / T if kind == "value" else window, *extra)
                     results.append([out, *torch.autograd.grad(out, inputs, do.to(out.dtype))])
                 err = max(((a.float() - b).abs().max() / b.abs().max().clamp(min=1)).item() for a, b in zip(*results))
                 failed += err > tol

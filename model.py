@@ -15,7 +15,6 @@ A GPT language model with a switchable attention, after nanoGPT.
 """
 import inspect
 import math
-import os
 import sys
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, replace
@@ -93,6 +92,20 @@ def apply_rope(x, cos, sin):
     """x (B, nh, T, hs) rotated by the angles of its T positions, cos and sin (T, hs/2)."""
     x1, x2 = x.float().chunk(2, dim=-1)                                          # (B, nh, T, hs/2) each
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], -1).type_as(x)  # (B, nh, T, hs)
+
+
+@torch.library.custom_op("sa::draw", mutates_args=("state",))
+def draw_from(state: torch.Tensor, n: int, shape: list[int], value: bool) -> torch.Tensor:
+    """n SA draws of shape (T,) or (B, heads, T) from a CPU generator's state, advanced in place: uniform r
+    in [0, 1) (the value rule) or permutations. A registered op, so that torch.compile keeps these draws."""
+    g = torch.Generator().set_state(state)
+    draws = torch.stack([torch.rand(shape, generator=g) if value else torch.randperm(shape[0], generator=g)
+                         if len(shape) == 1 else torch.rand(shape, generator=g).argsort(-1) for _ in range(n)])
+    state.copy_(g.get_state())
+    return draws                                                                 # (n, *shape)
+
+
+draw_from.register_fake(lambda state, n, shape, value: state.new_empty(n, *shape, dtype=torch.float if value else torch.long))
 
 
 class CausalSelfAttention(nn.Module):
@@ -188,9 +201,9 @@ class GPT(nn.Module):
             self.register_buffer("rope_sin", sin, persistent=False)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.transformer.wte.weight = self.lm_head.weight  # weight tying
-        # SA's draws come from this generator, on the CPU so that a seed gives the same draws on every
-        # device; checkpoints save its state, so a resumed run draws exactly what it would have.
-        self.sa_generator = torch.Generator().manual_seed(sa_seed)
+        # SA's draws come from a CPU generator's state (draw_from), so that a seed gives the same draws on
+        # every device; checkpoints save it, so a resumed run draws exactly what it would have.
+        self.sa_state = torch.Generator().manual_seed(sa_seed).get_state()     # (5056,) uint8, not a buffer
         self.apply(self._init_weights)
         for name, p in self.named_parameters():
             if name.endswith("c_proj.weight"):  # GPT-2's scaled init of residual projections
@@ -215,23 +228,25 @@ class GPT(nn.Module):
         rows, each layer draws from a seed of its own, so that a row's draw depends on that seed and its length,
         never on the batch: the rank rule permutes only each row's first lengths[b] tokens (pads keep their
         slots after them); the value rule's r are already so (token t's r depends on the seed and t)."""
-        cfg, g = self.config, self.sa_generator
+        cfg = self.config
         heads = 1 if cfg.sa_perm == "layer" else cfg.n_head
         if cfg.attn not in ("sa", "sa+swa"):
             return [None] * cfg.n_layer
         if lengths is not None:
+            g = torch.Generator().set_state(self.sa_state)
             seeds = torch.randint(2**62, (cfg.n_layer,), generator=g).tolist()
+            self.sa_state.copy_(g.get_state())
             if cfg.sa_rule == "rank":
                 draws = [attention.row_perms(seed, lengths, T, heads) for seed in seeds]        # (B, 1 or nh, T)
             else:  # (T, heads): token t's r come t-th from the seed, whatever T is
                 draws = [torch.rand(T, heads, generator=torch.Generator().manual_seed(seed)).T[None] for seed in seeds]
-        elif cfg.sa_rule == "value":
-            draws = [torch.rand(*((T,) if heads == 1 else (B, heads, T)), generator=g) for _ in range(cfg.n_layer)]
-        elif cfg.sa_perm == "layer":
-            draws = [torch.randperm(T, generator=g) for _ in range(cfg.n_layer)]                 # (T,) each
         else:
-            draws = [torch.rand(B, cfg.n_head, T, generator=g).argsort(-1) for _ in range(cfg.n_layer)]  # (B, nh, T)
+            draws = draw_from(self.sa_state, cfg.n_layer, [T] if heads == 1 else [B, heads, T], cfg.sa_rule == "value")
         return [d.to(device) for d in draws]
+
+    def seed_sa(self, seed):
+        """Restart SA's draws from seed."""
+        self.sa_state.copy_(torch.Generator().manual_seed(seed).get_state())
 
     def forward(self, idx, targets=None, lengths=None, cache=None, draws=None):
         """idx (B, T) -> logits (B, T, vocab), and the loss if targets. lengths: see draw_sa.
@@ -382,39 +397,3 @@ def autocast(device, dtype):
     if dtype not in DTYPES:
         raise ValueError(f"dtype={dtype!r}: use one of {', '.join(DTYPES)}")
     return nullcontext() if dtype == "float32" else torch.autocast(device.split(":")[0], dtype=DTYPES[dtype])
-
-
-# -----------------------------------------------------------------------------
-# Checkpoints
-
-def save_checkpoint(obj, path):
-    """torch.save to a temporary file, then os.replace: a crash mid-write leaves the old checkpoint whole."""
-    torch.save(obj, path + ".tmp")
-    os.replace(path + ".tmp", path)
-
-
-def load_checkpoint(path, device="cpu"):
-    """(model, ckpt) from a train.py checkpoint. Loaded with weights_only=True onto the CPU,
-    where the RNG states it holds must stay; the model is then moved to device.
-    A missing, corrupt or foreign file raises a one-line ValueError."""
-    if not os.path.isfile(path):
-        raise ValueError(f"checkpoint {path} not found: train one with train.py, which writes out_dir/ckpt.pt")
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # truncated zips, random bytes and pickles of arbitrary classes all land here
-        raise ValueError(f"checkpoint {path} is unreadable ({type(e).__name__}): it is corrupt, truncated, or holds "
-                         "more than tensors and plain Python values; restore it or train again") from None
-    args = ckpt.get("model_args") if isinstance(ckpt, dict) else None
-    if not isinstance(args, dict) or "model" not in ckpt or "attn" not in args or args.keys() - GPTConfig.__dataclass_fields__.keys():
-        raise ValueError(f"{path} is not a checkpoint of this repo: it needs 'model' and 'model_args' with GPTConfig's fields")
-    try:
-        model = GPT(GPTConfig(**args))
-    except ValueError as e:
-        raise ValueError(f"{path} has an incompatible config: {e}") from None
-    ours, theirs = model.state_dict(), ckpt["model"]
-    bad = sorted(ours.keys() ^ theirs.keys()) + sorted(k for k in ours.keys() & theirs.keys() if ours[k].shape != theirs[k].shape)
-    if bad:
-        raise ValueError(f"{path}: its weights do not fit its model_args ({len(bad)} mismatched entries, e.g. {bad[:3]}): "
-                         "the file was edited or written by other code")
-    model.load_state_dict(theirs)
-    return model.to(device), ckpt

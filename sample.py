@@ -19,7 +19,8 @@ import sys
 
 import torch
 
-from model import autocast, load_checkpoint
+from checkpoint import load_checkpoint
+from model import autocast
 from prepare_data import get_tokenizer
 
 # -----------------------------------------------------------------------------
@@ -76,7 +77,7 @@ if use_cache and not cached:
 
 model.eval()
 torch.manual_seed(seed)
-model.sa_generator.manual_seed(seed)
+model.seed_sa(seed)
 x = torch.tensor(start_ids, dtype=torch.long, device=device)[None, :]  # (1, T)
 with ctx:
     for _ in range(num_samples):

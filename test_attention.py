@@ -7,6 +7,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import attention as A
+import blocked
 from model import GPT, GPTConfig
 
 TS = [1, 7, 100, 257]  # sequence lengths that are not multiples of any block size
@@ -281,6 +282,14 @@ def test_model_trains_under_autocast(attn, sa_rule):
 
 
 @pytest.mark.parametrize("kind", ["swa", "sa", "sa-bht", "sa-value", "moba"])
+def test_the_matmul_path_equals_reference(monkeypatch, kind):
+    """The engine's groups off the CPU (four matmul-sized ops, not PyTorch's fused CPU kernel): equal too."""
+    monkeypatch.setattr(blocked, "_fused", lambda q, finite: False)
+    fast, ref = attention_kinds(300)[kind]
+    assert_same(fast, *qkv(2, 3, 300, 16), ref)
+
+
+@pytest.mark.parametrize("kind", ["swa", "sa", "sa-bht", "sa-value", "moba"])
 def test_a_nan_key_reaches_only_the_queries_that_see_it(kind):
     """A NaN in key 200 makes NaN exactly the rows whose rule sees key 200, as in the reference:
     a hidden key's NaN must never leak (0 * NaN) into an earlier query, or any query that hides it."""
@@ -364,9 +373,9 @@ def test_no_future_leakage(attn, sa_rule, sa_perm, pos_emb):
     x = torch.randint(0, 64, (2, T), generator=torch.Generator().manual_seed(0))
     y = x.clone()
     y[:, t + 1:] = torch.randint(0, 64, (2, T - t - 1), generator=torch.Generator().manual_seed(1))
-    model.sa_generator.manual_seed(5)
+    model.seed_sa(5)
     a, _ = model(x)
-    model.sa_generator.manual_seed(5)
+    model.seed_sa(5)
     b, _ = model(y)
     assert torch.equal(a[:, :t + 1], b[:, :t + 1]), "logits of the past changed when the future changed"
     assert not torch.equal(a[:, t + 1:], b[:, t + 1:])  # the perturbation was real
@@ -405,7 +414,7 @@ def test_the_pair_task_needs_attention(monkeypatch):
 
 def test_sa_permutations_are_seeded_and_fresh_per_layer():
     a, b, c = tiny("sa", seed=0), tiny("sa", seed=0), tiny("sa", seed=0)
-    c.sa_generator.manual_seed(123)
+    c.seed_sa(123)
     x = torch.randint(0, 64, (2, 50), generator=torch.Generator().manual_seed(0))
     first = a(x)[0]
     assert torch.equal(first, b(x)[0])      # same seed, same permutations, same output
@@ -428,3 +437,44 @@ def test_swap_attention_refuses_untrained_gates():
         model.swap_attention(attn="sa+swa")
     with pytest.raises(ValueError, match="window"):
         model.swap_attention(window=0)
+
+
+# -----------------------------------------------------------------------------
+# torch.compile: each fast path is a registered op (blocked.py, kernel.py), and so are SA's draws
+# (model.draw_from), so the GPT traces as one graph and trains as it does eagerly.
+
+COMPILED = [(a, "rank") for a in KINDS] + [("sa+swa", "value")]
+
+
+@pytest.mark.parametrize("attn,sa_rule", COMPILED)
+def test_the_model_compiles_without_graph_breaks(attn, sa_rule, T=50):
+    x = torch.randint(0, 64, (2, T), generator=torch.Generator().manual_seed(0))
+    assert torch._dynamo.explain(tiny(attn, sa_perm="head", sa_rule=sa_rule))(x, x).graph_break_count == 0
+
+
+@pytest.mark.parametrize("attn,sa_rule", COMPILED)
+def test_compiled_training_equals_eager(attn, sa_rule, steps=5, T=50):
+    """5 AdamW steps through torch.compile (Dynamo and AOTAutograd; Inductor's code generation is
+    test_train's slow test) give eager's losses: the same SA draws, fresh at every step."""
+    losses = []
+    for compiled in (False, True):
+        model = tiny(attn, sa_rule=sa_rule)
+        run = torch.compile(model, backend="aot_eager", fullgraph=True) if compiled else model
+        opt = model.configure_optimizers(0.1, 1e-2, (0.9, 0.95), "cpu")
+        g, losses = torch.Generator().manual_seed(1), losses + [[]]
+        for _ in range(steps):
+            x = torch.randint(0, 64, (2, T), generator=g)
+            loss = run(x[:, :-1], x[:, 1:])[1]
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            losses[-1].append(loss.item())
+    assert losses[0] == pytest.approx(losses[1], abs=1e-4) and len(set(losses[0])) == steps
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the interpreter computes rows past T too (0 / 0), never stored
+def test_the_kernel_route_compiles_as_eager(monkeypatch):
+    """The same through the Triton kernel (its interpreter here: short): no graph break, eager's losses."""
+    monkeypatch.setattr(A, "BACKEND", "triton")
+    test_the_model_compiles_without_graph_breaks("sa+swa", "value", T=20)
+    test_compiled_training_equals_eager("sa+swa", "rank", steps=2, T=20)

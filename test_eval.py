@@ -30,7 +30,8 @@ import torch.nn.functional as F
 import eval as ev
 import tasks
 import prepare_data
-from model import GPT, GPTConfig, save_checkpoint
+from checkpoint import save_checkpoint
+from model import GPT, GPTConfig
 
 
 # -----------------------------------------------------------------------------

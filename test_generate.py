@@ -9,7 +9,8 @@ import torch
 
 import attention
 from kv_cache import KVCache
-from model import GPT, GPTConfig, save_checkpoint
+from checkpoint import save_checkpoint
+from model import GPT, GPTConfig
 from test_attention import MaxNumel
 
 # lengths that are no multiple of the window (7) or the MoBA block (8)
@@ -145,7 +146,7 @@ def test_sa_cannot_be_cached_says_so_and_recomputes(attn, capsys):
     model, idx = tiny(attn), tokens(1, 11)
     outs = []
     for use_cache in (True, False):
-        model.sa_generator.manual_seed(0)
+        model.seed_sa(0)
         outs.append(model.generate(idx, 5, temperature=0, use_cache=use_cache))
     err = capsys.readouterr().err
     assert torch.equal(*outs) and err.count("\n") == 1 and "cannot be decoded from a KV cache" in err

@@ -1,4 +1,4 @@
-"""Tests for prepare_data.py, train.py, sample.py, configurator.py and model.py's checkpoints.
+"""Tests for prepare_data.py, train.py, sample.py, configurator.py and checkpoint.py.
 Run: python -m pytest -q test_train.py. The scripts run as subprocesses on tiny models.
 
 - prepare_data on small inputs, and the downloadable datasets offline through their real code
@@ -16,6 +16,7 @@ Run: python -m pytest -q test_train.py. The scripts run as subprocesses on tiny 
 import json
 import os
 import resource
+import runpy
 import subprocess
 import sys
 import sysconfig
@@ -26,7 +27,7 @@ import tiktoken
 import torch
 
 import prepare_data as P
-from model import load_checkpoint, save_checkpoint
+from checkpoint import load_checkpoint, save_checkpoint
 
 REPO = os.path.dirname(os.path.abspath(__file__))
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}  # tiny models; one thread each is fastest on a shared CPU
@@ -35,16 +36,28 @@ TINY = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=64", "--window
         "--device=cpu", "--dtype=float32"]
 
 
-def run(*cmd, check=True, max_file_bytes=None):
+def run(*cmd, check=True, max_file_bytes=None, timeout=300):
     """Run a repo script (or `-m module ...`) with this Python, from the repo root. max_file_bytes:
     no file it writes may grow past this (RLIMIT_FSIZE), which looks to it like a full disk."""
     cmd = [c if c.startswith("-") or not c.endswith(".py") else os.path.join(REPO, c) for c in map(str, cmd)]
     limit = max_file_bytes and (lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (max_file_bytes, max_file_bytes)))
-    r = subprocess.run([sys.executable, *cmd], capture_output=True, text=True, env=ENV, cwd=REPO, timeout=300,
+    r = subprocess.run([sys.executable, *cmd], capture_output=True, text=True, env=ENV, cwd=REPO, timeout=timeout,
                        preexec_fn=limit or None)
     if check:
         assert r.returncode == 0, r.stderr[-3000:]
     return r
+
+
+def one_line_error(monkeypatch, script, *args):
+    """Run a repo script in this process (no interpreter start-up: seconds less per case) to its exit,
+    which must be a one-line message: returned. Any other exception, a traceback, fails the test."""
+    monkeypatch.chdir(REPO)
+    monkeypatch.setattr(sys, "argv", [script, *map(str, args)])
+    with pytest.raises(SystemExit) as exit_:
+        runpy.run_path(os.path.join(REPO, script), run_name="__main__")
+    message = str(exit_.value.code)
+    assert exit_.value.code not in (None, 0) and "\n" not in message.strip(), message
+    return message
 
 
 def assert_clean_error(r, message):
@@ -312,6 +325,18 @@ def test_trains_under_autocast(root, tmp_path, attn, dtype):
     assert bool(ckpt["scaler"]) == (dtype == "float16") and all(torch.isfinite(v).all() for v in ckpt["model"].values())
 
 
+@pytest.mark.slow  # about 80 s per kind: Inductor compiles C++ on the CPU
+@pytest.mark.parametrize("attn", ["full", "swa", "sa", "sa+swa", "moba"])
+def test_compiled_training_logs_eager_losses(root, tmp_path, attn):
+    """train.py --compile=True (Inductor) trains every kind with eager's losses, within 1e-4 over 5 iterations."""
+    job = ["train.py", f"--data_root={root}", "--dataset=text", *TINY, f"--attn={attn}", "--moba_block=8",
+           "--moba_topk=2", "--max_iters=5", "--eval_interval=5"]
+    for compiled in (False, True):
+        run(*job, f"--compile={compiled}", f"--out_dir={tmp_path / str(compiled)}", timeout=1800)
+    eager, compiled = ([r["loss"] for r in read_log(tmp_path / str(c)) if "loss" in r] for c in (False, True))
+    assert len(eager) == 5 and compiled == pytest.approx(eager, abs=1e-4)
+
+
 def test_fp16_resume_is_exact(root, tmp_path):
     """4 fp16 iterations == 2, then resumed to 4: the loss scale and its growth tracker resume too."""
     job = ["train.py", f"--data_root={root}", "--dataset=text", *TINY, "--attn=full", "--dtype=float16",
@@ -365,11 +390,11 @@ def test_mqar_config_without_data_names_its_prepare_line(tmp_path):
     (["--block_size=100000"], "is larger than the data"),
     (["--attn=dense"], "GPTConfig.attn='dense' is invalid"),
 ])
-def test_train_errors(root, tmp_path, args, message):
+def test_train_errors(root, tmp_path, monkeypatch, args, message):
     """One line, and nothing written."""
     out = tmp_path / "out"
-    assert_clean_error(run("train.py", f"--data_root={root}", "--dataset=text", *TINY, f"--out_dir={out}", *args,
-                           check=False), message)
+    assert message in one_line_error(monkeypatch, "train.py", f"--data_root={root}", "--dataset=text", *TINY,
+                                     f"--out_dir={out}", *args)
     assert not out.exists()
 
 
@@ -412,12 +437,12 @@ def test_temperature_zero_is_greedy(trained):
     x = torch.tensor([[100, 101, 102]])
     outs = []
     for kwargs in (dict(temperature=0), dict(temperature=1.0, top_k=1)):
-        model.sa_generator.manual_seed(0)  # the same SA permutations for both
+        model.seed_sa(0)  # the same SA permutations for both
         outs.append(model.eval().generate(x, 12, **kwargs))
     assert torch.equal(outs[0], outs[1]) and outs[0].shape == (1, 15)
 
 
-def test_sample_errors(trained, tmp_path):
+def test_sample_errors(trained, tmp_path, monkeypatch):
     """One line each, before any model is loaded."""
     (tmp_path / "prompt.bin").write_bytes(bytes(range(128, 256)))
     for args, message in [(["--temperature=-1"], "temperature=-1.0: use a value > 0, or 0 for greedy"),
@@ -425,8 +450,8 @@ def test_sample_errors(trained, tmp_path):
                           (["--max_new_tokens=-5"], "max_new_tokens=-5, num_samples=2: use max_new_tokens >= 0"),
                           ([f"--start=FILE:{tmp_path / 'prompt.bin'}"], "is not UTF-8 text"),
                           (["--start=FILE:nope.txt"], "--start=FILE:nope.txt: No such file or directory")]:
-        assert_clean_error(run("sample.py", f"--out_dir={trained}", *args, check=False), message)
-    assert_clean_error(run("sample.py", f"--out_dir={tmp_path}", check=False), "ckpt.pt not found")
+        assert message in one_line_error(monkeypatch, "sample.py", f"--out_dir={trained}", *args)
+    assert_clean_error(run("sample.py", f"--out_dir={tmp_path}", check=False), "ckpt.pt not found")  # and as a process
 
 
 # -----------------------------------------------------------------------------

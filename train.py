@@ -21,7 +21,7 @@ so evaluating never changes training). log.jsonl has eval records {iter, train_l
 lr, elapsed_s} (+ train_acc, val_acc on MQAR) and training records {iter, loss, lr, ms_per_iter,
 tok_per_s, mfu (CUDA only), elapsed_s}. A checkpoint holds model, optimizer, model_args,
 iter_num, best_val_loss, config (+ data_dir), meta (the dataset's meta.json), scaler (fp16) and rng (per rank:
-torch, CUDA, numpy, python, the sampler's generator and model.sa_generator), so a resumed run
+torch, CUDA, numpy, python, the sampler's generator and model.sa_state), so a resumed run
 is bitwise the run that was never stopped (tested on the CPU); keep lr_decay_iters the same.
 Under DDP, gradient_accumulation_steps is the total over ranks, and each rank draws its own
 batches and SA permutations.
@@ -42,7 +42,8 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from attention import check_positive
-from model import DTYPES, GPT, GPTConfig, autocast, load_checkpoint, save_checkpoint
+from checkpoint import load_checkpoint, save_checkpoint
+from model import DTYPES, GPT, GPTConfig, autocast
 from prepare_data import check_writable, load_meta, load_tokens, mqar_batch, mqar_targets
 
 # -----------------------------------------------------------------------------
@@ -90,7 +91,7 @@ min_lr = 6e-5
 # system
 device = "cuda" if torch.cuda.is_available() else "cpu"
 dtype = "bfloat16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "float32"  # autocast: float32 | bfloat16 | float16 (with loss scaling)
-compile = False                 # torch.compile the model
+compile: bool | None = None     # torch.compile the model; None: on CUDA (as nanoGPT), not on the CPU (slow to compile)
 backend = ""                    # DDP backend; "": nccl on CUDA, gloo on the CPU
 seed = 1337
 # -----------------------------------------------------------------------------
@@ -249,13 +250,14 @@ if init_from == "resume":
         np.random.set_state((s["numpy"][0], np.array(s["numpy"][1], np.uint32), *s["numpy"][2:]))
         random.setstate(s["python"])
         sampler.set_state(s["sampler"])
-        raw_model.sa_generator.set_state(s["sa"])
+        raw_model.sa_state.copy_(s["sa"])
     else:
         print(f"rank {rank}: {ckpt_path} has RNG states for {len(states)} ranks only; this rank continues "
               "from fresh seeds, so the run is no longer an exact continuation")
     del ckpt
 
-model = torch.compile(raw_model) if compile else raw_model   # evaluation runs this one, on the master only
+compiled = device_type == "cuda" if compile is None else compile
+model = torch.compile(raw_model) if compiled else raw_model   # evaluation runs this one, on the master only
 train_model = DDP(model, device_ids=[local_rank] if device_type == "cuda" else None,
                   broadcast_buffers=False) if ddp else model  # the RoPE tables are constant: nothing to broadcast
 
@@ -265,7 +267,7 @@ def rng_states():
     from here, but are kept too, so code that does draw from them stays exactly resumable."""
     np_state = np.random.get_state()
     state = {"torch": torch.get_rng_state(), "numpy": (np_state[0], np_state[1].tolist(), *np_state[2:]),
-             "python": random.getstate(), "sampler": sampler.get_state(), "sa": raw_model.sa_generator.get_state()}
+             "python": random.getstate(), "sampler": sampler.get_state(), "sa": raw_model.sa_state.clone()}
     if device_type == "cuda":
         state["cuda"] = torch.cuda.get_rng_state()
     if not ddp:
@@ -281,11 +283,11 @@ def estimate_loss():
     its own fixed batches and SA permutations and restores the SA generator afterwards, so it
     draws nothing from the training streams: with or without it, training is the same."""
     out = {}
-    sa_state = raw_model.sa_generator.get_state()
+    sa_state = raw_model.sa_state.clone()
     model.eval()
     for split in ("train", "val"):
         gen = torch.Generator().manual_seed(seed)
-        raw_model.sa_generator.manual_seed(seed)
+        raw_model.seed_sa(seed)
         losses, correct, answers = [], 0, 0
         for _ in range(eval_iters):
             X, Y = get_batch(split, gen)
@@ -299,7 +301,7 @@ def estimate_loss():
         out[f"{split}_loss"] = sum(losses) / len(losses)
         if mqar:
             out[f"{split}_acc"] = correct / answers
-    raw_model.sa_generator.set_state(sa_state)
+    raw_model.sa_state.copy_(sa_state)
     model.train()
     return out
 

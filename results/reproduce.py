@@ -474,7 +474,7 @@ def permutation_average(rows, out_dir):
     averaged over K draws of the permutations (the first 300 val sequences, draws seeded 0)."""
     import torch
 
-    from model import load_checkpoint
+    from checkpoint import load_checkpoint
     x, y = map(torch.from_numpy, recall_val(300))                                                 # (N, T) each
     averaged = []
     for r in rows:
@@ -482,7 +482,7 @@ def permutation_average(rows, out_dir):
         model.eval()
         accs = {}
         for K in PERM_DRAWS:
-            model.sa_generator.manual_seed(0)
+            model.seed_sa(0)
             accs[K] = recall_accuracy(model, x, y, draws=K)
         averaged.append(dict(cell=r["cell"], n_layer=r["n_layer"], seed=r["seed"], accs=accs))
     return averaged
@@ -493,7 +493,7 @@ def recall_swap():
     evaluated on the val set with swa, sa (several permutation seeds) and moba at each window, no training."""
     import torch
 
-    from model import load_checkpoint
+    from checkpoint import load_checkpoint
     model, _ = load_checkpoint(os.path.join(work, f"mqar-full-L2-s{MQAR['seeds'][0]}", "ckpt.pt"))
     model.eval()
     x, y = map(torch.from_numpy, recall_val(MQAR["swap_seqs"]))                                   # (N, T) each
@@ -508,7 +508,7 @@ def recall_swap():
         rows.append(dict(attn="swa", window=w, accs=[accuracy(attn="swa", window=w)]))
         sa = []
         for s in range(MQAR["swap_seeds"]):
-            model.sa_generator.manual_seed(s)
+            model.seed_sa(s)
             sa.append(accuracy(attn="sa", window=w))
         rows.append(dict(attn="sa", window=w, accs=sa))
         rows.append(dict(attn="moba", window=w, moba_block=max(1, w // 4), moba_topk=min(4, w),
