@@ -11,7 +11,7 @@ Reproduce the paper in miniature on a CPU: every table and plot in the README's 
 
 The default run's time, estimated from measured steps (never run as one invocation): the depth-2
 MQAR grid about 1.6 h (21 runs, two at a time), mqar_decisive about 1.3 h (12 runs at depth 3; per
-iteration, SA+SWA with 4 permuted heads costs about 2.3 times full attention), lm 11 minutes,
+iteration, SA+SWA with 4 permuted heads costs about 2.3 times full attention), lm 11 minutes, swap 7,
 coverage 6, the rest a few. Depth 4 (--depths=2,4) adds about an hour.
 
 Each experiment runs the repo's own scripts (train.py, eval.py, receptive_field.py,
