@@ -44,6 +44,7 @@ seeds = 3               # MQAR: train the first `seeds` seeds of each cell (a re
 depths = "2"            # MQAR: train these depths, comma list ("" = all: 2 and 4; depth 4 is not decidable with this recipe)
 kinds = ""              # MQAR: train these cells (CELLS), comma list ("" = the default grid)
 arms = ""               # mqar_decisive: train these arms, comma list of P ("" = both); tables report every finished run
+swap_T = "256"          # swap: the LM contexts, comma list; 256 swaps lm's model, another T trains its own (swap_T<T>.json)
 # -----------------------------------------------------------------------------
 exec(open(os.path.join(ROOT, "configurator.py")).read())
 
@@ -54,7 +55,7 @@ if fast:
     MQAR = dict(iters=8, seeds=[0], depths=[2], T=64, window=4, swap_windows=[4, 64], swap_seeds=2,
                 swap_seqs=20, data=["--mqar_train_seqs=64", "--mqar_val_seqs=100"], train=["--eval_iters=2"])
     LM = dict(iters=20, seeds=[0], eval_interval=10)
-    SWAP = dict(windows=[8, 32], seeds=2, seqs=8)
+    SWAP = dict(fractions=[32, 8], seeds=2, tokens=2048)
     COVER = ["--grid_n=256,1024", "--seeds=2"]
     SPEED = ["--sizes=256,1024", "--kinds=full,swa,sa,moba", "--reps=2"]
 else:
@@ -62,7 +63,7 @@ else:
                 swap_windows=[2, 4, 8, 16, 32, 64], swap_seeds=3, swap_seqs=300, data=["--mqar_val_seqs=1000"],
                 train=[])
     LM = dict(iters=500, seeds=[0, 1], eval_interval=50)
-    SWAP = dict(windows=[8, 16, 32, 64, 128], seeds=3, seqs=512)
+    SWAP = dict(fractions=[32, 16, 8, 4, 2], seeds=3, tokens=131072)  # windows T / fractions, tokens // T val windows
     COVER = []
     SPEED = []
 
@@ -731,29 +732,42 @@ def swapped_nll(model, kind, window, x, y, batch=16):
 
 
 def swap():
+    """The LM swap at each context length of swap_T (swap_at): one table each."""
+    return "\n\n".join(swap_at(int(T)) for T in str(swap_T).split(","))
+
+
+def swap_at(T):
     """Training-free, the paper's protocol in miniature: the full-attention byte LM from lm (4 layers, 4
-    heads, T=256) evaluated with swa, swa + sink, sa (SWAP["seeds"] permutation draws) and moba at
-    each window, on SWAP["seqs"] val windows. The loss is split by copy_distance into long-range and
-    local tokens at each window; each kind's keys are measured (visible_keys), over all queries and
-    over the long-range tokens' queries, and the plot compares the kinds at equal measured keys."""
+    heads, T=256; another T trains its own, config/quick.py at that block_size) evaluated with swa,
+    swa + sink, sa (SWAP["seeds"] permutation draws) and moba at windows w = T / SWAP["fractions"], on
+    SWAP["tokens"] // T val windows. The loss is split by copy_distance into long-range and local tokens
+    at each window; each kind's keys are measured (visible_keys), over all queries and over the
+    long-range tokens' queries, and the plot compares the kinds at equal measured keys."""
     import numpy as np
 
     from model import load_checkpoint
-    name = f"lm-full-s{LM['seeds'][0]}"
+    seed, suffix = LM["seeds"][0], "" if T == 256 else f"_T{T}"
+    name = f"lm-full-s{seed}" if T == 256 else f"lm-full-T{T}-s{seed}"
+    if T != 256:
+        data = os.path.join(work, "data")
+        run("prepare_data.py", "--dataset=pystdlib", f"--data_root={data}")
+        train_all([(os.path.join(work, name), dict(config=["config/quick.py"], data_root=data, attn="full", seed=seed,
+                                                   block_size=T, max_iters=LM["iters"],
+                                                   eval_interval=LM["eval_interval"]))])
     model, _ = load_checkpoint(os.path.join(work, name, "ckpt.pt"))
     model.eval()
-    T = model.config.block_size
-    x, y = lm_val(SWAP["seqs"], T)                                             # (N, T) each
+    windows = [T // f for f in SWAP["fractions"]]
+    x, y = lm_val(SWAP["tokens"] // T, T)                                      # (N, T) each
     dist = copy_distance(x.numpy(), y.numpy())                                 # (N, T)
     full = swapped_nll(model, "full", None, x, y)                              # (N, T)
     rows, counts = [], {}
-    for w in SWAP["windows"]:
+    for w in windows:
         long_range = dist >= w                                                 # (N, T)
         counts[w] = int(long_range.sum())
         for kind in ("full", *SWAP_KINDS):
             losses = []
-            for seed in range(SWAP["seeds"] if kind == "sa" else 1):
-                model.sa_generator.manual_seed(seed)
+            for draw in range(SWAP["seeds"] if kind == "sa" else 1):
+                model.sa_generator.manual_seed(draw)
                 losses.append(full if kind == "full" else swapped_nll(model, kind, w, x, y))
             keys = visible_keys(kind, w, T).numpy()                            # (T,)
             groups = dict(long_range=long_range, local=~long_range, all=np.ones_like(long_range))
@@ -762,7 +776,7 @@ def swap():
                                 for g, m in groups.items()},
                              **{f"loss_{g}": [float(nll[m].mean()) for nll in losses] if m.any() else None
                                 for g, m in groups.items()}))
-    save("swap.json", dict(
+    save(f"swap{suffix}.json", dict(
         checkpoint=name, T=T, val_seqs=len(x), tokens=int(x.numel()), long_range_tokens=counts, context=CONTEXT,
         sa_draws=SWAP["seeds"], moba="moba_block = window // 4, moba_topk = 4", runs=rows,
         definition="long-range at w: the nearest earlier occurrence of the 8 bytes up to the query, followed by the "
@@ -785,11 +799,11 @@ def swap():
         ax.set_xscale("log", base=2)
         ax.set_xlabel(f"mean visible keys of the {part.replace('_', '-')} tokens' queries")
         ax.set_ylabel(f"loss − full's, {part.replace('_', '-')} tokens (nats)")
-        ax.set_title(f"{part.replace('_', '-')} tokens (windows {', '.join(map(str, SWAP['windows']))})", fontsize=9)
+        ax.set_title(f"{part.replace('_', '-')} tokens (windows {', '.join(map(str, windows))})", fontsize=9)
     axes[0].legend(fontsize=8)
     fig.suptitle(f"full-attention byte LM (T={T}), attention swapped, no training", fontsize=9)
     fig.tight_layout()
-    fig.savefig(os.path.join(out, "swap.png"), dpi=120)
+    fig.savefig(os.path.join(out, f"swap{suffix}.png"), dpi=120)
 
     fmt = lambda r, part: "-" if r[part] is None else (
         mean_std(r[part]) + ("" if r["attn"] == "full" else f" ({statistics.mean(excess(r, part)):+.3f})"))
