@@ -704,8 +704,7 @@ def visible_keys(kind, window, T, draws=64):
         return torch.arange(1., T + 1)
     if kind == "sa":
         g = torch.Generator().manual_seed(0)
-        perms = torch.stack([torch.randperm(T, generator=g) for _ in range(draws)])  # (draws, T)
-        return attention.sa_mask(window, perms).sum(-1).float().mean(0)
+        return sum(attention.sa_mask(window, torch.randperm(T, generator=g)).sum(-1) for _ in range(draws)) / draws
     if kind == "moba":
         q, k = torch.randn(2, 1, 1, T, 8, generator=torch.Generator().manual_seed(0))  # (1, 1, T, 8) each
         mb = moba_budget(window)
