@@ -5,6 +5,7 @@ Reproduce the paper in miniature on a CPU: every table and plot in the README's 
     python results/reproduce.py --only=mqar --seeds=1   # a first pass of the depth-2 MQAR grid (about 35 min)
     python results/reproduce.py --only=mqar --seeds=0   # the MQAR tables from the finished (or committed) runs, no training
     python results/reproduce.py --only=mqar_decisive --arms=1   # the pre-registered experiment's P=1 arm
+    python results/reproduce.py --only=swap --swap_T=256,1024   # the LM swap at T=256 and 1024 (trains a T=1024 model)
     python results/reproduce.py --fast=True     # a tiny version of everything, a couple of minutes (tested in CI)
     python results/reproduce.py --only=mqar,lm  # some experiments: figure, lm, swap, mqar, mqar_decisive, recall_swap,
                                                 # coverage, speed; mqar_search and sa_rules (47 min with --jobs=1) only when named
