@@ -784,9 +784,8 @@ def swap_at(T):
         keys="mean visible keys per query, counted on the masks (visible_keys), over all queries and over each "
              "group's queries; SA and SWA see equally many over all queries at the same window"))
 
-    full_loss = {(r["window"], part): r[part][0] for r in rows if r["attn"] == "full" for part in r if "loss" in part
-                 and r[part] is not None}
-    excess = lambda r, part: [a - full_loss[r["window"], part] for a in r[part]]  # minus full's on the same tokens
+    full_rows = {r["window"]: r for r in rows if r["attn"] == "full"}
+    excess = lambda r, part: [a - full_rows[r["window"]][part][0] for a in r[part]]  # minus full's on the same tokens
     p = plt()
     fig, axes = p.subplots(1, 2, figsize=(10, 3.8))
     for ax, part in zip(axes, ("long_range", "local")):
