@@ -56,6 +56,45 @@ def test_arm_verdict_follows_the_preregistered_rule(reproduce):
     assert v(1, full=[1.0], swa=[0.05], **{"sa+swa": [0.95]}).startswith("not decidable (not run: sa+swa 1 of 2")
 
 
+def test_copy_distance_finds_the_nearest_earlier_copy(reproduce):
+    """A long-range token repeats an earlier occurrence (8 bytes of context, then the same target byte); its
+    distance is how far before the query the byte to copy stands."""
+    text = np.frombuffer(b"abcdefghX--abcdefghY---abcdefghX..", np.uint8).astype(np.int64)
+    x, y = text[None, :-1], text[None, 1:]                                    # (1, T) each
+    dist = reproduce.copy_distance(x, y)
+    t = [i for i in range(x.shape[1]) if x[0, i] == ord("h")]                 # the queries that predict X, Y, X
+    assert dist[0, t[0]] == dist[0, t[1]] == -1  # the first X, and Y (same context, another byte): no copy
+    assert dist[0, t[2]] == t[2] - (t[0] + 1)    # the X after the first "abcdefgh", 22 tokens back
+    assert (dist[0, :7] == -1).all()             # fewer than 8 bytes of context
+
+
+def test_visible_keys_counts_what_the_masks_show(reproduce):
+    """Over all queries SA sees exactly as many keys as SWA at the same window, spread: late queries see
+    more; the sink adds token 0 to SWA beyond the window; MoBA sees its own block plus 3 past ones."""
+    T, w = 64, 8
+    swa, sa, sink, moba = (reproduce.visible_keys(k, w, T) for k in ("swa", "sa", "sink", "moba"))
+    assert abs(sa.mean() - swa.mean()) < 1e-4 and sa[-8:].mean() > 1.5 * w and sa[:8].mean() < w
+    assert (sink[w:] == swa[w:] + 1).all() and (sink[:w] == swa[:w]).all()
+    assert moba[-1] == w and moba[0] == 1  # blocks of w // 4 = 2, 4 blocks at most
+
+
+def test_sink_swap_adds_token_zero_to_swa(reproduce):
+    """The sink baseline reaches the model: with it the losses differ from SWA's exactly where token 0 is
+    out of the window, and with a window of T it is full attention."""
+    import torch
+
+    from model import GPT, GPTConfig
+    torch.manual_seed(0)
+    T, w = 32, 4
+    model = GPT(GPTConfig(block_size=T, vocab_size=16, n_layer=1, n_head=2, n_embd=16, attn="full")).eval()
+    x = torch.randint(16, (2, T))
+    y = torch.randint(16, (2, T))
+    swa, sink = (reproduce.swapped_nll(model, k, w, x, y) for k in ("swa", "sink"))    # (2, T) each
+    assert np.allclose(swa[:, :w], sink[:, :w]) and not np.isclose(swa[:, w:], sink[:, w:]).any()
+    assert np.allclose(reproduce.swapped_nll(model, "sink", T, x, y), reproduce.swapped_nll(model, "full", None, x, y),
+                       atol=1e-5)
+
+
 def test_reproduce_fast_writes_every_result(tmp_path):
     out, work = tmp_path / "results", tmp_path / "work"
     r = subprocess.run([sys.executable, "results/reproduce.py", "--fast=True", f"--out={out}", f"--work={work}"],
@@ -86,8 +125,9 @@ def test_reproduce_fast_writes_every_result(tmp_path):
     lm = json.loads((out / "lm.json").read_text())
     assert {r["attn"] for r in lm["runs"]} == kinds - {"moba"}
     assert all(len(curve) >= 2 for curve in lm["curves"].values())
-    swap = json.loads((out / "swap.json").read_text())["results"]
-    assert {r["attn"] for r in swap} == {"full", "swa", "sa", "moba"}
+    swap = json.loads((out / "swap.json").read_text())
+    assert {r["attn"] for r in swap["runs"]} == {"full", "swa", "sink", "sa", "moba"}
+    assert all(len(r["loss_all"]) == (2 if r["attn"] == "sa" else 1) for r in swap["runs"])  # 2 SA draws in --fast
     speed = json.loads((out / "speed_cpu.json").read_text())
     assert {r["kind"] for r in speed["rows"]} == {"full", "swa", "sa", "moba"}
     rules = json.loads((out / "sa_rules.json").read_text())["runs"]

@@ -5,13 +5,14 @@ Reproduce the paper in miniature on a CPU: every table and plot in the README's 
     python results/reproduce.py --only=mqar --seeds=1   # a first pass of the depth-2 MQAR grid (about 35 min)
     python results/reproduce.py --only=mqar --seeds=0   # the MQAR tables from the finished (or committed) runs, no training
     python results/reproduce.py --only=mqar_decisive --arms=1   # the pre-registered experiment's P=1 arm
+    python results/reproduce.py --only=swap --swap_T=256,1024   # the LM swap at T=256 and 1024 (trains a T=1024 model)
     python results/reproduce.py --fast=True     # a tiny version of everything, a couple of minutes (tested in CI)
     python results/reproduce.py --only=mqar,lm  # some experiments: figure, lm, swap, mqar, mqar_decisive, recall_swap,
                                                 # coverage, speed; mqar_search and sa_rules (47 min with --jobs=1) only when named
 
 The default run's time, estimated from measured steps (never run as one invocation): the depth-2
 MQAR grid about 1.6 h (21 runs, two at a time), mqar_decisive about 1.3 h (12 runs at depth 3; per
-iteration, SA+SWA with 4 permuted heads costs about 2.3 times full attention), lm 11 minutes,
+iteration, SA+SWA with 4 permuted heads costs about 2.3 times full attention), lm 11 minutes, swap 7,
 coverage 6, the rest a few. Depth 4 (--depths=2,4) adds about an hour.
 
 Each experiment runs the repo's own scripts (train.py, eval.py, receptive_field.py,
@@ -44,6 +45,7 @@ seeds = 3               # MQAR: train the first `seeds` seeds of each cell (a re
 depths = "2"            # MQAR: train these depths, comma list ("" = all: 2 and 4; depth 4 is not decidable with this recipe)
 kinds = ""              # MQAR: train these cells (CELLS), comma list ("" = the default grid)
 arms = ""               # mqar_decisive: train these arms, comma list of P ("" = both); tables report every finished run
+swap_T = "256"          # swap: the LM contexts, comma list; 256 swaps lm's model, another T trains its own (swap_T<T>.json)
 # -----------------------------------------------------------------------------
 exec(open(os.path.join(ROOT, "configurator.py")).read())
 
@@ -54,7 +56,7 @@ if fast:
     MQAR = dict(iters=8, seeds=[0], depths=[2], T=64, window=4, swap_windows=[4, 64], swap_seeds=2,
                 swap_seqs=20, data=["--mqar_train_seqs=64", "--mqar_val_seqs=100"], train=["--eval_iters=2"])
     LM = dict(iters=20, seeds=[0], eval_interval=10)
-    SWAP = dict(windows="8,32", seeds=2, limit=4)
+    SWAP = dict(fractions=[32, 8], seeds=2, tokens=2048)
     COVER = ["--grid_n=256,1024", "--seeds=2"]
     SPEED = ["--sizes=256,1024", "--kinds=full,swa,sa,moba", "--reps=2"]
 else:
@@ -62,7 +64,7 @@ else:
                 swap_windows=[2, 4, 8, 16, 32, 64], swap_seeds=3, swap_seqs=300, data=["--mqar_val_seqs=1000"],
                 train=[])
     LM = dict(iters=500, seeds=[0, 1], eval_interval=50)
-    SWAP = dict(windows="8,16,32,64,128,256", seeds=3, limit=64)
+    SWAP = dict(fractions=[32, 16, 8, 4, 2], seeds=3, tokens=131072)  # windows T / fractions, tokens // T val windows
     COVER = []
     SPEED = []
 
@@ -625,24 +627,196 @@ def sa_rules():
     return "\n".join(lines)
 
 
+# The LM swap (issue 22, section 4): the full-attention byte LM that lm trained, its attention swapped
+# without training, the loss split into long-range and local tokens (copy_distance), every kind placed
+# at the keys its queries measurably see (visible_keys).
+SWAP_KINDS = ("swa", "sink", "sa", "moba")  # sink: SWA + the first token (sink_attention)
+CONTEXT = 8  # bytes of context that make a repeat (copy_distance)
+
+
+def moba_budget(window):
+    """MoBA's blocks at a window's key budget, as eval.py's swaps: 4 blocks of window // 4."""
+    return dict(moba_block=max(1, window // 4), moba_topk=4)
+
+
+def sink_mask(T, window, device=None):
+    """SWA's mask plus an attention sink: every query also sees token 0, the first of its sequence."""
+    import attention
+    mask = attention.swa_mask(T, window, device=device)                        # (T, T)
+    mask[:, 0] = True  # token 0 precedes every query: still causal
+    return mask
+
+
+def sink_attention(q, k, v, window):
+    """The SWA + sink baseline, dense (O(T^2): fine at T=256): attention.masked_attention with sink_mask.
+    Pretrained models put much attention on the first token; SWA takes it away, sink gives it back.
+    Applied by swapped_nll in place of attention.sliding_window_attention (what model.py's swa calls),
+    so attention.py stays as it is."""
+    import attention
+    return attention.masked_attention(q, k, v, sink_mask(q.shape[2], window, q.device))
+
+
+def lm_val(n, T):
+    """n windows of T + 1 bytes spread evenly over the LM's val split: inputs and targets, (n, T) each."""
+    import numpy as np
+    import torch
+
+    from prepare_data import load_meta, load_tokens
+    path = os.path.join(work, "data", "pystdlib")
+    tokens = load_tokens(path, "val", load_meta(path))
+    starts = np.linspace(0, len(tokens) - T - 1, n).astype(np.int64)
+    seqs = torch.from_numpy(np.stack([np.asarray(tokens[s:s + T + 1], np.int64) for s in starts]))  # (n, T + 1)
+    return seqs[:, :-1], seqs[:, 1:]
+
+
+def copy_distance(x, y, context=CONTEXT):
+    """How far back the nearest copy of each prediction lies: (N, T) for byte inputs and targets x, y
+    (N, T), -1 where there is none. The query at t reads x[..t] and predicts y[t] = x[t+1]. A copy is an
+    earlier query j < t with the same `context` bytes x[j-context+1..j] = x[t-context+1..t] and the same
+    target y[j] = y[t]; the byte to copy, y[j] = x[j+1], stands t - (j+1) tokens before the query, and
+    the nearest copy is the one with the largest j. SWA with window w sees the keys t-w+1..t, so a token
+    is LONG-RANGE at w when its distance is >= w: it repeats an earlier occurrence, and SWA sees none
+    (an induction head under full attention can copy it). Every other token is LOCAL at w."""
+    import numpy as np
+    N, T = x.shape
+    dist = np.full((N, T), -1, np.int64)
+    for n in range(N):
+        row = bytes(np.concatenate([x[n], y[n, -1:]]).astype(np.uint8))       # T + 1 bytes
+        last = {}  # context + target -> the latest query that had them
+        for t in range(context - 1, T):
+            key = row[t - context + 1:t + 2]
+            if key in last:
+                dist[n, t] = t - last[key] - 1
+            last[key] = t
+    return dist
+
+
+def visible_keys(kind, window, T, draws=64):
+    """The mean number of keys the query at each position sees, (T,), counted on the masks: attention.py's
+    (SA over `draws` permutations), sink_mask. MoBA's count does not depend on its routing (its own block
+    up to the query, plus moba_topk - 1 whole past blocks while there are that many), so random q, k
+    give it. Over all T queries SA sees exactly as many keys as SWA at the same window: a permutation
+    keeps T - d token pairs at slot distance d, and the later token of each pair sees the earlier; SA
+    spreads them, late queries seeing up to 2 * window - 1 keys, early ones fewer."""
+    import torch
+
+    import attention
+    if kind == "full":
+        return torch.arange(1., T + 1)
+    if kind == "sa":
+        g = torch.Generator().manual_seed(0)
+        return sum(attention.sa_mask(window, torch.randperm(T, generator=g)).sum(-1) for _ in range(draws)) / draws
+    if kind == "moba":
+        q, k = torch.randn(2, 1, 1, T, 8, generator=torch.Generator().manual_seed(0))  # (1, 1, T, 8) each
+        mb = moba_budget(window)
+        return attention.moba_mask(q, k, mb["moba_block"], mb["moba_topk"])[0, 0].sum(-1).float()
+    return (sink_mask(T, window) if kind == "sink" else attention.swa_mask(T, window)).sum(-1).float()
+
+
+def swapped_nll(model, kind, window, x, y, batch=16):
+    """The loss of each prediction of x -> y, (N, T) numpy, with the model's attention swapped to
+    `kind` (a model kind, or sink: swa with sink_attention in its place) at `window`, no training."""
+    import contextlib
+    import unittest.mock
+
+    import torch
+    import torch.nn.functional as F
+
+    import attention
+    model.swap_attention(attn="swa" if kind == "sink" else kind,
+                         **({} if kind == "full" else dict(window=window, **moba_budget(window))))
+    sink = unittest.mock.patch.object(attention, "sliding_window_attention", sink_attention)
+    with torch.no_grad(), sink if kind == "sink" else contextlib.nullcontext():
+        return torch.cat([F.cross_entropy(model(x[i:i + batch])[0].transpose(1, 2), y[i:i + batch], reduction="none")
+                          for i in range(0, len(x), batch)]).numpy()           # (N, T)
+
+
 def swap():
-    """Training-free: the full-attention model from lm, evaluated with swa, sa and moba over windows."""
-    od = os.path.join(work, f"lm-full-s{LM['seeds'][0]}")
-    path = os.path.join(out, "swap.json")
-    run("eval.py", f"--out_dir={od}", f"--data_root={os.path.join(work, 'data')}", "--attn=full,swa,sa,moba",
-        f"--windows={SWAP['windows']}", f"--seeds={SWAP['seeds']}", f"--limit={SWAP['limit']}",
-        f"--json_out={path}", f"--plot={os.path.join(out, 'swap.png')}")
-    with open(path) as f:
-        res = [r for r in json.load(f)["results"] if r["metric"] == "loss"]
-    ws = sorted({r["window"] for r in res if r["window"]})
-    full = next(r["value"] for r in res if r["attn"] == "full")
-    lines = ["| attn | " + " | ".join(f"w={w}" for w in ws) + " |", "|---|" + "---|" * len(ws),
-             f"| full | {full:.3f} (every window) |" + " |" * (len(ws) - 1)]
-    for kind in ("swa", "sa", "moba"):
-        cell = {r["window"]: r for r in res if r["attn"] == kind}
-        lines.append(f"| {kind} | " + " | ".join(
-            f"{cell[w]['value']:.3f}" + (f" ± {cell[w]['seed_std']:.3f}" if cell[w]["seed_std"] else "") for w in ws) + " |")
-    return "val loss (nats per byte) of the full-attention model with its attention swapped, no training:\n\n" + "\n".join(lines)
+    """The LM swap at each context length of swap_T (swap_at): one table each."""
+    return "\n\n".join(swap_at(int(T)) for T in str(swap_T).split(","))
+
+
+def swap_at(T):
+    """Training-free, the paper's protocol in miniature: the full-attention byte LM from lm (4 layers, 4
+    heads, T=256; another T trains its own, config/quick.py at that block_size) evaluated with swa,
+    swa + sink, sa (SWAP["seeds"] permutation draws) and moba at windows w = T / SWAP["fractions"], on
+    SWAP["tokens"] // T val windows. The loss is split by copy_distance into long-range and local tokens
+    at each window; each kind's keys are measured (visible_keys), over all queries and over the
+    long-range tokens' queries, and the plot compares the kinds at equal measured keys."""
+    import numpy as np
+
+    from model import load_checkpoint
+    seed, suffix = LM["seeds"][0], "" if T == 256 else f"_T{T}"
+    name = f"lm-full-s{seed}" if T == 256 else f"lm-full-T{T}-s{seed}"
+    if T != 256:
+        data = os.path.join(work, "data")
+        run("prepare_data.py", "--dataset=pystdlib", f"--data_root={data}")
+        train_all([(os.path.join(work, name), dict(config=["config/quick.py"], data_root=data, attn="full", seed=seed,
+                                                   block_size=T, max_iters=LM["iters"],
+                                                   eval_interval=LM["eval_interval"]))])
+    model, _ = load_checkpoint(os.path.join(work, name, "ckpt.pt"))
+    model.eval()
+    windows = [T // f for f in SWAP["fractions"]]
+    x, y = lm_val(SWAP["tokens"] // T, T)                                      # (N, T) each
+    dist = copy_distance(x.numpy(), y.numpy())                                 # (N, T)
+    full = swapped_nll(model, "full", None, x, y)                              # (N, T)
+    rows, counts = [], {}
+    for w in windows:
+        long_range = dist >= w                                                 # (N, T)
+        counts[w] = int(long_range.sum())
+        for kind in ("full", *SWAP_KINDS):
+            losses = []
+            for draw in range(SWAP["seeds"] if kind == "sa" else 1):
+                model.sa_generator.manual_seed(draw)
+                losses.append(full if kind == "full" else swapped_nll(model, kind, w, x, y))
+            keys = visible_keys(kind, w, T).numpy()                            # (T,)
+            groups = dict(long_range=long_range, local=~long_range, all=np.ones_like(long_range))
+            rows.append(dict(attn=kind, window=w, **(moba_budget(w) if kind == "moba" else {}),
+                             **{f"keys_{g}": float(keys[m.nonzero()[1]].mean()) if m.any() else None
+                                for g, m in groups.items()},
+                             **{f"loss_{g}": [float(nll[m].mean()) for nll in losses] if m.any() else None
+                                for g, m in groups.items()}))
+    save(f"swap{suffix}.json", dict(
+        checkpoint=name, T=T, val_seqs=len(x), tokens=int(x.numel()), long_range_tokens=counts, context=CONTEXT,
+        sa_draws=SWAP["seeds"], moba="moba_block = window // 4, moba_topk = 4", runs=rows,
+        definition="long-range at w: the nearest earlier occurrence of the 8 bytes up to the query, followed by the "
+                   "target byte, has that byte >= w tokens before the query (copy_distance); local: every other token",
+        keys="mean visible keys per query, counted on the masks (visible_keys), over all queries and over each "
+             "group's queries; SA and SWA see equally many over all queries at the same window"))
+
+    full_rows = {r["window"]: r for r in rows if r["attn"] == "full"}
+    excess = lambda r, part: [a - full_rows[r["window"]][part][0] for a in r[part]]  # minus full's on the same tokens
+    p = plt()
+    fig, axes = p.subplots(1, 2, figsize=(10, 3.8))
+    for ax, part in zip(axes, ("long_range", "local")):
+        for i, kind in enumerate(SWAP_KINDS):
+            rs = [r for r in rows if r["attn"] == kind and r[f"loss_{part}"] is not None]
+            ax.errorbar([r[f"keys_{part}"] for r in rs], [statistics.mean(excess(r, f"loss_{part}")) for r in rs],
+                        yerr=[statistics.pstdev(excess(r, f"loss_{part}")) for r in rs], marker="o", capsize=3,
+                        color=f"C{i}", label={"sink": "swa + sink"}.get(kind, kind))
+        ax.axhline(0, color="k", ls="--", lw=0.8)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel(f"mean visible keys of the {part.replace('_', '-')} tokens' queries")
+        ax.set_ylabel(f"loss − full's, {part.replace('_', '-')} tokens (nats)")
+        ax.set_title(f"{part.replace('_', '-')} tokens (windows {', '.join(map(str, windows))})", fontsize=9)
+    axes[0].legend(fontsize=8)
+    fig.suptitle(f"full-attention byte LM (T={T}), attention swapped, no training", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, f"swap{suffix}.png"), dpi=120)
+
+    fmt = lambda r, part: "-" if r[part] is None else (
+        mean_std(r[part]) + ("" if r["attn"] == "full" else f" ({statistics.mean(excess(r, part)):+.3f})"))
+    lines = [f"{name} (full attention, T={T}) swapped without training, {len(x)} val windows ({x.numel():,} "
+             f"tokens); loss in nats per byte (in brackets: minus full's on the same tokens); keys: mean visible "
+             f"keys per query, over all queries / over the long-range tokens' queries:", "",
+             "| w (w/T) | long-range tokens | attn | keys: all / long-range | loss, long-range tokens "
+             "| loss, local tokens | loss, all tokens |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        w = r["window"]
+        lines.append(f"| {w} (1/{T // w}) | {counts[w]:,} | {r['attn']} | {r['keys_all']:.1f} / "
+                     + ("-" if r["keys_long_range"] is None else f"{r['keys_long_range']:.1f}")
+                     + f" | {fmt(r, 'loss_long_range')} | {fmt(r, 'loss_local')} | {fmt(r, 'loss_all')} |")
+    return "\n".join(lines)
 
 
 def coverage():
