@@ -54,6 +54,10 @@ def test_arm_verdict_follows_the_preregistered_rule(reproduce):
     assert v(4, **dict(base, full=[0.99, 0.94, 1.0]), **{"sa+swa": [0.8] * 3}).startswith("not decidable: full")
     assert v(4, **dict(base, swa=[0.11]), **{"sa+swa": [0.8] * 3}).startswith("not decidable: SWA")
     assert v(1, full=[1.0], swa=[0.05], **{"sa+swa": [0.95]}).startswith("not decidable (not run: sa+swa 1 of 2")
+    assert v(4, **dict(base, moba=[]), **{"sa+swa": [0.8, 0.76, 0.9]}) == "confirms"  # MoBA is beside the rule
+    assert v(4, **base, **{"sa+swa": [0.8, 0.9]}).startswith("not decidable (not run: sa+swa 2 of 3")
+    assert v(4, **base, **{"sa+swa": [0.8, 0.5]}).startswith("partial (2 of 3")  # no third seed can change it
+    assert v(4, **dict(base, swa=[]), **{"sa+swa": [0.5]}).startswith("not decidable (not run: swa 0 of 1")
 
 
 def test_copy_distance_finds_the_nearest_earlier_copy(reproduce):

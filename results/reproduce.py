@@ -397,9 +397,12 @@ if fast:  # one seed of two cells per arm: every code path, few runs
 def arm_verdict(P, accs):
     """The pre-registered rule, literally. Valid only if every full seed >= 0.95 and SWA <= 0.10.
     SA+SWA confirms at >= ARMS[P]["confirm"] in every seed, refutes at <= ARMS[P]["refute"] in
-    every seed; anything between is partial."""
-    a = ARMS[P]
-    missing = [f"{c} {len(accs.get(c, []))} of {n}" for c, n in a["cells"].items() if len(accs.get(c, [])) < n]
+    every seed; anything between is partial. MoBA is beside the rule, not in it: its run may be missing.
+    A finished SA+SWA seed between the thresholds decides "partial": no other seed can change that."""
+    a, sa = ARMS[P], accs.get("sa+swa", [])
+    between = any(a["refute"] < x < a["confirm"] for x in sa)
+    missing = [f"{c} {len(accs.get(c, []))} of {n}" for c, n in a["cells"].items()
+               if len(accs.get(c, [])) < n and c != "moba" and not (c == "sa+swa" and between)]
     if missing:
         return "not decidable (not run: " + ", ".join(missing) + " seeds finished)"
     full, swa = accs.get("full", []), accs.get("swa", [])
@@ -409,7 +412,8 @@ def arm_verdict(P, accs):
         return f"not decidable: full attention {min(full):.3f} < 0.95 in a seed"
     if max(swa) > 0.10:
         return f"not decidable: SWA {max(swa):.3f} > 0.10"
-    sa = accs["sa+swa"]
+    if len(sa) < a["cells"]["sa+swa"]:
+        return f"partial ({len(sa)} of {a['cells']['sa+swa']} SA+SWA seeds finished, one between the thresholds)"
     return "refutes" if max(sa) <= a["refute"] else "confirms" if min(sa) >= a["confirm"] else "partial"
 
 
@@ -745,7 +749,7 @@ def swap_at(T):
     long-range tokens' queries, and the plot compares the kinds at equal measured keys."""
     import numpy as np
 
-    from model import load_checkpoint
+    from checkpoint import load_checkpoint
     seed, suffix = LM["seeds"][0], "" if T == 256 else f"_T{T}"
     name = f"lm-full-s{seed}" if T == 256 else f"lm-full-T{T}-s{seed}"
     if T != 256:
@@ -767,7 +771,7 @@ def swap_at(T):
         for kind in ("full", *SWAP_KINDS):
             losses = []
             for draw in range(SWAP["seeds"] if kind == "sa" else 1):
-                model.sa_generator.manual_seed(draw)
+                model.seed_sa(draw)
                 losses.append(full if kind == "full" else swapped_nll(model, kind, w, x, y))
             keys = visible_keys(kind, w, T).numpy()                            # (T,)
             groups = dict(long_range=long_range, local=~long_range, all=np.ones_like(long_range))
