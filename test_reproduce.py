@@ -144,3 +144,20 @@ def test_reproduce_fast_writes_every_result(tmp_path):
     for section in ("figure", "lm", "swap", "mqar_search", "mqar", "mqar_decisive", "recall_swap", "coverage", "speed",
                     "sa_rules"):
         assert f"## {section} (" in summary
+
+
+def test_train_all_resumes_only_a_checkpoint_of_the_same_args(reproduce, tmp_path):
+    """An unfinished run continues only from a checkpoint whose config has every arg of the run."""
+    from dataclasses import asdict
+
+    from checkpoint import save_checkpoint
+    from model import GPT, GPTConfig
+    args = dict(config=["config/mqar.py"], attn="sa+swa", seed=1, learning_rate=0.0003, decay_lr=True)
+    assert not reproduce.resumable(str(tmp_path), args)                     # no checkpoint yet
+    config = GPTConfig(block_size=8, vocab_size=16, n_layer=1, n_head=1, n_embd=8, attn="sa+swa")
+    save_checkpoint(dict(model=GPT(config).state_dict(), model_args=asdict(config),
+                         config=dict(attn="sa+swa", seed=1, learning_rate=3e-4, decay_lr=True, beta2=0.95)),
+                    str(tmp_path / "ckpt.pt"))
+    assert reproduce.resumable(str(tmp_path), args)                         # values compare as train.py parses them
+    assert not reproduce.resumable(str(tmp_path), {**args, "seed": 2})
+    assert not reproduce.resumable(str(tmp_path), {**args, "beta2": 0.999})

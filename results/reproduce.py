@@ -80,14 +80,26 @@ def run(*args, threads=None):
 
 def train_all(runs):
     """train.py once per (out_dir, args), `jobs` at a time, one thread each. A run whose log
-    already ends with its final eval is kept: rerunning the same seed would repeat it."""
+    already ends with its final eval is kept: rerunning the same seed would repeat it. An unfinished
+    run continues from its checkpoint if that checkpoint is of these args (resuming is exact), else
+    starts again."""
     def train(out_dir, args):
         if finished(out_dir, args["max_iters"]):
             return
         run("train.py", *args["config"], f"--out_dir={out_dir}", *(f"--{k}={v}" for k, v in args.items() if k != "config"),
-            "--overwrite=True", threads=1 if jobs > 1 else None)  # an unfinished run starts again
+            "--init_from=resume" if resumable(out_dir, args) else "--overwrite=True", threads=1 if jobs > 1 else None)
     with ThreadPoolExecutor(jobs) as pool:
         list(pool.map(lambda r: train(*r), runs))
+
+
+def resumable(out_dir, args):
+    """Whether out_dir holds a checkpoint whose config has every one of args' values."""
+    from checkpoint import load_checkpoint
+    path = os.path.join(out_dir, "ckpt.pt")
+    if not os.path.exists(path):
+        return False
+    config = load_checkpoint(path)[1]["config"]
+    return all(str(config.get(k)) == str(v) for k, v in args.items() if k != "config")
 
 
 def finished(out_dir, iters):
