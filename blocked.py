@@ -39,7 +39,7 @@ class Band:
     """The band over slots: key slot j is visible to query slot i iff |i - j| < width (with val:
     |val[i] - val[j]| < width) and pos[j] <= pos[i]; pos (T,) or broadcastable to (B, H, T),
     None for plain causal SWA; val has pos's shape, ascending along T."""
-    merge = False  # every query is in exactly one group
+    merge, wide = False, True  # every query is in exactly one group; groups of L >= C + width - 1 keys
 
     def __init__(self, q, width, pos=None, val=None, margin=0.0):
         (B, H, T, _), device = q.shape, q.device
@@ -130,7 +130,7 @@ class Moba:
     - picked: the (query, block) pairs the router chose (idx, ok: attention.moba_select's), sorted
       by key block and cut into tiles of C queries, so that each tile is one small matmul.
     Rows index q, k, v flattened to (B*H*T + 1, D), the extra last row zeros (what pads read)."""
-    merge = True  # a query is in 1 + (top_k - 1) groups
+    merge, wide = True, False  # a query is in 1 + (top_k - 1) groups; groups of moba_block keys
 
     def __init__(self, q, moba_block, idx, ok):
         (B, H, T, _), device = q.shape, q.device
@@ -188,29 +188,31 @@ def _finite(k):
     return bool(k.sum().isfinite())
 
 
-def _fused(q, finite):
+def _fused(q, finite, layout):
     """Whether PyTorch's fused CPU flash-attention kernel runs the groups (it takes an additive mask, and
-    returns the logsumexp the backward needs): on the CPU, where every key is finite (NaN + -inf is NaN)."""
-    return q.device.type == "cpu" and finite and hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu")
+    returns the logsumexp the backward needs): on the CPU, where every key is finite (NaN + -inf is NaN),
+    for the band's wide groups (MoBA's 64-key tiles run faster as plain matmuls)."""
+    return (q.device.type == "cpu" and finite and layout.wide
+            and hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu"))
 
 
-def _group_forward(qc, kc, vc, mask, finite):
+def _group_forward(qc, kc, vc, mask, finite, fused):
     """softmax(qc kc^T / sqrt(D) + mask) vc and its logsumexp, per group: (m, n, C, D), (m, n, C)."""
-    if _fused(qc, finite):
+    if fused:
         return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(qc, kc, vc, attn_mask=mask)
     s = _masked(qc @ kc.transpose(-1, -2) / math.sqrt(qc.shape[-1]), mask, finite)  # (m, n, C, L)
-    lse = s.logsumexp(-1)                                                   # (m, n, C)
-    return s.sub_(lse[..., None]).exp_() @ vc, lse
+    top = s.amax(-1, keepdim=True)                                          # (m, n, C, 1): every row sees a key
+    p = s.sub_(top).exp_()                                                  # unnormalised: one exp pass
+    total = p.sum(-1, keepdim=True)
+    return (p @ vc).div_(total), (top + total.log()).squeeze(-1)
 
 
-def _group_backward(doc, qc, kc, vc, oc, lse, mask, finite):
-    """dq, dk, dv of each group, its probabilities recomputed from lse (the row's over all its groups)."""
-    if _fused(qc, finite):
-        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-            doc, qc, kc, vc, oc, lse, 0.0, False, attn_mask=mask)
+def _group_backward(doc, qc, kc, vc, lse, delta, mask, finite):
+    """dq, dk, dv of each group, its probabilities recomputed from lse (the row's over all its groups);
+    delta is each row's rowsum(dO * O)."""
     scale = 1 / math.sqrt(qc.shape[-1])
     p = _masked(qc @ kc.transpose(-1, -2) * scale, mask, finite).sub_(lse[..., None]).exp_()  # (m, n, C, L)
-    ds = p * (doc @ vc.transpose(-1, -2)).sub_((doc * oc).sum(-1, keepdim=True))  # dloss/dscores
+    ds = p * (doc @ vc.transpose(-1, -2)).sub_(delta[..., None])  # dloss/dscores
     return (ds @ kc).mul_(scale), (ds.transpose(-1, -2) @ qc).mul_(scale), p.transpose(-1, -2) @ doc
 
 
@@ -224,8 +226,10 @@ def forward(q, k, v, layout):
     top = torch.full_like(qf[:, 0], NEG)                                    # (N,)
     total, out = torch.zeros_like(top), torch.zeros_like(qf) if layout.merge else torch.empty_like(qf)
     finite = _finite(kf)
+    fused = _fused(qf, finite, layout)
     for qrows, krows, mask in layout.chunks():                              # (m, n, C), (m, n, L), (m or 1, n, C, L)
-        o, lse = _group_forward(layout.gather(qf, qrows), layout.gather(kf, krows), layout.gather(vf, krows), mask, finite)
+        o, lse = _group_forward(layout.gather(qf, qrows), layout.gather(kf, krows), layout.gather(vf, krows), mask,
+                                finite, fused)
         rows, o, lse = qrows.flatten(), o.flatten(0, -2), lse.flatten()     # this chunk's query rows, (n, D), (n,)
         if not layout.merge:
             out.index_copy_(0, rows, o)
@@ -254,9 +258,15 @@ def backward(dout, q, k, v, out, lse, layout):
     lse = layout.flat(lse[..., None])[:, 0]                                 # (N,); pad rows 0, their dO is 0
     dq, dk, dv = torch.zeros_like(qf), torch.zeros_like(kf), torch.zeros_like(vf)
     finite = _finite(kf)
+    fused = _fused(qf, finite, layout)
+    delta = None if fused else (dof * of).sum(-1)                           # (N,): rowsum(dO * O)
     for qrows, krows, mask in layout.chunks():
-        grads = _group_backward(layout.gather(dof, qrows), layout.gather(qf, qrows), layout.gather(kf, krows),
-                                layout.gather(vf, krows), layout.gather(of, qrows), lse[qrows], mask, finite)
+        qc, kc, vc, doc = (layout.gather(t, rows) for t, rows in ((qf, qrows), (kf, krows), (vf, krows), (dof, qrows)))
+        if fused:
+            grads = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+                doc, qc, kc, vc, layout.gather(of, qrows), lse[qrows], 0.0, False, attn_mask=mask)
+        else:
+            grads = _group_backward(doc, qc, kc, vc, lse[qrows], delta[qrows], mask, finite)
         for g, rows, grad in ((dq, qrows, grads[0]), (dk, krows, grads[1]), (dv, krows, grads[2])):
             g.index_add_(0, rows.flatten(), grad.flatten(0, -2))
     return _unflat(layout, dq, q.dtype), _unflat(layout, dk, k.dtype), _unflat(layout, dv, v.dtype)

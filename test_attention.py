@@ -284,7 +284,7 @@ def test_model_trains_under_autocast(attn, sa_rule):
 @pytest.mark.parametrize("kind", ["swa", "sa", "sa-bht", "sa-value", "moba"])
 def test_the_matmul_path_equals_reference(monkeypatch, kind):
     """The engine's groups off the CPU (four matmul-sized ops, not PyTorch's fused CPU kernel): equal too."""
-    monkeypatch.setattr(blocked, "_fused", lambda q, finite: False)
+    monkeypatch.setattr(blocked, "_fused", lambda q, finite, layout: False)
     fast, ref = attention_kinds(300)[kind]
     assert_same(fast, *qkv(2, 3, 300, 16), ref)
 
