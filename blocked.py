@@ -200,7 +200,7 @@ def _group_forward(qc, kc, vc, mask, finite, fused):
     """softmax(qc kc^T / sqrt(D) + mask) vc and its logsumexp, per group: (m, n, C, D), (m, n, C)."""
     if fused:
         return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(qc, kc, vc, attn_mask=mask)
-    s = _masked(qc @ kc.transpose(-1, -2) / math.sqrt(qc.shape[-1]), mask, finite)  # (m, n, C, L)
+    s = _masked((qc @ kc.transpose(-1, -2)).mul_(qc.shape[-1] ** -0.5), mask, finite)  # (m, n, C, L)
     top = s.amax(-1, keepdim=True)                                          # (m, n, C, 1): every row sees a key
     p = s.sub_(top).exp_()                                                  # unnormalised: one exp pass
     total = p.sum(-1, keepdim=True)
@@ -210,10 +210,11 @@ def _group_forward(qc, kc, vc, mask, finite, fused):
 def _group_backward(doc, qc, kc, vc, lse, delta, mask, finite):
     """dq, dk, dv of each group, its probabilities recomputed from lse (the row's over all its groups);
     delta is each row's rowsum(dO * O)."""
-    scale = 1 / math.sqrt(qc.shape[-1])
-    p = _masked(qc @ kc.transpose(-1, -2) * scale, mask, finite).sub_(lse[..., None]).exp_()  # (m, n, C, L)
-    ds = p * (doc @ vc.transpose(-1, -2)).sub_(delta[..., None])  # dloss/dscores
-    return (ds @ kc).mul_(scale), (ds.transpose(-1, -2) @ qc).mul_(scale), p.transpose(-1, -2) @ doc
+    scale = qc.shape[-1] ** -0.5                                            # in place throughout: two (C, L)
+    p = _masked((qc @ kc.transpose(-1, -2)).mul_(scale), mask, finite).sub_(lse[..., None]).exp_()  # buffers
+    dv = p.transpose(-1, -2) @ doc                                          # stay in cache, not three
+    ds = p.mul_((doc @ vc.transpose(-1, -2)).sub_(delta[..., None]))       # (m, n, C, L): dloss/dscores
+    return (ds @ kc).mul_(scale), (ds.transpose(-1, -2) @ qc).mul_(scale), dv
 
 
 def forward(q, k, v, layout):
