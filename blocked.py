@@ -19,8 +19,8 @@ With val (the value rule: slots sorted by val), block b's span starts at the fir
 width of the block's smallest val and has the length the widest block needs: a gather, not a view.
 MoBA's groups are key blocks with the queries that see them; a query in several groups gets one
 softmax over all of them, merged by logsumexp as FlashAttention merges its key blocks.
-A chunk of groups is one batched call: on the CPU PyTorch's fused flash-attention kernel (with the
-mask), elsewhere four matmul-sized ops. Why an explicit backward: autograd would keep every chunk's
+A chunk of groups is one batched call: for the band on the CPU PyTorch's fused flash-attention kernel
+(with the mask), for MoBA's small tiles and elsewhere four matmul-sized ops. Why an explicit backward: autograd would keep every chunk's
 (C, L) probabilities until backward, O(T * L) memory per layer; here the forward keeps only the
 output and each row's logsumexp, and the backward recomputes each chunk's probabilities from them.
 forward and backward are registered ops (band, moba, at the bottom), so torch.compile sees one node each.
