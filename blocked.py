@@ -255,12 +255,15 @@ def forward(q, k, v, layout):
 @torch.autocast("cuda", enabled=False)
 def backward(dout, q, k, v, out, lse, layout):
     """dq, dk, dv (B, H, T, D) of forward's out: each group's share, from its rows' out and logsumexp."""
-    qf, kf, vf, dof, of = (layout.flat(t) for t in (q, k, v, dout, out))   # (N, D)
+    qf, kf, vf, dof = (layout.flat(t) for t in (q, k, v, dout))            # (N, D)
     lse = layout.flat(lse[..., None])[:, 0]                                 # (N,); pad rows 0, their dO is 0
     dq, dk, dv = torch.zeros_like(qf), torch.zeros_like(kf), torch.zeros_like(vf)
     finite = _finite(kf)
     fused = _fused(qf, finite, layout)
-    delta = None if fused else (dof * of).sum(-1)                           # (N,): rowsum(dO * O)
+    if fused:                                                               # the kernel takes O's rows
+        of = layout.flat(out)
+    else:                                                                   # the matmuls, rowsum(dO * O)
+        delta = layout.flat((dout.float() * out.float()).sum(-1, keepdim=True))[:, 0]  # (N,)
     for qrows, krows, mask in layout.chunks():
         qc, kc, vc, doc = (layout.gather(t, rows) for t, rows in ((qf, qrows), (kf, krows), (vf, krows), (dof, qrows)))
         if fused:
