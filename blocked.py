@@ -20,9 +20,10 @@ width of the block's smallest val and has the length the widest block needs: a g
 MoBA's groups are key blocks with the queries that see them; a query in several groups gets one
 softmax over all of them, merged by logsumexp as FlashAttention merges its key blocks.
 A chunk of groups is one batched call: for the band on the CPU PyTorch's fused flash-attention kernel
-(with the mask), for MoBA's small tiles and elsewhere four matmul-sized ops. Why an explicit backward: autograd would keep every chunk's
-(C, L) probabilities until backward, O(T * L) memory per layer; here the forward keeps only the
-output and each row's logsumexp, and the backward recomputes each chunk's probabilities from them.
+(with the mask), for MoBA's small tiles and elsewhere four matmul-sized ops. Why an explicit
+backward: autograd would keep every chunk's (C, L) probabilities until backward, O(T * L) memory
+per layer; here the forward keeps only the output and each row's logsumexp, and the backward
+recomputes each chunk's probabilities from them.
 forward and backward are registered ops (band, moba, at the bottom), so torch.compile sees one node each.
 """
 import math
@@ -209,10 +210,10 @@ def _group_forward(qc, kc, vc, mask, finite, fused):
 
 def _group_backward(doc, qc, kc, vc, lse, delta, mask, finite):
     """dq, dk, dv of each group, its probabilities recomputed from lse (the row's over all its groups);
-    delta is each row's rowsum(dO * O)."""
-    scale = qc.shape[-1] ** -0.5                                            # in place throughout: two (C, L)
-    p = _masked((qc @ kc.transpose(-1, -2)).mul_(scale), mask, finite).sub_(lse[..., None]).exp_()  # buffers
-    dv = p.transpose(-1, -2) @ doc                                          # stay in cache, not three
+    delta is each row's rowsum(dO * O). In place: two (C, L) buffers stay in cache, not three."""
+    scale = qc.shape[-1] ** -0.5
+    p = _masked((qc @ kc.transpose(-1, -2)).mul_(scale), mask, finite).sub_(lse[..., None]).exp_()  # (m, n, C, L)
+    dv = p.transpose(-1, -2) @ doc
     ds = p.mul_((doc @ vc.transpose(-1, -2)).sub_(delta[..., None]))       # (m, n, C, L): dloss/dscores
     return (ds @ kc).mul_(scale), (ds.transpose(-1, -2) @ qc).mul_(scale), dv
 
