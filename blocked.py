@@ -6,7 +6,7 @@ run the Triton kernel. The rules themselves are stated in attention.py's docstri
 A LAYOUT cuts the (query, key) pairs a rule allows into GROUPS: C query rows, the L key rows they
 may see, and an additive mask (C, L): 0 where the rule allows, -inf where it hides. Rows index a flat fp32 copy (N, D) of
 q, k, v that the layout makes (`flat`); it yields its groups in CHUNKS (`chunks`), as many groups
-as keep their scores (CHUNK elements) in cache. The band (SWA) pads each head with `left` zero
+as keep their scores (CHUNK elements) in cache, or FUSED_CHUNK for the fused kernel. The band (SWA) pads each head with `left` zero
 slots before its T slots and `right` after, so that every block of C query slots sees the same
 L = left + C + right key slots around it, and the key spans are strided VIEWS of the copy:
 
@@ -32,7 +32,9 @@ import torch
 import torch.nn.functional as F
 
 BLOCK = 64           # query rows per group
-CHUNK = 1 << 19      # score elements per chunk: a chunk's scores stay in cache
+CHUNK = 1 << 19      # score elements per chunk of matmuls: a chunk's scores stay in cache
+FUSED_CHUNK = 1 << 23  # per call of the fused forward, which tiles its scores itself: fewer, larger calls
+                     # (its backward keeps CHUNK: measured faster)
 NEG = float("-inf")  # hidden scores; every real query sees itself, so no real row is all -inf
 
 
@@ -71,8 +73,6 @@ class Band:
         self.pos[:, left:left + T] = pos
         self.rows = torch.arange(BH * self.S, device=device).view(BH, self.S)  # (BH, S): rows of the flat copy
         self.shape, self.width, self.val, self.C, self.L, self.left, self.nb = (B, H, T), width, val, C, L, left, nb
-        self.n = min(nb, max(1, CHUNK // (C * L)))             # blocks per chunk
-        self.m = max(1, CHUNK // (C * L * nb))                 # heads per chunk, when one head's blocks all fit
 
     def flat(self, t):
         """(B, H, T, D) -> (BH * S, D) fp32, each head between its zero pads: one copy."""
@@ -87,42 +87,50 @@ class Band:
         T = self.shape[2]
         return f.view(-1, self.S, f.shape[-1])[:, self.left:self.left + T].view(*self.shape, -1)
 
-    def gather(self, f, rows):
-        """f (N, D) at rows: the spans of the slot band are strided views of f, the value rule's a gather."""
-        if self.val is not None:
-            return f.index_select(0, rows.flatten()).view(*rows.shape, f.shape[-1])
-        return f.as_strided((*rows.shape, f.shape[-1]), (*(st * f.shape[-1] for st in rows.stride()), 1),
+    def query(self, f, rows):
+        """f (N, D) at query rows, a view of f: a block's query slots are consecutive (writable, so the
+        forward writes each chunk's output through it)."""
+        return f.as_strided((*rows.shape, f.shape[-1]), (*(st * f.shape[-1] for st in rows.stride()), f.stride(-1)),
                             rows.storage_offset() * f.shape[-1])   # rows[i] is i: the same view of f
 
-    def spans(self, t, h, s, e):
-        """t (R or BH, S) at the key slots of blocks s..e-1 of heads h..h+m-1: (m or 1, e-s, L)."""
-        C, L, t = self.C, self.L, t[h:h + self.m]
+    def gather(self, f, rows):
+        """f (N, D) at key rows: the spans of the slot band are strided views of f, the value rule's a gather."""
+        if self.val is not None:
+            return f.index_select(0, rows.flatten()).view(*rows.shape, f.shape[-1])
+        return self.query(f, rows)
+
+    def spans(self, t, hs, s, e):
+        """t (R or BH, S) at the key slots of blocks s..e-1 of the heads hs (a slice of m): (m or 1, e-s, L)."""
+        C, L, t = self.C, self.L, t[hs]
         if self.val is None:
             return t[:, s * C:(e - 1) * C + L].unfold(1, L, C)                  # a strided view
-        ks = self.kslots[h:h + self.m] if len(self.kslots) > 1 else self.kslots
+        ks = self.kslots[hs] if len(self.kslots) > 1 else self.kslots
         return t.gather(1, ks[:, s:e].flatten(1).expand(len(t), -1)).view(len(t), e - s, L)
 
-    def mask(self, h, s, e):
-        """The rule's additive mask in blocks s..e-1 of heads h..h+m-1: (m or 1, e-s, C, L)."""
+    def mask(self, hs, s, e):
+        """The rule's additive mask in blocks s..e-1 of the heads hs: (m or 1, e-s, C, L)."""
         C, q = self.C, slice(self.left + s * self.C, self.left + e * self.C)
-        qpos = self.pos[h:h + self.m, q].unflatten(1, (e - s, C))               # (m or 1, e-s, C)
-        visible = self.spans(self.pos, h, s, e)[..., None, :] <= qpos[..., :, None]
+        qpos = self.pos[hs, q].unflatten(1, (e - s, C))                       # (m or 1, e-s, C)
+        visible = self.spans(self.pos, hs, s, e)[..., None, :] <= qpos[..., :, None]
         if self.val is None:
             return torch.where(visible, self.band, NEG)
-        qval = self.val[h:h + self.m, q].unflatten(1, (e - s, C))               # (m or 1, e-s, C)
-        visible &= (qval[..., :, None] - self.spans(self.val, h, s, e)[..., None, :]).abs() < self.width
+        qval = self.val[hs, q].unflatten(1, (e - s, C))                       # (m or 1, e-s, C)
+        visible &= (qval[..., :, None] - self.spans(self.val, hs, s, e)[..., None, :]).abs() < self.width
         return torch.zeros(visible.shape, device=visible.device).masked_fill_(~visible, NEG)
 
-    def chunks(self):
-        """(query rows (m, n, C), key rows (m, n, L), mask (m or 1, n, C, L)) per chunk."""
-        BH, shared = len(self.rows), len(self.pos) == 1  # a pos shared by the heads: one mask for all
-        for s in range(0, self.nb, self.n):
-            e = min(s + self.n, self.nb)
-            mask = self.mask(0, s, e) if shared else None
-            for h in range(0, BH, self.m):
-                qrows = self.rows[h:h + self.m, self.left + s * self.C:self.left + e * self.C]
-                yield qrows.unflatten(1, (e - s, self.C)), self.spans(self.rows, h, s, e), \
-                    mask if shared else self.mask(h, s, e)
+    def chunks(self, size):
+        """(query rows (m, n, C), key rows (m, n, L), mask (m or 1, n, C, L)) per chunk of about size scores."""
+        C, L, nb = self.C, self.L, self.nb
+        n = min(nb, max(1, size // (C * L)))                   # blocks per chunk
+        m = max(1, size // (C * L * nb))                       # heads per chunk, when one head's blocks all fit
+        shared = len(self.pos) == 1                            # a pos shared by the heads: one mask for all
+        for s in range(0, nb, n):
+            e = min(s + n, nb)
+            mask = self.mask(slice(0, 1), s, e) if shared else None
+            for h in range(0, len(self.rows), m):
+                hs = slice(h, h + m)
+                qrows = self.rows[hs, self.left + s * C:self.left + e * C].unflatten(1, (e - s, C))
+                yield qrows, self.spans(self.rows, hs, s, e), mask if shared else self.mask(hs, s, e)
 
 
 class Moba:
@@ -159,8 +167,6 @@ class Moba:
         tile_blk = torch.repeat_interleave(torch.arange(BH * nblk, device=device), ntile)  # (tiles,)
         self.tile_k = rows.view(BH * nblk, bs)[tile_blk]                            # (tiles, bs)
         self.tile_mask = keypad[tile_blk % nblk][:, None, :]                        # (tiles, 1, bs)
-        self.n = max(1, CHUNK // (C * bs))                                          # tiles per chunk
-        self.m = max(1, self.n // BH)                                               # own blocks per chunk
 
     def flat(self, t):
         return F.pad(t.detach().float().flatten(0, 2), (0, 0, 0, 1))                # (B*H*T + 1, D)
@@ -171,11 +177,16 @@ class Moba:
     def gather(self, f, rows):
         return f.index_select(0, rows.flatten()).view(*rows.shape, f.shape[-1])   # faster than f[rows]
 
-    def chunks(self):
-        for s in range(0, self.own.shape[1], self.m):  # (BH, m, bs), (BH, m, bs), (1, m, bs, bs)
-            yield self.own[:, s:s + self.m], self.own[:, s:s + self.m], self.own_mask[None, s:s + self.m]
-        for s in range(0, len(self.tile_q), self.n):   # (n, 1, C), (n, 1, bs), (n, 1, 1, bs)
-            yield self.tile_q[s:s + self.n, None], self.tile_k[s:s + self.n, None], self.tile_mask[s:s + self.n, None]
+    query = gather  # a query's rows are scattered over tiles; forward never writes through them (merge)
+
+    def chunks(self, size):
+        bs = self.own.shape[-1]
+        n = max(1, size // (BLOCK * bs))                     # tiles per chunk
+        m = max(1, n // len(self.own))                       # own blocks per chunk
+        for s in range(0, self.own.shape[1], m):     # (BH, m, bs), (BH, m, bs), (1, m, bs, bs)
+            yield self.own[:, s:s + m], self.own[:, s:s + m], self.own_mask[None, s:s + m]
+        for s in range(0, len(self.tile_q), n):      # (n, 1, C), (n, 1, bs), (n, 1, 1, bs)
+            yield self.tile_q[s:s + n, None], self.tile_k[s:s + n, None], self.tile_mask[s:s + n, None]
 
 
 def _masked(s, mask, finite):
@@ -229,14 +240,14 @@ def forward(q, k, v, layout):
     total, out = torch.zeros_like(top), torch.zeros_like(qf) if layout.merge else torch.empty_like(qf)
     finite = _finite(kf)
     fused = _fused(qf, finite, layout)
-    for qrows, krows, mask in layout.chunks():                              # (m, n, C), (m, n, L), (m or 1, n, C, L)
-        o, lse = _group_forward(layout.gather(qf, qrows), layout.gather(kf, krows), layout.gather(vf, krows), mask,
+    for qrows, krows, mask in layout.chunks(FUSED_CHUNK if fused else CHUNK):  # (m, n, C), (m, n, L), (m or 1, n, C, L)
+        o, lse = _group_forward(layout.query(qf, qrows), layout.gather(kf, krows), layout.gather(vf, krows), mask,
                                 finite, fused)
-        rows, o, lse = qrows.flatten(), o.flatten(0, -2), lse.flatten()     # this chunk's query rows, (n, D), (n,)
-        if not layout.merge:
-            out.index_copy_(0, rows, o)
-            top.index_copy_(0, rows, lse)
+        if not layout.merge:                                                # the band: rows written through views
+            layout.query(out, qrows).copy_(o)
+            layout.query(top[:, None], qrows)[..., 0].copy_(lse)
             continue
+        rows, o, lse = qrows.flatten(), o.flatten(0, -2), lse.flatten()     # this chunk's query rows, (n, D), (n,)
         seen = rows.unique()                                                # a row may be in several groups
         old = top[seen]
         top.scatter_reduce_(0, rows, lse, "amax")
@@ -265,11 +276,12 @@ def backward(dout, q, k, v, out, lse, layout):
         of = layout.flat(out)
     else:                                                                   # the matmuls, rowsum(dO * O)
         delta = layout.flat((dout.float() * out.float()).sum(-1, keepdim=True))[:, 0]  # (N,)
-    for qrows, krows, mask in layout.chunks():
-        qc, kc, vc, doc = (layout.gather(t, rows) for t, rows in ((qf, qrows), (kf, krows), (vf, krows), (dof, qrows)))
+    for qrows, krows, mask in layout.chunks(CHUNK):
+        qc, doc = layout.query(qf, qrows), layout.query(dof, qrows)
+        kc, vc = layout.gather(kf, krows), layout.gather(vf, krows)
         if fused:
             grads = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-                doc, qc, kc, vc, layout.gather(of, qrows), lse[qrows], 0.0, False, attn_mask=mask)
+                doc, qc, kc, vc, layout.query(of, qrows), lse[qrows], 0.0, False, attn_mask=mask)
         else:
             grads = _group_backward(doc, qc, kc, vc, lse[qrows], delta[qrows], mask, finite)
         for g, rows, grad in ((dq, qrows, grads[0]), (dk, krows, grads[1]), (dv, krows, grads[2])):

@@ -289,6 +289,19 @@ def test_the_matmul_path_equals_reference(monkeypatch, kind):
     assert_same(fast, *qkv(2, 3, 300, 16), ref)
 
 
+@pytest.mark.parametrize("size", [1, 1 << 30])
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("kind", ["swa", "sa", "sa-bht", "sa-value", "moba"])
+def test_any_chunk_size_equals_reference(monkeypatch, kind, fused, size):
+    """The engine's chunks, one group each (size 1) or every head's groups at once: equal too, on both paths."""
+    monkeypatch.setattr(blocked, "CHUNK", size)
+    monkeypatch.setattr(blocked, "FUSED_CHUNK", size)
+    if not fused:
+        monkeypatch.setattr(blocked, "_fused", lambda q, finite, layout: False)
+    fast, ref = attention_kinds(300)[kind]
+    assert_same(fast, *qkv(2, 3, 300, 16), ref)
+
+
 @pytest.mark.parametrize("kind", ["swa", "sa", "sa-bht", "sa-value", "moba"])
 def test_a_nan_key_reaches_only_the_queries_that_see_it(kind):
     """A NaN in key 200 makes NaN exactly the rows whose rule sees key 200, as in the reference:
