@@ -6,7 +6,7 @@ Reproduce the paper in miniature on a CPU: every table and plot in the README's 
     python results/reproduce.py --only=mqar --seeds=0   # the MQAR tables from the finished (or committed) runs, no training
     python results/reproduce.py --only=mqar_decisive --arms=1   # the pre-registered experiment's P=1 arm
     python results/reproduce.py --only=swap --swap_T=256,1024   # the LM swap at T=256 and 1024 (trains a T=1024 model)
-    python results/reproduce.py --fast=True     # a tiny version of everything, a couple of minutes (tested in CI)
+    python results/reproduce.py --fast=True     # a tiny version of everything, about 4 minutes (tested in CI)
     python results/reproduce.py --only=mqar,lm  # some experiments: figure, lm, swap, mqar, mqar_decisive, recall_swap,
                                                 # coverage, speed; mqar_search and sa_rules (47 min with --jobs=1) only when named
 
@@ -55,15 +55,15 @@ EXTRA = {"sa_rules", "mqar_search"}  # run when named in --only (and in --fast):
 if fast:
     MQAR = dict(iters=8, seeds=[0], depths=[2], T=64, window=4, swap_windows=[4, 64], swap_seeds=2,
                 swap_seqs=20, data=["--mqar_train_seqs=64", "--mqar_val_seqs=100"], train=["--eval_iters=2"])
-    LM = dict(iters=20, seeds=[0], eval_interval=10)
+    LM = dict(iters=6, seeds=[0], eval_interval=3, extra=dict(eval_iters=2))
     SWAP = dict(fractions=[32, 8], seeds=2, tokens=2048)
     COVER = ["--grid_n=256,1024", "--seeds=2"]
-    SPEED = ["--sizes=256,1024", "--kinds=full,swa,sa,moba", "--reps=2"]
+    SPEED = ["--sizes=256", "--kinds=full,swa,sa,moba", "--reps=1"]
 else:
     MQAR = dict(iters=12000, seeds=[0, 1, 2], depths=[2, 4], T=64, window=4,
                 swap_windows=[2, 4, 8, 16, 32, 64], swap_seeds=3, swap_seqs=300, data=["--mqar_val_seqs=1000"],
                 train=[])
-    LM = dict(iters=500, seeds=[0, 1], eval_interval=50)
+    LM = dict(iters=500, seeds=[0, 1], eval_interval=50, extra={})
     SWAP = dict(fractions=[32, 16, 8, 4, 2], seeds=3, tokens=131072)  # windows T / fractions, tokens // T val windows
     COVER = []
     SPEED = []
@@ -565,7 +565,7 @@ def lm():
     runs = [(kind, seed) for kind in KINDS[:4] for seed in LM["seeds"]]
     dirs = [os.path.join(work, f"lm-{kind}-s{seed}") for kind, seed in runs]
     train_all([(od, dict(config=["config/quick.py"], data_root=data, attn=kind, seed=seed, max_iters=LM["iters"],
-                         eval_interval=LM["eval_interval"]))
+                         eval_interval=LM["eval_interval"], **LM["extra"]))
                for (kind, seed), od in zip(runs, dirs)])
     for (kind, seed), od in zip(runs, dirs):
         log = evals(od)
@@ -613,7 +613,7 @@ def sa_rules():
     run("prepare_data.py", "--dataset=mqar", f"--data_root={recall_data}", *RULES_RECALL_DATA, *MQAR["data"])
     recall_iters = 8 if fast else 300
     setups = dict(lm=dict(config=["config/quick.py"], data_root=lm_data, max_iters=LM["iters"],
-                          eval_interval=LM["eval_interval"], **({"eval_iters": 2} if fast else {})),
+                          eval_interval=LM["eval_interval"], **LM["extra"]),
                   recall=dict(config=["config/mqar.py", *MQAR["train"]], data_root=recall_data, **RULES_RECALL,
                               max_iters=recall_iters, eval_interval=recall_iters // 4))
     rules, sa_kinds = ["rank", "value"], ["sa", "sa+swa"]
