@@ -6,7 +6,8 @@ and forward+backward, with peak memory. Prints one table; ratios within one run 
     python bench.py --sizes=4096 --json_out=speed.json   # one size, and the table as JSON
     python bench.py --device=cuda --dtype=bfloat16 --backend=auto   # a GPU: the Triton kernel (gpu_check.py)
 
-On the CPU each measurement runs in a fresh process, so that its peak resident memory can be read;
+On the CPU each measurement runs in a fresh process, so that its peak resident memory can be read
+(with THP_MEM_ALLOC_ENABLE=thp: huge pages, so fewer page faults on fresh buffers, for every kind);
 on a GPU all run in this process, with the peak of torch.cuda's allocator.
 The FlexAttention peers are what a Flex user writes: compiled flex_attention with a BlockMask built
 from block indices (never a T x T mask) that lists only the key blocks the band reaches. flex-sa
