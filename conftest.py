@@ -2,6 +2,8 @@
 - Without a GPU, run the Triton kernel (kernel.py) in triton's CPU interpreter. triton reads
   TRITON_INTERPRET when a kernel is decorated, so this must happen before any test module
   imports kernel.py.
+- Under `pytest -n 2` (pytest-xdist) each worker, and each script a test starts, uses one thread:
+  two workers of two threads would oversubscribe 2 cores.
 - Tests marked slow (over a minute on 2 CPU cores) run only with --slow."""
 import os
 
@@ -10,6 +12,9 @@ import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
 
 
 def pytest_addoption(parser):
