@@ -87,17 +87,19 @@ class Band:
         T = self.shape[2]
         return f.view(-1, self.S, f.shape[-1])[:, self.left:self.left + T].view(*self.shape, -1)
 
-    def query(self, f, rows):
-        """f (N, D) at query rows, a view of f: a block's query slots are consecutive (writable, so the
-        forward writes each chunk's output through it)."""
+    def view(self, f, rows):
+        """f (N, D) at rows that are a view of self.rows (a block's query slots, the slot band's key spans):
+        the same strided view of f, writable (forward writes each chunk's output through its query rows)."""
         return f.as_strided((*rows.shape, f.shape[-1]), (*(st * f.shape[-1] for st in rows.stride()), f.stride(-1)),
                             rows.storage_offset() * f.shape[-1])   # rows[i] is i: the same view of f
 
+    query = view
+
     def gather(self, f, rows):
-        """f (N, D) at key rows: the spans of the slot band are strided views of f, the value rule's a gather."""
+        """f (N, D) at key rows: the spans of the slot band are views of f, the value rule's a gather."""
         if self.val is not None:
             return f.index_select(0, rows.flatten()).view(*rows.shape, f.shape[-1])
-        return self.query(f, rows)
+        return self.view(f, rows)
 
     def spans(self, t, hs, s, e):
         """t (R or BH, S) at the key slots of blocks s..e-1 of the heads hs (a slice of m): (m or 1, e-s, L)."""
