@@ -39,6 +39,7 @@ import time
 import numpy as np
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from attention import check_positive
@@ -62,6 +63,7 @@ data_root = "data"
 gradient_accumulation_steps = 32  # micro-steps per iteration, summed over DDP ranks
 batch_size = 8                  # sequences per micro-step per rank
 block_size = 2048               # tokens per sequence (mqar: the data's seq_len)
+copy_task = False               # far copying: each sequence is a random block_size/2-token chunk, then the same chunk again
 # model (GPTConfig)
 n_layer = 12
 n_head = 12
@@ -117,6 +119,7 @@ try:
     for key in ("beta1", "beta2"):
         need(key, 0 <= config[key] < 1, "AdamW's betas lie in [0, 1)")
     need("rope_base", rope_base > 0, "use a value > 0 (RoPE's wavelengths are its powers; 10000 is usual)")
+    need("copy_task", not copy_task or block_size % 2 == 0, "it needs an even block_size (two equal halves)")
     need("init_from", init_from in ("scratch", "resume"), "use scratch or resume")
     need("device", re.fullmatch(r"cpu|cuda(:\d+)?", device), "use cpu, cuda or cuda:N")
     need("device", device == "cpu" or torch.cuda.is_available(), "CUDA is not available here: use --device=cpu")
@@ -166,6 +169,8 @@ except ValueError as e:
 # MQAR (prepare_data.py): whole sequences, fresh ones for training (get_batch), answers scored (estimate_loss)
 mqar = meta.get("mqar")
 T = mqar["seq_len"] if mqar else block_size  # tokens per training sequence
+if mqar and copy_task:
+    sys.exit(f"copy_task=True builds its sequences from text: {data_dir} holds MQAR sequences")
 if mqar and block_size < T:
     sys.exit(f"block_size={block_size} is smaller than the MQAR sequences ({T} tokens): use --block_size={T}")
 if mqar and attn == "swa" and n_layer * (window - 1) < mqar["min_gap"] and master:
@@ -192,6 +197,11 @@ def get_batch(split, gen):
         starts = torch.randint(len(tokens) // T, (batch_size,), generator=gen).numpy() * T
         x = np.stack([tokens[i:i + T] for i in starts]).astype(np.int64)             # (B, T)
         y = mqar_targets(x, meta)
+    elif copy_task:  # every target of the second half repeats the token block_size/2 back
+        starts = torch.randint(len(tokens) - T // 2, (batch_size,), generator=gen).numpy()
+        chunk = np.stack([tokens[i:i + T // 2] for i in starts]).astype(np.int64)      # (B, T/2)
+        x = np.concatenate([chunk, chunk], 1)                                         # (B, T)
+        y = np.concatenate([x[:, 1:], np.full((batch_size, 1), -1)], 1)               # (B, T), the last has no target
     else:
         starts = torch.randint(len(tokens) - T, (batch_size,), generator=gen).numpy()
         x = np.stack([tokens[i:i + T] for i in starts]).astype(np.int64)             # (B, T)
@@ -288,12 +298,15 @@ def estimate_loss():
     for split in ("train", "val"):
         gen = torch.Generator().manual_seed(seed)
         raw_model.seed_sa(seed)
-        losses, correct, answers = [], 0, 0
+        losses, correct, answers, halves = [], 0, 0, []
         for _ in range(eval_iters):
             X, Y = get_batch(split, gen)
             with ctx:
                 logits, loss = model(X, Y)
             losses.append(loss.item())
+            if copy_task:  # targets 0 .. T/2-2 continue the chunk; from T/2-1 on they copy it
+                nll = F.cross_entropy(logits.float().transpose(1, 2), Y, ignore_index=-1, reduction="none")  # (B, T)
+                halves.append((nll[:, :T // 2 - 1].mean().item(), nll[:, T // 2 - 1:-1].mean().item()))
             if mqar:
                 scored = Y != -1
                 correct += (logits.argmax(-1)[scored] == Y[scored]).sum().item()
@@ -301,6 +314,8 @@ def estimate_loss():
         out[f"{split}_loss"] = sum(losses) / len(losses)
         if mqar:
             out[f"{split}_acc"] = correct / answers
+        if copy_task:
+            out[f"{split}_first"], out[f"{split}_second"] = np.mean(halves, 0).tolist()
     raw_model.sa_state.copy_(sa_state)
     model.train()
     return out
@@ -404,6 +419,7 @@ while True:
         if master:
             ev = estimate_loss()
             acc = f", acc train {ev['train_acc']:.3f} val {ev['val_acc']:.3f}" if mqar else ""
+            acc += f", val halves {ev['val_first']:.4f} / {ev['val_second']:.4f}" if copy_task else ""
             print(f"step {iter_num}: train loss {ev['train_loss']:.4f}, val loss {ev['val_loss']:.4f}{acc}")
             log({"iter": iter_num, **ev, "lr": lr, "elapsed_s": round(time.time() - t_start, 2)})
             best_val_loss = min(best_val_loss, ev["val_loss"])

@@ -6,6 +6,7 @@ Reproduce the paper in miniature on a CPU: every table and plot in the README's 
     python results/reproduce.py --only=mqar --seeds=0   # the MQAR tables from the finished (or committed) runs, no training
     python results/reproduce.py --only=mqar_decisive --arms=1   # the pre-registered experiment's P=1 arm
     python results/reproduce.py --only=swap --swap_T=256,1024   # the LM swap at T=256 and 1024 (trains a T=1024 model)
+    python results/reproduce.py --only=lm1024   # issue 33: plain LM and far copying at T=1024 (19 runs, ~10 CPU-hours)
     python results/reproduce.py --fast=True     # a tiny version of everything, about 4 minutes (tested in CI)
     python results/reproduce.py --only=mqar,lm  # some experiments: figure, lm, swap, mqar, mqar_decisive, recall_swap,
                                                 # coverage, speed; mqar_search and sa_rules (47 min with --jobs=1) only when named
@@ -46,6 +47,7 @@ depths = "2"            # MQAR: train these depths, comma list ("" = all: 2 and 
 kinds = ""              # MQAR: train these cells (CELLS), comma list ("" = the default grid)
 arms = ""               # mqar_decisive: train these arms, comma list of P ("" = both); tables report every finished run
 swap_T = "256"          # swap: the LM contexts, comma list; 256 swaps lm's model, another T trains its own (swap_T<T>.json)
+train = True            # lm1024: False builds its tables from the finished runs only
 # -----------------------------------------------------------------------------
 exec(open(os.path.join(ROOT, "configurator.py")).read())
 
@@ -59,6 +61,8 @@ if fast:
     SWAP = dict(fractions=[32, 8], seeds=2, tokens=2048)
     COVER = ["--grid_n=256,1024", "--seeds=2"]
     SPEED = ["--sizes=256", "--kinds=full,swa,sa,moba", "--reps=1"]
+    LM1024 = dict(T=64, window=4, wide=8, seeds=[0], plain_iters=6, copy_iters=6, val_windows=4, copy_val=4,
+                  swap_windows=[4, 8, 32], draws=2, extra=dict(eval_interval=3, eval_iters=2))
 else:
     MQAR = dict(iters=12000, seeds=[0, 1, 2], depths=[2, 4], T=64, window=4,
                 swap_windows=[2, 4, 8, 16, 32, 64], swap_seeds=3, swap_seqs=300, data=["--mqar_val_seqs=1000"],
@@ -67,6 +71,9 @@ else:
     SWAP = dict(fractions=[32, 16, 8, 4, 2], seeds=3, tokens=131072)  # windows T / fractions, tokens // T val windows
     COVER = []
     SPEED = []
+    LM1024 = dict(T=1024, window=32, wide=128, seeds=[0, 1, 2], plain_iters=4500, copy_iters=4000, val_windows=48,
+                  copy_val=32, swap_windows=[16, 32, 64, 128, 256, 512], draws=3,
+                  extra=dict(eval_interval=250, eval_iters=16))
 
 
 def run(*args, threads=None):
@@ -735,14 +742,19 @@ def swapped_nll(model, kind, window, x, y, batch=16):
     import contextlib
     import unittest.mock
 
-    import torch
-    import torch.nn.functional as F
-
     import attention
     model.swap_attention(attn="swa" if kind == "sink" else kind,
                          **({} if kind == "full" else dict(window=window, **moba_budget(window))))
     sink = unittest.mock.patch.object(attention, "sliding_window_attention", sink_attention)
-    with torch.no_grad(), sink if kind == "sink" else contextlib.nullcontext():
+    with sink if kind == "sink" else contextlib.nullcontext():
+        return nll(model, x, y, batch)
+
+
+def nll(model, x, y, batch=16):
+    """The model's loss on each prediction of x -> y, (N, T) numpy."""
+    import torch
+    import torch.nn.functional as F
+    with torch.no_grad():
         return torch.cat([F.cross_entropy(model(x[i:i + batch])[0].transpose(1, 2), y[i:i + batch], reduction="none")
                           for i in range(0, len(x), batch)]).numpy()           # (N, T)
 
@@ -835,6 +847,207 @@ def swap_at(T):
     return "\n".join(lines)
 
 
+# lm1024 (issue 33; its rule is pre-registered in results/README.md §2): a plain byte LM at T=1024, and far
+# copying of real text, where every target of a sequence's second half repeats the byte T/2 back.
+
+
+def lm1024_runs(data):
+    """{name: (out_dir, train.py args)} in training order: the copy task's three kinds seed by seed, then
+    the plain LM, then the runs beside the rule."""
+    c, w = LM1024, LM1024["window"]
+    cells = [("copy", kind, w, s) for s in c["seeds"] for kind in ("full", "sa+swa", "swa")]
+    cells += [("plain", kind, w, s) for s in c["seeds"] for kind in ("full", "swa")]
+    cells += [("copy", "sa+swa", c["wide"], s) for s in c["seeds"]] + [("copy", "moba", w, c["seeds"][0])]
+    return {f"{task}-{kind}-w{window}-s{seed}": (os.path.join(work, "lm1024", f"{task}-{kind}-w{window}-s{seed}"), dict(
+        config=["config/quick.py"], data_root=data, attn=kind, window=window, **moba_budget(window), sa_perm="head",
+        block_size=c["T"], batch_size=2, seed=seed, copy_task=task == "copy", max_iters=c[f"{task}_iters"],
+        **c["extra"])) for task, kind, window, seed in cells}
+
+
+def copy_verdict(rows, seeds):
+    """The pre-registered rule on the copy runs {(kind, seed): (first-half loss, second-half loss)}:
+    (verdict, R per seed)."""
+    if any((kind, s) not in rows for kind in ("full", "swa", "sa+swa") for s in seeds):
+        return "not decidable (not run)", []
+    if not all(rows["full", s][1] <= 0.3 and rows["swa", s][1] >= 0.9 * rows["swa", s][0] for s in seeds):
+        return "not decidable (full attention does not copy, or SWA does)", []
+    R = [(rows["swa", s][1] - rows["sa+swa", s][1]) / (rows["swa", s][1] - rows["full", s][1]) for s in seeds]
+    if all(r >= 0.5 for r in R) and all(abs(rows["sa+swa", s][0] - rows["swa", s][0]) <= 0.02 for s in seeds):
+        return "confirms", R
+    return ("refutes" if all(r <= 0.1 for r in R) else "partial"), R
+
+
+def swap_verdict(sa, swa):
+    """Claim 6(b)'s pre-registered rule on the second-half losses {window: loss} of SA and SWA."""
+    below = [sa[w] < swa[w] for w in swa]
+    if all(b for w, b in zip(swa, below) if w < LM1024["T"] // 2):
+        return "confirms"
+    return "refutes" if not any(below) else "partial"
+
+
+def ngram_hashes(tokens, n):
+    """A 64-bit hash of every n-gram of a uint64 array: (..., L - n + 1); collisions are negligible here."""
+    import numpy as np
+    L = tokens.shape[-1] - n + 1
+    h = np.zeros((*tokens.shape[:-1], L), np.uint64)
+    for i in range(n):
+        h = h * np.uint64(1000003) + tokens[..., i:L + i]
+    return h
+
+
+def unseen_in_train(x, y, n=CONTEXT + 1):
+    """(N, T) bool: the n bytes that end in query t's target, x[t-n+2..t] and y[t], never occur in the
+    train split (where they do, a model can know the byte without reading its earlier copy)."""
+    import numpy as np
+
+    from prepare_data import load_meta, load_tokens
+    path = os.path.join(work, "data", "pystdlib")
+    seen = np.unique(ngram_hashes(np.asarray(load_tokens(path, "train", load_meta(path)), np.uint64), n))
+    rows = np.concatenate([x, y[:, -1:]], 1).astype(np.uint64)                # (N, T + 1)
+    unseen = np.zeros(x.shape, bool)
+    unseen[:, n - 2:] = ~np.isin(ngram_hashes(rows, n), seen)                  # the first n - 2 queries: too short
+    return unseen
+
+
+def copy_val(n, T):
+    """n copy sequences from the val split (a random T/2-byte chunk twice, seeded): inputs and targets,
+    (n, T) each; the last target is a placeholder (the halves never score it)."""
+    import numpy as np
+    import torch
+
+    from prepare_data import load_meta, load_tokens
+    path = os.path.join(work, "data", "pystdlib")
+    tokens = load_tokens(path, "val", load_meta(path))
+    starts = np.random.default_rng(0).integers(0, len(tokens) - T // 2, n)
+    chunk = np.stack([np.asarray(tokens[s:s + T // 2], np.int64) for s in starts])   # (n, T/2)
+    x = torch.from_numpy(np.concatenate([chunk, chunk], 1))                           # (n, T)
+    return x, torch.cat([x[:, 1:], x[:, :1]], 1)                                     # (n, T)
+
+
+def source_in_window(window, T, draws=64):
+    """The chance that a second-half query's source byte (T/2 back) lies in its SA window, on the masks."""
+    import torch
+
+    import attention
+    g, t = torch.Generator().manual_seed(0), torch.arange(T // 2 - 1, T - 1)
+    return sum(attention.sa_mask(window, torch.randperm(T, generator=g))[t, t + 1 - T // 2].float().mean().item()
+               for _ in range(draws)) / draws
+
+
+def lm1024():
+    """Trains the runs of lm1024_runs (unless --train=False), then builds lm1024.json, lm1024.png and the
+    tables from every finished run: the plain LM's val loss split by copy distance, the copy task's
+    halves and verdict, and the training-free swap of the full-attention copy model (first seed)."""
+    import numpy as np
+
+    from checkpoint import load_checkpoint
+    c, T, w0 = LM1024, LM1024["T"], LM1024["window"]
+    data = os.path.join(work, "data")
+    run("prepare_data.py", "--dataset=pystdlib", f"--data_root={data}")
+    runs = lm1024_runs(data)
+    if train:
+        train_all(list(runs.values()))
+    done = {n: od for n, (od, args) in runs.items()
+            if os.path.exists(os.path.join(od, "log.jsonl")) and finished(od, args["max_iters"])}
+
+    x, y = lm_val(c["val_windows"], T)                                         # (N, T) each
+    dist = copy_distance(x.numpy(), y.numpy())                                 # (N, T)
+    reach = 4 * (w0 - 1)  # SWA's reach at config/quick.py's 4 layers
+    parts = dict(all=np.ones(x.shape, bool), far=dist >= reach, near=(dist >= 0) & (dist < reach))
+    parts["far_unseen"] = parts["far"] & unseen_in_train(x.numpy(), y.numpy())
+    rows = []
+    for name, od in done.items():
+        task, kind, window, seed = name.split("-")
+        log = evals(od)
+        row = dict(name=name, task=task, attn=kind, window=int(window[1:]), seed=int(seed[1:]), n_layer=4, T=T,
+                   iters=log[-1]["iter"], val_loss=log[-1]["val_loss"], wall_s=log[-1]["elapsed_s"])
+        if task == "copy":
+            row.update(first=log[-1]["val_first"], second=log[-1]["val_second"],
+                       curve=[(r["iter"], r["val_first"], r["val_second"]) for r in log])
+        else:
+            loss = nll(load_checkpoint(os.path.join(od, "ckpt.pt"))[0].eval(), x, y)  # (N, T)
+            row.update(split={p: float(loss[m].mean()) if m.any() else None for p, m in parts.items()},
+                       curve=[(r["iter"], r["val_loss"]) for r in log])
+        rows.append(row)
+    verdict, R = copy_verdict({(r["attn"], r["seed"]): (r["first"], r["second"]) for r in rows
+                               if r["task"] == "copy" and r["window"] == w0}, c["seeds"])
+
+    swaps, swap_v, source = [], "not decidable (not run)", f"copy-full-w{w0}-s{c['seeds'][0]}"
+    if source in done:
+        model = load_checkpoint(os.path.join(done[source], "ckpt.pt"))[0].eval()
+        xc, yc = copy_val(c["copy_val"], T)                                    # (n, T) each
+        second = slice(T // 2 - 1, T - 1)
+        for w in c["swap_windows"]:
+            for kind in SWAP_KINDS:
+                losses = []
+                for draw in range(c["draws"] if kind == "sa" else 1):
+                    model.seed_sa(draw)
+                    losses.append(float(swapped_nll(model, kind, w, xc, yc)[:, second].mean()))
+                swaps.append(dict(attn=kind, window=w, second=losses,
+                                  keys=float(visible_keys(kind, w, T)[second].mean()),
+                                  **({"source_in_window": source_in_window(w, T)} if kind == "sa" else {})))
+        mean = lambda kind: {r["window"]: statistics.mean(r["second"]) for r in swaps if r["attn"] == kind}
+        swap_v = swap_verdict(mean("sa"), mean("swa"))
+    save("lm1024.json", dict(setup={k: v for k, v in c.items()}, reach=reach, context=CONTEXT,
+                             split_tokens={p: int(m.sum()) for p, m in parts.items()}, runs=rows,
+                             copy_verdict=verdict, R=R, swap_source=source, swap=swaps, swap_verdict=swap_v,
+                             halves="first: targets 0..T/2-2 (plain LM); second: targets T/2-1..T-2 (copies)"))
+
+    p = plt()
+    fig, axes = p.subplots(1, 2, figsize=(10, 3.8))
+    cells = sorted({(r["attn"], r["window"]) for r in rows if r["task"] == "copy"})
+    for i, (kind, w) in enumerate(cells):
+        for r in [r for r in rows if r["task"] == "copy" and (r["attn"], r["window"]) == (kind, w)]:
+            it, _, second = zip(*r["curve"])
+            axes[0].plot(it, second, color=f"C{i}", alpha=1 if r["seed"] == c["seeds"][0] else 0.5,
+                         label=f"{kind}, w={w}" if r["seed"] == c["seeds"][0] else None)
+    axes[0].set_xlabel("iteration")
+    axes[0].set_ylabel("val loss on the copied half (nats per byte)")
+    axes[0].set_title(f"trained on the copy task (T={T}, source {T // 2} back)", fontsize=9)
+    for i, kind in enumerate(SWAP_KINDS):
+        rs = [r for r in swaps if r["attn"] == kind]
+        axes[1].plot([r["window"] for r in rs], [statistics.mean(r["second"]) for r in rs], marker="o",
+                     color=f"C{i}", label={"sink": "swa + sink"}.get(kind, kind))
+    axes[1].set_xscale("log", base=2)
+    axes[1].set_xlabel("window w")
+    axes[1].set_ylabel("loss on the copied half (nats per byte)")
+    axes[1].set_title(f"{source}, attention swapped, no training", fontsize=9)
+    for ax in axes:
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, "lm1024.png"), dpi=120)
+
+    by = lambda task, kind, w: [r for r in rows if (r["task"], r["attn"], r["window"]) == (task, kind, w)]
+    lines = [f"Plain LM (T={T}, {c['plain_iters']} iterations): val loss on {len(x)} windows, split by copy "
+             f"distance (far: >= {reach}, SWA's reach)", "",
+             "| attn | seeds | val loss | all | far copies | far, 9-gram unseen in train | near copies |",
+             "|---|---|---|---|---|---|---|"]
+    for kind in ("full", "swa"):
+        rs = by("plain", kind, w0)
+        if rs:
+            lines.append(f"| {kind} | {len(rs)} | {mean_std([r['val_loss'] for r in rs])} | "
+                         + " | ".join("-" if rs[0]["split"][p] is None else mean_std([r["split"][p] for r in rs])
+                                      for p in ("all", "far", "far_unseen", "near"))
+                         + " |")
+    lines += ["", f"tokens: {', '.join(f'{p} {int(m.sum()):,}' for p, m in parts.items())}", "",
+              f"Copy task (T={T}, {c['copy_iters']} iterations): val loss on the first half / the copied half, per seed",
+              "", "| attn | window | seeds | first half | copied half | R |", "|---|---|---|---|---|---|"]
+    for kind, w in cells:
+        rs = by("copy", kind, w)
+        lines.append(f"| {kind} | {w} | {', '.join(str(r['seed']) for r in rs)} | "
+                     + " | ".join(", ".join(f"{r[h]:.3f}" for r in rs) for h in ("first", "second")) + " | "
+                     + (", ".join(f"{v:.2f}" for v in R) if (kind, w) == ("sa+swa", w0) and R else "-") + " |")
+    lines += ["", f"verdict (claim 5's mechanism): **{verdict}**"]
+    if swaps:
+        lines += ["", f"Training-free: {source} swapped, {c['copy_val']} val copy sequences; loss on the copied half",
+                  "", "| w | attn | keys (copied half's queries) | loss | source in SA window |", "|---|---|---|---|---|"]
+        lines += [f"| {r['window']} | {r['attn']} | {r['keys']:.1f} | {mean_std(r['second'])} | "
+                  + (f"{r['source_in_window']:.3f}" if "source_in_window" in r else "-") + " |" for r in swaps]
+        lines += ["", f"verdict (claim 6b): **{swap_v}**"]
+    return "\n".join(lines)
+
+
 def coverage():
     run("receptive_field.py", "--grid=True", f"--json_out={os.path.join(out, 'coverage.json')}",
         f"--plot={os.path.join(out, 'coverage.png')}", *COVER)
@@ -851,7 +1064,7 @@ def speed():
 
 if __name__ == "__main__":
     steps = dict(figure=figure, lm=lm, swap=swap, mqar_search=mqar_search, mqar=mqar, mqar_decisive=mqar_decisive,
-                 recall_swap=recall_swap, coverage=coverage, speed=speed, sa_rules=sa_rules)
+                 recall_swap=recall_swap, coverage=coverage, speed=speed, sa_rules=sa_rules, lm1024=lm1024)
     chosen = [s for s in only.split(",") if s] or [s for s in steps if fast or s not in EXTRA]
     unknown = set(chosen) - steps.keys()
     if unknown:
