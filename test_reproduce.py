@@ -60,6 +60,60 @@ def test_arm_verdict_follows_the_preregistered_rule(reproduce):
     assert v(4, **dict(base, swa=[]), **{"sa+swa": [0.5]}).startswith("not decidable (not run: swa 0 of 1")
 
 
+def test_copy_verdicts_follow_the_preregistered_rule(reproduce):
+    v = lambda sa_swa, seeds=(0, 1, 2), full=0.05, swa=(2.0, 1.95), first=2.0: reproduce.copy_verdict(
+        {**{("full", s): (first, full) for s in seeds}, **{("swa", s): swa for s in seeds},
+         **{("sa+swa", s): (first, l2) for s, l2 in zip(seeds, sa_swa)}}, list(seeds))
+    assert v([0.5, 0.9, 1.0])[0] == "confirms" and v([1.0, 1.0, 1.0])[1] == pytest.approx([0.5] * 3)  # (1.95 - 1) / (1.95 - 0.05)
+    assert v([1.9, 1.94, 1.95])[0] == "refutes"
+    assert v([0.5, 1.9, 1.0])[0] == "partial"
+    assert v([0.5, 0.5, 0.5], first=2.03)[0] == "partial"  # copies, but its plain-LM half is 0.03 behind SWA's
+    assert v([0.5] * 3, full=0.31)[0].startswith("not decidable (full")
+    assert v([0.5] * 3, swa=(2.0, 1.79))[0].startswith("not decidable (full attention does not copy, or SWA does")
+    assert v([0.5, 0.5])[0] == "not decidable (not run)"
+    T = reproduce.LM1024["T"]
+    swa = {T // 8: 2.0, T // 4: 1.5, T // 2: 0.1}
+    assert reproduce.swap_verdict({T // 8: 1.9, T // 4: 1.4, T // 2: 0.2}, swa) == "confirms"  # w = T/2: not counted
+    assert reproduce.swap_verdict({T // 8: 2.1, T // 4: 1.6, T // 2: 0.2}, swa) == "refutes"
+    assert reproduce.swap_verdict({T // 8: 1.9, T // 4: 1.6, T // 2: 0.2}, swa) == "partial"
+
+
+@pytest.fixture
+def byte_data(reproduce, tmp_path):
+    """Points reproduce's work dir at a pystdlib-shaped dataset in tmp_path made from given train and val bytes."""
+    def make(train, val):
+        data = tmp_path / "data" / "pystdlib"
+        data.mkdir(parents=True, exist_ok=True)
+        (data / "meta.json").write_text(json.dumps({"vocab_size": 256, "tokenizer": "bytes", "dtype": "uint16",
+                                                    "tokens": {"train": len(train), "val": len(val)}}))
+        for split, b in (("train", train), ("val", val)):
+            np.frombuffer(b, np.uint8).astype(np.uint16).tofile(data / f"{split}.bin")
+    work, reproduce.work = reproduce.work, str(tmp_path)
+    yield make
+    reproduce.work = work
+
+
+def test_copy_sequences_repeat_their_first_half(reproduce, byte_data):
+    """The training-free swap's val sequences: each target of the second half is the byte T/2 back."""
+    import torch
+    byte_data(b"", bytes(range(256)) * 20)
+    x, y = reproduce.copy_val(3, 64)
+    assert x.shape == y.shape == (3, 64) and torch.equal(x[:, :32], x[:, 32:])
+    assert torch.equal(y[:, 31:63], x[:, :32])  # the second half's targets: the first half again
+    assert len({tuple(r) for r in x.tolist()}) == 3  # three random chunks
+
+
+def test_unseen_in_train_marks_the_ngrams_the_train_split_lacks(reproduce, byte_data):
+    """A query is 'unseen' when its 8 bytes of context and its target never occur together in train."""
+    byte_data(b"..abcdefghX..", b"")
+    text = np.frombuffer(b"-abcdefghX-abcdefghY", np.uint8).astype(np.int64)
+    x, y = text[None, :-1], text[None, 1:]                                   # (1, T) each
+    unseen = reproduce.unseen_in_train(x, y)
+    t = [i for i in range(x.shape[1]) if x[0, i] == ord("h")]               # the queries that predict X, then Y
+    assert not unseen[0, t[0]] and unseen[0, t[1]]  # abcdefgh+X is in train, abcdefgh+Y is not
+    assert not unseen[0, :7].any()                  # fewer than 8 bytes of context: never counted
+
+
 def test_copy_distance_finds_the_nearest_earlier_copy(reproduce):
     """A long-range token repeats an earlier occurrence (8 bytes of context, then the same target byte); its
     distance is how far before the query the byte to copy stands."""
@@ -105,7 +159,7 @@ def test_reproduce_fast_writes_every_result(tmp_path):
                        cwd=REPO, capture_output=True, text=True, timeout=900,
                        env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert r.returncode == 0, r.stderr[-3000:]
-    for png in ("sa_picture", "lm", "swap", "mqar", "mqar_decisive", "recall_swap", "coverage"):
+    for png in ("sa_picture", "lm", "swap", "mqar", "mqar_decisive", "recall_swap", "coverage", "lm1024"):
         assert (out / f"{png}.png").stat().st_size > 1000, png
     kinds = {"full", "swa", "sa", "sa+swa", "moba"}
     mqar = json.loads((out / "mqar.json").read_text())
@@ -132,6 +186,13 @@ def test_reproduce_fast_writes_every_result(tmp_path):
     swap = json.loads((out / "swap.json").read_text())
     assert {r["attn"] for r in swap["runs"]} == {"full", "swa", "sink", "sa", "moba"}
     assert all(len(r["loss_all"]) == (2 if r["attn"] == "sa" else 1) for r in swap["runs"])  # 2 SA draws in --fast
+    lm1024 = json.loads((out / "lm1024.json").read_text())
+    assert {(r["task"], r["attn"]) for r in lm1024["runs"]} == {("plain", "full"), ("plain", "swa")} | {
+        ("copy", k) for k in ("full", "swa", "sa+swa", "moba")}
+    assert all({"first", "second"} <= r.keys() for r in lm1024["runs"] if r["task"] == "copy")
+    assert all(r["split"]["all"] > 0 for r in lm1024["runs"] if r["task"] == "plain")
+    assert lm1024["copy_verdict"].startswith("not decidable") and lm1024["swap_verdict"]  # 6 iterations copy nothing
+    assert {r["attn"] for r in lm1024["swap"]} == {"swa", "sink", "sa", "moba"}
     speed = json.loads((out / "speed_cpu.json").read_text())
     assert {r["kind"] for r in speed["rows"]} == {"full", "swa", "sa", "moba"}
     rules = json.loads((out / "sa_rules.json").read_text())["runs"]
@@ -142,7 +203,7 @@ def test_reproduce_fast_writes_every_result(tmp_path):
     assert all(loss[t, k, s, "rank"] != loss[t, k, s, "value"] for t, k, s, _ in loss)  # --sa_rule reached the model
     summary = (out / "summary.md").read_text()
     for section in ("figure", "lm", "swap", "mqar_search", "mqar", "mqar_decisive", "recall_swap", "coverage", "speed",
-                    "sa_rules"):
+                    "sa_rules", "lm1024"):
         assert f"## {section} (" in summary
 
 

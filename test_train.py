@@ -569,3 +569,17 @@ def test_a_dataset_is_never_replaced_by_an_empty_one(root, tmp_path):
     with pytest.raises(ValueError, match="the val split of .* would be empty: nothing written"):
         P.write_dataset(str(tmp_path / "text"), {"train": ["some text"], "val": []}, P.text_tokenizer("bytes"), source="x")
     assert {name: files(tmp_path / name) for name in ("mqar", "text")} == before
+
+
+def test_copy_task_scores_both_halves(root, tmp_path):
+    """--copy_task: each sequence is a chunk twice; the val loss splits exactly into the first half's
+    targets (T/2 - 1 of them) and the copied half's (T/2), and an odd block_size is refused."""
+    run("train.py", f"--data_root={root}", "--dataset=text", *TINY, "--attn=full", "--copy_task=True",
+        "--max_iters=2", "--eval_interval=2", f"--out_dir={tmp_path}")
+    ev = [r for r in read_log(tmp_path) if "val_loss" in r][-1]
+    h, T = 32, 64
+    assert ev["val_loss"] == pytest.approx(((h - 1) * ev["val_first"] + h * ev["val_second"]) / (T - 1), rel=1e-5)
+    assert ev["val_first"] != pytest.approx(ev["val_second"], abs=1e-4)
+    r = run("train.py", f"--data_root={root}", "--dataset=text", *TINY, "--copy_task=True", "--block_size=63",
+            f"--out_dir={tmp_path / 'odd'}", check=False)
+    assert_clean_error(r, "copy_task=True: it needs an even block_size")
