@@ -308,6 +308,34 @@ def test_a_nan_key_reaches_only_the_queries_that_see_it(kind):
     assert torch.equal(fast(q, k, v).isnan().any(-1), want)
 
 
+def assert_a_bad_value_reaches_only_its_queries(fast, ref, T, device="cpu"):
+    """A NaN or inf in v[j, d] (j the first, a middle and the last key; every other d) makes out[i, d] non-finite
+    exactly where query i sees key j, in fast and ref, as SDPA would if it hid the keys it masks (0 * NaN = NaN):
+    i sees j where the reference moves with v[j]. The gradients of the other rows stay finite."""
+    q, k, v = qkv(1, 2, T, 16, device=device)
+    for j in (0, T // 2, T - 1):
+        moved = v.detach().clone()
+        moved[:, :, j] += 1e4
+        with torch.no_grad():
+            sees = (ref(q, k, moved) != ref(q, k, v)).any(-1)               # (B, H, T): the queries that see key j
+        assert sees[..., j].all() and not sees[..., :j].any()
+        for bad in (float("nan"), float("inf")):
+            vb = v.detach().clone()
+            vb[:, :, j, ::2] = bad
+            vb.requires_grad_()
+            for fn in (fast, ref):
+                out = fn(q, k, vb)
+                assert torch.equal(~out.isfinite(), sees[..., None] & ~vb[:, :, j, None].isfinite()), (j, bad)
+                out.masked_fill(sees[..., None], 0).sum().backward()
+                assert all(t.grad.isfinite().all() for t in (q, k, vb)), (j, bad)
+                q.grad = k.grad = vb.grad = None
+
+
+@pytest.mark.parametrize("kind", ["full", "swa", "sa", "sa-bht", "sa-value", "moba"])
+def test_a_bad_value_reaches_only_the_queries_that_see_it(kind):
+    assert_a_bad_value_reaches_only_its_queries(*attention_kinds(300, window=4, B=1, H=2)[kind], 300)
+
+
 def test_t_zero_gives_an_empty_output_as_sdpa_does():
     q, k, v = qkv(1, 2, 0, 8)
     for name, (fast, _) in attention_kinds(0, B=1, H=2).items():
