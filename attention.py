@@ -20,7 +20,7 @@ and test_attention.py checks that). SWA and both SA rules are one rule over a va
       j <= i) plus the top_k - 1 strictly-past blocks with the largest q_i . mean(K_block), scored in fp32.
 
 Every query sees itself, so no row is fully masked, and no query reads a key it may not see, not even a NaN in
-its k or v. Scores and softmax are fp32 for every dtype; under torch.autocast the
+its k or v. q, k, v are floating point; scores and softmax are fp32 for every dtype; under torch.autocast the
 output has SDPA's dtype. Fast paths: the Triton kernel (kernel.py), the blocked engine (blocked.py). Speed: bench.py.
 """
 import functools
@@ -74,6 +74,8 @@ def _sdpa_like(fn, any_length=False):
         if q.dim() != 4 or k.shape != v.shape or q.shape[:2] != k.shape[:2] or q.shape[3] != k.shape[3] \
                 or not (any_length or q.shape == k.shape):
             raise ValueError(f"q, k, v must be (B, H, T, D) of one shape, got {[tuple(t.shape) for t in (q, k, v)]}")
+        if not all(t.is_floating_point() for t in (q, k, v)):  # SDPA raises too: softmax @ v would truncate
+            raise ValueError(f"q, k, v must be floating point, got {q.dtype}, {k.dtype}, {v.dtype}")
         if torch.is_autocast_enabled(device := q.device.type):
             with torch.autocast(device, enabled=False):
                 return run(*(t.to(torch.get_autocast_dtype(device)) for t in (q, k, v)), *args, **kwargs)

@@ -378,6 +378,16 @@ def test_bad_inputs_raise_clear_errors(monkeypatch):
         A.sliding_window_attention(q, k, v, 4)
 
 
+@pytest.mark.parametrize("dtype", [torch.long, torch.int32, torch.bool])
+def test_integer_inputs_raise_as_sdpa_does(dtype):
+    """SDPA refuses integer q, k, v; softmax(...) @ v would truncate them silently."""
+    q, k, v = (torch.ones(1, 2, 10, 8, dtype=dtype) for _ in range(3))
+    for name, (fast, ref) in attention_kinds(10, B=1, H=2).items():
+        for fn in (fast, ref):
+            with pytest.raises(ValueError, match=f"q, k, v must be floating point, got {dtype}"):
+                fn(q, k, v)
+
+
 @pytest.mark.parametrize("field,value", [("attn", "linear"), ("window", 0), ("n_embd", 30), ("sa_perm", "batch"),
                                          ("sa_rule", "slot"), ("pos_emb", "alibi"), ("moba_topk", 0), ("dropout", 1.0)])
 def test_bad_config_names_the_field(field, value):
