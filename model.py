@@ -58,6 +58,10 @@ class GPTConfig:
     def __post_init__(self):
         def bad(field, allowed):
             raise ValueError(f"GPTConfig.{field}={getattr(self, field)!r} is invalid: must be {allowed}")
+
+        def real(x):
+            return isinstance(x, (int, float)) and not isinstance(x, bool)
+
         for field, allowed in (("attn", ATTN_KINDS), ("sa_perm", SA_PERM_MODES), ("sa_rule", SA_RULES), ("pos_emb", POS_EMBS)):
             if getattr(self, field) not in allowed:
                 bad(field, f"one of {allowed}")
@@ -67,8 +71,12 @@ class GPTConfig:
             bad("n_embd", f"divisible by n_head={self.n_head}")
         if self.pos_emb == "rope" and (self.n_embd // self.n_head) % 2:
             bad("n_embd", "such that the head size n_embd // n_head is even (RoPE rotates pairs)")
-        if not 0.0 <= self.dropout < 1.0:
-            bad("dropout", "in [0, 1)")
+        if not (real(self.dropout) and 0 <= self.dropout < 1):
+            bad("dropout", "a number in [0, 1)")
+        if not (real(self.rope_base) and 0 < self.rope_base < math.inf):  # 0 gives inf frequencies, NaN logits
+            bad("rope_base", "a finite number > 0 (RoPE's wavelengths are its powers; 10000 is usual)")
+        if not isinstance(self.bias, bool):
+            bad("bias", "True or False")
 
     @property
     def sa_delta(self):

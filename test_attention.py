@@ -389,10 +389,14 @@ def test_integer_inputs_raise_as_sdpa_does(dtype):
 
 
 @pytest.mark.parametrize("field,value", [("attn", "linear"), ("window", 0), ("n_embd", 30), ("sa_perm", "batch"),
-                                         ("sa_rule", "slot"), ("pos_emb", "alibi"), ("moba_topk", 0), ("dropout", 1.0)])
+                                         ("sa_rule", "slot"), ("pos_emb", "alibi"), ("moba_topk", 0), ("dropout", 1.0),
+                                         ("dropout", math.nan), ("dropout", "0.1"), ("rope_base", 0), ("rope_base", -1.0),
+                                         ("rope_base", math.inf), ("rope_base", math.nan), ("bias", "no"),
+                                         ("block_size", 2.5)])
 def test_bad_config_names_the_field(field, value):
     with pytest.raises(ValueError, match=f"GPTConfig.{field}"):
         GPTConfig(**{"n_embd": 32, "n_head": 4, field: value})
+
 
 
 # -----------------------------------------------------------------------------
