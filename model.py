@@ -267,6 +267,8 @@ class GPT(nn.Module):
             raise ValueError(f"sequence length {start + T} exceeds block_size {cfg.block_size}")
         if cache is not None and (lengths is not None or (start and T > 1)):
             raise ValueError(f"a KV cache takes no lengths, and one token at a time after the prompt; got {T} at {start}")
+        if draws is not None and len(draws) != cfg.n_layer:  # zip would run only the first len(draws) layers
+            raise ValueError(f"draws must hold one draw per layer, {cfg.n_layer}, got {len(draws)}")
         x = self.transformer.wte(idx)                                            # (B, T, C)
         if cfg.pos_emb == "learned":
             x = x + self.transformer.wpe(torch.arange(start, start + T, device=idx.device))  # (B, T, C)

@@ -398,6 +398,15 @@ def test_bad_config_names_the_field(field, value):
         GPTConfig(**{"n_embd": 32, "n_head": 4, field: value})
 
 
+def test_draws_of_the_wrong_length_raise():
+    """draws=[perm] on a 2-layer SA model used to run layer 0 only (zip) and return logits."""
+    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=64, window=4, attn="sa"))
+    idx, perm = torch.zeros(1, 16, dtype=torch.long), torch.arange(16)
+    model(idx, draws=[perm, perm])
+    for draws in ([perm], [perm] * 3, []):
+        with pytest.raises(ValueError, match="draws must hold one draw per layer, 2, got"):
+            model(idx, draws=draws)
+
 
 # -----------------------------------------------------------------------------
 # The model: causality, training, determinism.
