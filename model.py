@@ -330,6 +330,10 @@ class GPT(nn.Module):
         cfg = self.config
         if not temperature >= 0:
             raise ValueError(f"temperature={temperature}: use a value > 0, or 0 for greedy decoding")
+        if top_k is not None and (not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1):
+            raise ValueError(f"top_k={top_k}: use a value >= 1, or None to sample among all tokens")
+        if idx.dim() != 2 or idx.size(1) == 0:
+            raise ValueError(f"idx of shape {tuple(idx.shape)}: use a prompt (B, T) of at least one token")
         if use_cache and not cfg.cacheable:
             print(f"use_cache: attn={cfg.attn!r} with sa_rule='rank' cannot be decoded from a KV cache exactly; "
                   "recomputing the whole prefix for every token", file=sys.stderr)
