@@ -1,39 +1,27 @@
-"""
-Causal attention functions: full, sliding-window (SWA), stochastic (SA) and MoBA.
-Every function takes q, k, v of shape (B, H, T, D) and returns (B, H, T, D).
+"""Causal attention: full, sliding-window (SWA), stochastic (SA) and MoBA; q, k, v (B, H, T, D) -> (B, H, T, D).
 
-THE RULES (stated once; the dense references, the blocked torch engine and the Triton
-kernel all follow them, and test_attention.py checks that). SWA and both SA rules are
-one rule over a value and a position per token:
+THE RULES (stated once; the dense references, the blocked torch engine and the Triton kernel all follow them,
+and test_attention.py checks that). SWA and both SA rules are one rule over a value and a position per token:
 
   key j is visible to query i  iff  |val[i] - val[j]| < width  and  pos[j] <= pos[i]
 
-  sliding_window_attention(q, k, v, window, pos):
-      val = the slot index, width = window; pos a LongTensor (T,) or broadcastable to (B, H, T),
-      default arange(T): plain causal SWA, i - window < j <= i (FlashAttention's window_size=
-      (window-1, 0)). With pos given, the band reaches both sides and causality acts on pos.
+  sliding_window_attention(q, k, v, window, pos): val = the slot index, width = window; pos a LongTensor (T,) or
+      broadcastable to (B, H, T), default arange(T): plain causal SWA, i - window < j <= i (FlashAttention's
+      window_size=(window-1, 0)). With pos given, the band reaches both sides and causality acts on pos.
+  stochastic_attention(q, k, v, window, perm), the rank rule (the paper's): perm is a permutation of range(T),
+      (T,) or (B, H, T); slot s holds token perm[s]. Gather q, k, v by perm, run sliding_window_attention(...,
+      window, pos=perm), scatter back. So tokens a >= b interact iff their slots are fewer than `window` apart:
+      no token sees its future, a query sees ~`window` keys, window >= T is full attention, identity perm is SWA.
+  stochastic_value_attention(q, k, v, delta, r), the value rule: r holds one i.i.d. uniform key in [0, 1) per token,
+      (T,) or (B, H, T): val = r, width = delta, pos = the token index; tokens a >= b interact iff |r_a - r_b| < delta.
+      delta = window / T connects a pair as often as the rank rule, but by r_a and r_b alone, so a KV cache decodes
+      it exactly (model.py). Sort by r, run the band (a block of queries sees one contiguous key span), unsort.
+  moba_attention(q, k, v, moba_block, top_k): query i attends to its own block of moba_block keys (causally,
+      j <= i) plus the top_k - 1 strictly-past blocks with the largest q_i . mean(K_block), scored in fp32.
 
-  stochastic_attention(q, k, v, window, perm)            (the rank rule, the paper's)
-      perm is a permutation of range(T), shape (T,) or (B, H, T); slot s holds token perm[s].
-      Gather q, k, v by perm, run sliding_window_attention(..., window, pos=perm), scatter back.
-      So tokens a >= b interact iff their slots are fewer than `window` apart: no token sees its
-      future, a query sees ~`window` keys, window >= T is full attention, identity perm is SWA.
-
-  stochastic_value_attention(q, k, v, delta, r)          (the value rule)
-      r holds one i.i.d. uniform key in [0, 1) per token, shape (T,) or (B, H, T): val = r,
-      width = delta, pos = the token index; tokens a >= b interact iff |r_a - r_b| < delta.
-      delta = window / T connects a pair as often as the rank rule, but by r_a and r_b alone,
-      so a KV cache decodes it exactly (model.py). Sort by r, run the band with each block's
-      key span (sorted by r, a block of queries sees one contiguous span), unsort.
-
-  moba_attention(q, k, v, moba_block, top_k):
-      query i attends to its own block of moba_block keys (causally, j <= i) plus the top_k - 1
-      strictly-past blocks with the largest q_i . mean(K_block), scored in fp32.
-
-Every query sees itself, so no row is fully masked, and no query reads a key it may not
-see, not even a NaN in it. Scores and softmax are fp32 for every input dtype; under
-torch.autocast the output has SDPA's dtype. The fast paths run the Triton kernel
-(kernel.py) or the blocked torch engine (blocked.py). Speed: bench.py.
+Every query sees itself, so no row is fully masked, and no query reads a key it may not see, not even a NaN in
+its k or v. q, k, v are floating point; scores and softmax are fp32 for every dtype; under torch.autocast the
+output has SDPA's dtype. Fast paths: the Triton kernel (kernel.py), the blocked engine (blocked.py). Speed: bench.py.
 """
 import functools
 import importlib.util
@@ -45,10 +33,9 @@ import torch.nn.functional as F
 
 import blocked
 
-# The one switch: which implementation the fast functions below run.
-#   "auto":      the Triton kernel for CUDA tensors (a Triton of TRITON_VERSIONS, a head dim and dtype it has)
-#   "torch":     blocked.py: O(T * window) time and memory, no T x T tensor, forward and backward
-#   "triton":    the Triton kernel (on the CPU too, under TRITON_INTERPRET=1); "reference": the O(T^2) oracle
+# The one switch, which implementation the fast functions run: "auto": the Triton kernel for CUDA tensors (a
+#   Triton of TRITON_VERSIONS, a head dim and dtype it has); "torch": blocked.py, O(T * window) time and memory,
+#   no T x T tensor; "triton": the kernel (on the CPU too, under TRITON_INTERPRET=1); "reference": the O(T^2) oracle
 BACKEND = "auto"
 BACKENDS = ("auto", "torch", "triton", "reference")
 TRITON_VERSIONS = ((3, 2), (3, 9))  # Triton minors whose interpreter passes test_kernel.py (results/kernel_triton_versions.txt)
@@ -63,38 +50,53 @@ def check_positive(value, name="window"):
 
 
 def _check_draw(draw, name, B, H, T):
-    """SA's draw: a permutation `perm` of range(T) in every row, or finite value keys `r`; of shape (T,) or
-    broadcastable to (B, H, T). O(T): a permutation's T values in range hit all T slots. Values: eager only."""
+    """SA's draw: permutations `perm` of range(T), or finite value keys `r`; (T,) or broadcastable to (B, H, T)."""
     kind, ok = ("a LongTensor", draw.dtype == torch.long) if name == "perm" else ("a float tensor", draw.is_floating_point())
     if not ok or draw.shape[-1] != T or draw.dim() not in (1, 3):
         raise ValueError(f"{name} must be {kind} of shape (T,) or (B, H, T) with T={T}, got {draw.dtype} {tuple(draw.shape)}")
     if draw.dim() == 3 and draw.shape[:2] not in ((B, H), (1, H), (B, 1), (1, 1)):
         raise ValueError(f"{name} of shape {tuple(draw.shape)} does not broadcast to (B, H, T)=({B}, {H}, {T})")
     rows = draw.reshape(-1, T)                                           # (R, T)
-    if torch.compiler.is_compiling():                                   # unknown while tracing (GPT draws its own)
+    if torch.compiler.is_compiling():                                   # values unknown while tracing: eager only
         return
     if name == "r" and not bool(rows.isfinite().all()):
         raise ValueError("r must be finite, got NaN or inf")
     if name == "perm":
-        hit = torch.zeros_like(rows, dtype=torch.bool).scatter_(1, rows.clamp(0, T - 1), True)  # (R, T)
+        hit = torch.zeros_like(rows, dtype=torch.bool).scatter_(1, rows.clamp(0, T - 1), True)  # (R, T): O(T)
         if not bool(hit.all() & (rows >= 0).all() & (rows < T).all()):
             raise ValueError(f"perm must be a permutation of range({T}) in every row")
 
 
 def _sdpa_like(fn, any_length=False):
-    """fn(q, k, v, ...) as SDPA behaves: one-line errors for shapes that do not fit, an empty output
-    for T = 0, and under torch.autocast q, k, v cast to its dtype, the scores in fp32 inside."""
+    """fn(q, k, v, ...) as SDPA: one-line errors, an empty output at T = 0, under autocast q, k, v in its dtype."""
     @functools.wraps(fn)
     def run(q, k, v, *args, **kwargs):
         if q.dim() != 4 or k.shape != v.shape or q.shape[:2] != k.shape[:2] or q.shape[3] != k.shape[3] \
                 or not (any_length or q.shape == k.shape):
             raise ValueError(f"q, k, v must be (B, H, T, D) of one shape, got {[tuple(t.shape) for t in (q, k, v)]}")
+        if not all(t.is_floating_point() for t in (q, k, v)):  # SDPA raises too: softmax @ v would truncate
+            raise ValueError(f"q, k, v must be floating point, got {q.dtype}, {k.dtype}, {v.dtype}")
         if torch.is_autocast_enabled(device := q.device.type):
             with torch.autocast(device, enabled=False):
                 return run(*(t.to(torch.get_autocast_dtype(device)) for t in (q, k, v)), *args, **kwargs)
         if q.shape[2] == 0:
             return q.new_zeros(*q.shape[:3], v.shape[3])
         return fn(q, k, v, *args, **kwargs)
+    return run
+
+
+def _v_seen_only(fn):
+    """fn(q, k, v, ...), rule fixed by the rest, where non-finite v[j, d] reaches out[i, d] only if query i sees key j
+    (p @ v has 0 * NaN = NaN). Fast: one sum shows v finite (as blocked._finite). Else fn on v's bad entries zeroed,
+    NaN where fn on q = k = 0 (visible keys weigh >= 1/T, hidden 0) reads them: no path changes. Eager only."""
+    @functools.wraps(fn)
+    def run(q, k, v, *args):
+        if torch.compiler.is_compiling() or bool(v.sum().isfinite()):    # compiled: bool() would break the graph
+            return fn(q, k, v, *args)
+        bad = ~v.isfinite()                                                 # (B, H, T, D)
+        with torch.no_grad():
+            seen = fn(torch.zeros_like(q), torch.zeros_like(k), bad.to(v.dtype), *args) > 0  # (B, H, T, D)
+        return fn(q, k, v.masked_fill(bad, 0), *args).masked_fill(seen, math.nan)
     return run
 
 
@@ -123,11 +125,14 @@ def _backend(q):
 # -----------------------------------------------------------------------------
 # The dense references: O(T^2), the oracle of every test; each kind's mask sits next to its fast path.
 
+@_sdpa_like
+@_v_seen_only
 def full_attention(q, k, v):
     return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 
 @functools.partial(_sdpa_like, any_length=True)
+@_v_seen_only
 def masked_attention(q, k, v, mask):
     """softmax(q k^T / sqrt(D) where mask else -inf) @ v, the scores and softmax in fp32 (no fp16 overflow)."""
     scores = (q.float() @ k.float().transpose(-1, -2) / math.sqrt(q.shape[-1])).masked_fill_(
@@ -136,8 +141,7 @@ def masked_attention(q, k, v, mask):
 
 
 def rule_mask(val, pos, width):
-    """THE rule, dense: (..., T, T) bool, True where query i may see key j:
-    |val[i] - val[j]| < width and pos[j] <= pos[i]; val and pos of shape (T,) or (..., T)."""
+    """THE rule, dense: (..., T, T) bool, True where query i may see key j; val and pos (T,) or (..., T)."""
     near = (val[..., :, None] - val[..., None, :]).abs() < width         # (..., T, T)
     return near & (pos[..., None, :] <= pos[..., :, None])
 
@@ -156,9 +160,9 @@ def swa_reference(q, k, v, window, pos=None):
     return masked_attention(q, k, v, swa_mask(q.shape[2], window, pos, q.device))
 
 
+@_v_seen_only
 def _band(q, k, v, width, pos, val=None):
-    """The rule over slots: val None (the slot index, width = window) or sorted r (width = delta); pos None is
-    causal SWA. Where "auto"'s kernel cannot compile or run on this GPU: a warning, the torch path."""
+    """The rule over slots: val None (the slot index, width = window) or sorted r (width = delta); pos None: SWA."""
     backend = _backend(q)
     if backend == "reference":
         idx = torch.arange(q.shape[2], device=q.device)
@@ -192,8 +196,7 @@ def sa_reference(q, k, v, window, perm):
 
 
 def _reorder(t, idx):
-    """t (B, H, T, D) with its rows in idx's order, idx of shape (T,) or (B, H, T):
-    out[b, h, s] = t[b, h, idx[b, h, s]]. Indexes by row, never by element."""
+    """t (B, H, T, D) in idx's order (idx (T,) or (B, H, T)): out[b, h, s] = t[b, h, idx[b, h, s]], by row."""
     if idx.dim() == 1:
         return t.index_select(2, idx)                                   # (B, H, T, D)
     b, h = (torch.arange(n, device=t.device) for n in t.shape[:2])      # (B,), (H,)
@@ -201,9 +204,8 @@ def _reorder(t, idx):
 
 
 def row_perms(seed, lengths, T, heads=1):
-    """SA's permutations for right-padded rows: (B, heads, T), row b permuting only its first
-    lengths[b] tokens, its pads keeping their slots after them. Drawn from `seed` alone, so a
-    row's permutation depends on the seed and its length, never on the rest of the batch."""
+    """SA's permutations for right-padded rows: (B, heads, T), row b permuting only its first lengths[b] tokens,
+    its pads keeping their slots after them. From `seed` and the row's length alone, never the rest of the batch."""
     rows = [torch.cat([torch.rand(heads, n, generator=torch.Generator().manual_seed(seed)).argsort(-1),  # (heads, n)
                        torch.arange(n, T).expand(heads, -1)], -1) for n in lengths.tolist()]          # (heads, T)
     return torch.stack(rows)                                                                           # (B, heads, T)
@@ -244,8 +246,7 @@ def stochastic_value_attention(q, k, v, delta, r):
 # MoBA: each query's own block plus the past blocks its router picks.
 
 def block_means(k, moba_block):
-    """(B, H, ceil(T / moba_block), D) in fp32: the mean key of each block of k (B, H, T, D), the
-    last block's over the keys it has. MoBA routes on these (moba_select, and GPT's KV cache)."""
+    """(B, H, ceil(T / moba_block), D) fp32: each block's mean key (the last's over its keys), MoBA's routing keys."""
     B, H, T, D = k.shape
     nblk = math.ceil(T / moba_block)
     kpad = F.pad(k.float(), (0, 0, 0, nblk * moba_block - T)).view(B, H, nblk, moba_block, D)
@@ -255,9 +256,8 @@ def block_means(k, moba_block):
 
 @torch.no_grad()  # routing is a hard choice: no gradient flows through it, as in MoBA
 def moba_select(q, k, moba_block, top_k):
-    """MoBA's routing, shared by both MoBA paths so they pick identical blocks; scored in fp32,
-    as MoBA's own code does. Returns (B, H, T, top_k-1) indices of the chosen strictly-past
-    blocks and a validity mask of the same shape (early queries have fewer past blocks)."""
+    """MoBA's routing, in fp32 as MoBA's own code, for both MoBA paths: (B, H, T, top_k-1) indices of the chosen
+    strictly-past blocks, and which are valid (early queries have fewer past blocks)."""
     B, H, T, D = q.shape
     nblk = math.ceil(T / moba_block)
     kmean = block_means(k, moba_block)                                  # (B, H, nblk, D)
@@ -275,8 +275,7 @@ def moba_select(q, k, moba_block, top_k):
 
 
 def moba_mask(q, k, moba_block, top_k):
-    """MoBA's rule: (B, H, T, T) bool, True where query i sees key j: j <= i, in i's own block
-    or in one of the blocks moba_select picked for i."""
+    """MoBA's rule: (B, H, T, T) bool, True where query i sees key j: j <= i, in i's block or one moba_select picked."""
     T, (idx, ok) = q.shape[2], moba_select(q, k, moba_block, top_k)
     chosen = torch.zeros(*idx.shape[:3], math.ceil(T / moba_block), dtype=torch.bool, device=q.device)
     chosen.scatter_(-1, idx, ok)                                         # (B, H, T, nblk)
@@ -297,4 +296,5 @@ def moba_attention(q, k, v, moba_block, top_k):
     moba_block, top_k = check_positive(moba_block, "moba_block"), check_positive(top_k, "top_k")
     if _backend(q) == "reference":
         return moba_reference(q, k, v, moba_block, top_k)
-    return blocked.moba(q, k, v, *moba_select(q, k, moba_block, top_k), moba_block)[0]
+    idx, ok = moba_select(q, k, moba_block, top_k)                     # routed once, on the true q, k
+    return _v_seen_only(lambda q, k, v: blocked.moba(q, k, v, idx, ok, moba_block)[0])(q, k, v)

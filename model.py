@@ -58,6 +58,10 @@ class GPTConfig:
     def __post_init__(self):
         def bad(field, allowed):
             raise ValueError(f"GPTConfig.{field}={getattr(self, field)!r} is invalid: must be {allowed}")
+
+        def real(x):
+            return isinstance(x, (int, float)) and not isinstance(x, bool)
+
         for field, allowed in (("attn", ATTN_KINDS), ("sa_perm", SA_PERM_MODES), ("sa_rule", SA_RULES), ("pos_emb", POS_EMBS)):
             if getattr(self, field) not in allowed:
                 bad(field, f"one of {allowed}")
@@ -67,8 +71,12 @@ class GPTConfig:
             bad("n_embd", f"divisible by n_head={self.n_head}")
         if self.pos_emb == "rope" and (self.n_embd // self.n_head) % 2:
             bad("n_embd", "such that the head size n_embd // n_head is even (RoPE rotates pairs)")
-        if not 0.0 <= self.dropout < 1.0:
-            bad("dropout", "in [0, 1)")
+        if not (real(self.dropout) and 0 <= self.dropout < 1):
+            bad("dropout", "a number in [0, 1)")
+        if not (real(self.rope_base) and 0 < self.rope_base < math.inf):  # 0 gives inf frequencies, NaN logits
+            bad("rope_base", "a finite number > 0 (RoPE's wavelengths are its powers; 10000 is usual)")
+        if not isinstance(self.bias, bool):
+            bad("bias", "True or False")
 
     @property
     def sa_delta(self):
@@ -259,6 +267,8 @@ class GPT(nn.Module):
             raise ValueError(f"sequence length {start + T} exceeds block_size {cfg.block_size}")
         if cache is not None and (lengths is not None or (start and T > 1)):
             raise ValueError(f"a KV cache takes no lengths, and one token at a time after the prompt; got {T} at {start}")
+        if draws is not None and len(draws) != cfg.n_layer:  # zip would run only the first len(draws) layers
+            raise ValueError(f"draws must hold one draw per layer, {cfg.n_layer}, got {len(draws)}")
         x = self.transformer.wte(idx)                                            # (B, T, C)
         if cfg.pos_emb == "learned":
             x = x + self.transformer.wpe(torch.arange(start, start + T, device=idx.device))  # (B, T, C)
@@ -320,6 +330,10 @@ class GPT(nn.Module):
         cfg = self.config
         if not temperature >= 0:
             raise ValueError(f"temperature={temperature}: use a value > 0, or 0 for greedy decoding")
+        if top_k is not None and (not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1):
+            raise ValueError(f"top_k={top_k}: use a value >= 1, or None to sample among all tokens")
+        if idx.dim() != 2 or idx.size(1) == 0:
+            raise ValueError(f"idx of shape {tuple(idx.shape)}: use a prompt (B, T) of at least one token")
         if use_cache and not cfg.cacheable:
             print(f"use_cache: attn={cfg.attn!r} with sa_rule='rank' cannot be decoded from a KV cache exactly; "
                   "recomputing the whole prefix for every token", file=sys.stderr)

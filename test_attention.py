@@ -308,6 +308,34 @@ def test_a_nan_key_reaches_only_the_queries_that_see_it(kind):
     assert torch.equal(fast(q, k, v).isnan().any(-1), want)
 
 
+def assert_a_bad_value_reaches_only_its_queries(fast, ref, T, device="cpu"):
+    """A NaN or inf in v[j, d] (j the first, a middle and the last key; every other d) makes out[i, d] non-finite
+    exactly where query i sees key j, in fast and ref, as SDPA would if it hid the keys it masks (0 * NaN = NaN):
+    i sees j where the reference moves with v[j]. The gradients of the other rows stay finite."""
+    q, k, v = qkv(1, 2, T, 16, device=device)
+    for j in (0, T // 2, T - 1):
+        moved = v.detach().clone()
+        moved[:, :, j] += 1e4
+        with torch.no_grad():
+            sees = (ref(q, k, moved) != ref(q, k, v)).any(-1)               # (B, H, T): the queries that see key j
+        assert sees[..., j].all() and not sees[..., :j].any()
+        for bad in (float("nan"), float("inf")):
+            vb = v.detach().clone()
+            vb[:, :, j, ::2] = bad
+            vb.requires_grad_()
+            for fn in (fast, ref):
+                out = fn(q, k, vb)
+                assert torch.equal(~out.isfinite(), sees[..., None] & ~vb[:, :, j, None].isfinite()), (j, bad)
+                out.masked_fill(sees[..., None], 0).sum().backward()
+                assert all(t.grad.isfinite().all() for t in (q, k, vb)), (j, bad)
+                q.grad = k.grad = vb.grad = None
+
+
+@pytest.mark.parametrize("kind", ["full", "swa", "sa", "sa-bht", "sa-value", "moba"])
+def test_a_bad_value_reaches_only_the_queries_that_see_it(kind):
+    assert_a_bad_value_reaches_only_its_queries(*attention_kinds(300, window=4, B=1, H=2)[kind], 300)
+
+
 def test_t_zero_gives_an_empty_output_as_sdpa_does():
     q, k, v = qkv(1, 2, 0, 8)
     for name, (fast, _) in attention_kinds(0, B=1, H=2).items():
@@ -350,11 +378,34 @@ def test_bad_inputs_raise_clear_errors(monkeypatch):
         A.sliding_window_attention(q, k, v, 4)
 
 
+@pytest.mark.parametrize("dtype", [torch.long, torch.int32, torch.bool])
+def test_integer_inputs_raise_as_sdpa_does(dtype):
+    """SDPA refuses integer q, k, v; softmax(...) @ v would truncate them silently."""
+    q, k, v = (torch.ones(1, 2, 10, 8, dtype=dtype) for _ in range(3))
+    for name, (fast, ref) in attention_kinds(10, B=1, H=2).items():
+        for fn in (fast, ref):
+            with pytest.raises(ValueError, match=f"q, k, v must be floating point, got {dtype}"):
+                fn(q, k, v)
+
+
 @pytest.mark.parametrize("field,value", [("attn", "linear"), ("window", 0), ("n_embd", 30), ("sa_perm", "batch"),
-                                         ("sa_rule", "slot"), ("pos_emb", "alibi"), ("moba_topk", 0), ("dropout", 1.0)])
+                                         ("sa_rule", "slot"), ("pos_emb", "alibi"), ("moba_topk", 0), ("dropout", 1.0),
+                                         ("dropout", math.nan), ("dropout", "0.1"), ("rope_base", 0), ("rope_base", -1.0),
+                                         ("rope_base", math.inf), ("rope_base", math.nan), ("bias", "no"),
+                                         ("block_size", 2.5)])
 def test_bad_config_names_the_field(field, value):
     with pytest.raises(ValueError, match=f"GPTConfig.{field}"):
         GPTConfig(**{"n_embd": 32, "n_head": 4, field: value})
+
+
+def test_draws_of_the_wrong_length_raise():
+    """draws=[perm] on a 2-layer SA model used to run layer 0 only (zip) and return logits."""
+    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=64, window=4, attn="sa"))
+    idx, perm = torch.zeros(1, 16, dtype=torch.long), torch.arange(16)
+    model(idx, draws=[perm, perm])
+    for draws in ([perm], [perm] * 3, []):
+        with pytest.raises(ValueError, match="draws must hold one draw per layer, 2, got"):
+            model(idx, draws=draws)
 
 
 # -----------------------------------------------------------------------------

@@ -203,6 +203,18 @@ def test_tiny_temperature_is_greedy_and_a_negative_one_is_refused():
         model.generate(idx, 1, temperature=-1)
 
 
+def test_bad_top_k_and_an_empty_prompt_are_refused():
+    """top_k=0, top_k=-1 and a prompt of 0 tokens used to end in a traceback from topk or indexing."""
+    model, idx = tiny("full"), tokens(2, 5)
+    for top_k in (0, -1, 2.5):
+        with pytest.raises(ValueError, match=f"top_k={top_k}: use a value >= 1, or None"):
+            model.generate(idx, 1, top_k=top_k)
+    for use_cache in (True, False):
+        with pytest.raises(ValueError, match="use a prompt"):
+            model.generate(idx[:, :0], 1, use_cache=use_cache)
+    assert model.generate(idx, 3, top_k=1).shape == (2, 8)
+
+
 # -----------------------------------------------------------------------------
 # sample.py, on checkpoints of untrained tiny models
 

@@ -17,7 +17,8 @@ import torch
 import torch.nn.functional as F
 
 import attention as A
-from test_attention import assert_same, attention_kinds, out_and_grads, qkv, random_perm
+from test_attention import (assert_a_bad_value_reaches_only_its_queries, assert_same, attention_kinds, out_and_grads,
+                            qkv, random_perm)
 
 triton = pytest.importorskip("triton", reason="triton is not installed: the Triton kernel tests need it")
 import kernel  # noqa: E402  (after the skip)
@@ -184,6 +185,12 @@ def test_kernel_nan_key_reaches_only_the_queries_that_see_it(small_blocks, monke
     want = ref(q, k, v).isnan().any(-1)
     assert want.any() and not want[..., :70].any()
     assert torch.equal(fast(q, k, v).isnan().any(-1), want)
+
+
+@pytest.mark.parametrize("kind", ["swa", "sa", "sa-value"])
+def test_kernel_bad_value_reaches_only_the_queries_that_see_it(small_blocks, monkeypatch, kind):
+    monkeypatch.setattr(A, "BACKEND", "triton")
+    assert_a_bad_value_reaches_only_its_queries(*attention_kinds(100, window=4, B=1, H=2)[kind], 100, KDEV)
 
 
 # -----------------------------------------------------------------------------
