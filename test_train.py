@@ -389,6 +389,9 @@ def test_mqar_config_without_data_names_its_prepare_line(tmp_path):
     (["--dataset=nope"], "prepare_data.py --input_file=FILE --dataset=nope"),
     (["--block_size=100000"], "is larger than the data"),
     (["--attn=dense"], "GPTConfig.attn='dense' is invalid"),
+    (["--learning_rate=1e999"], "--learning_rate=1e999: learning_rate must be a finite number, got inf"),
+    (["--beta2=-1e999"], "beta2 must be a finite number, got -inf"),
+    (["--n_layer=1000000", "--n_embd=768"], "n_layer=1000000, n_embd=768: 7,077.9B parameters need 105,469 GiB"),
 ])
 def test_train_errors(root, tmp_path, monkeypatch, args, message):
     """One line, and nothing written."""
@@ -419,6 +422,26 @@ def test_resume_refuses_other_data_or_model(trained, train_args, root, tmp_path,
     assert files(tmp_path) == before
 
 
+@pytest.mark.parametrize("change, message", [
+    (dict(rng=None), "has no 'rng' entry: it was written by train.py at iteration 6"),
+    (dict(config=None, meta=None), "has no 'config' and no 'meta' entry"),
+    (dict(iter_num=None, optimizer=None), "has no 'optimizer' and no 'iter_num' entry: it was written by another program"),
+    (dict(optimizer=torch.optim.SGD([torch.nn.Parameter(torch.ones(2))], momentum=0.9).state_dict()),
+     "its 'optimizer' is not this model's AdamW state"),
+    (dict(optimizer="sgd"), "its 'optimizer' is not this model's AdamW state"),
+])
+def test_resume_of_an_incomplete_checkpoint_is_one_line(trained, train_args, tmp_path, monkeypatch, change, message):
+    """A checkpoint missing an entry, or holding another optimizer's state, stops the resume before anything is written."""
+    for name, content in files(trained).items():
+        (tmp_path / name).write_bytes(content)
+    ckpt = {**load(tmp_path), **change}
+    torch.save({k: v for k, v in ckpt.items() if v is not None}, tmp_path / "ckpt.pt")
+    before = files(tmp_path)
+    assert message in one_line_error(monkeypatch, "train.py", *train_args, f"--out_dir={tmp_path}", "--init_from=resume",
+                                     "--max_iters=8")
+    assert files(tmp_path) == before
+
+
 # -----------------------------------------------------------------------------
 # sample.py
 
@@ -445,11 +468,15 @@ def test_temperature_zero_is_greedy(trained):
 def test_sample_errors(trained, tmp_path, monkeypatch):
     """One line each, before any model is loaded."""
     (tmp_path / "prompt.bin").write_bytes(bytes(range(128, 256)))
-    for args, message in [(["--temperature=-1"], "temperature=-1.0: use a value > 0, or 0 for greedy"),
+    cases = [(["--device=cuda"], "device='cuda': CUDA is not available here")] * (not torch.cuda.is_available())
+    for args, message in cases + [(["--temperature=-1"], "temperature=-1.0: use a value > 0, or 0 for greedy"),
                           (["--top_k=-3"], "top_k=-3: use a value >= 1, or 0 to sample among all tokens"),
                           (["--max_new_tokens=-5"], "max_new_tokens=-5, num_samples=2: use max_new_tokens >= 0"),
                           ([f"--start=FILE:{tmp_path / 'prompt.bin'}"], "is not UTF-8 text"),
-                          (["--start=FILE:nope.txt"], "--start=FILE:nope.txt: No such file or directory")]:
+                          (["--start=FILE:nope.txt"], "--start=FILE:nope.txt: No such file or directory"),
+                          (["--device=foo"], "device='foo': use cpu, cuda or cuda:N"),
+                          (["--dtype=fp8"], "dtype='fp8': use one of float32, bfloat16, float16"),
+                          (["--temperature=1e999"], "temperature must be a finite number, got inf")]:
         assert message in one_line_error(monkeypatch, "sample.py", f"--out_dir={trained}", *args)
     assert_clean_error(run("sample.py", f"--out_dir={tmp_path}", check=False), "ckpt.pt not found")  # and as a process
 
@@ -491,7 +518,10 @@ def test_load_checkpoint_errors(trained, tmp_path):
     cases = [(raw[:len(raw) // 2], "unreadable"), (b"garbage", "unreadable"),
              ({"model": {}, "model_args": {"n_layer": 2, "n_embd": 32}}, "not a checkpoint of this repo"),
              ({**good, "model_args": {**good["model_args"], "n_embd": 33}}, "incompatible config"),
-             ({**good, "model": {k: v for k, v in good["model"].items() if "mlp" not in k}}, "weights do not fit")]
+             ({**good, "model": {k: v for k, v in good["model"].items() if "mlp" not in k}}, "weights do not fit"),
+             ({k: v for k, v in good.items() if k != "model"}, "has no 'model' entry: it was written by train.py"),
+             ({**good, "model": {k: v * float("nan") for k, v in good["model"].items()}}, "weights hold NaN or inf"),
+             ([1, 2], "holds a list, not a checkpoint of this repo")]
     for content, message in cases:
         if isinstance(content, bytes):
             open(path, "wb").write(content)
@@ -499,6 +529,10 @@ def test_load_checkpoint_errors(trained, tmp_path):
             torch.save(content, path)
         with pytest.raises(ValueError, match=message):
             load_checkpoint(path)
+    torch.save({k: v for k, v in good.items() if k != "meta"}, path)
+    with pytest.raises(ValueError, match="has no 'meta' entry: it was written by train.py at iteration 6"):
+        load_checkpoint(path, need=("meta",))
+    assert_clean_error(run("sample.py", f"--out_dir={tmp_path}", check=False), "has no 'meta' entry")  # its tokenizer
     model, ckpt = load_checkpoint(os.path.join(trained, "ckpt.pt"))
     assert all(torch.equal(v, good["model"][k]) for k, v in model.state_dict().items())
 
@@ -529,7 +563,7 @@ def test_configurator(monkeypatch, tmp_path):
     for argv, message in [(["--m=1"], "unknown config key 'm'"), (["--CONSTANT=y"], "unknown config key"),
                           (["--n=abc"], "n must be of type int"), (["--n=1.5"], "n must be of type int"),
                           (["--flag=1"], "flag must be of type bool"), (["--lr=True"], "lr must be of type float"),
-                          (["--iters=abc"], "iters must be of type int or None"), (["--iters=1.5"], "iters must be of type int"),
+                          (["--iters=abc"], "iters must be of type int or None"), (["--lr=-1e999"], "lr must be a finite"), (["--iters=1.5"], "iters must be of type int"),
                           (["--opt=abc"], "opt takes a Python literal .*, got the bare word 'abc'"),
                           (["nope.py"], "config file nope.py not found"), (["n=1"], "unexpected argument")]:
         with pytest.raises(SystemExit, match=message):

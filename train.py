@@ -28,11 +28,11 @@ batches and SA permutations.
 The defaults below are a one-A100 run: a GPT-2-small-sized (124M) SA+SWA model
 on FineWeb-Edu, 5000 iterations of 0.5M tokens (2.6B tokens).
 """
+import fcntl
 import json
 import math
 import os
 import random
-import re
 import sys
 import time
 
@@ -43,8 +43,8 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from attention import check_positive
-from checkpoint import load_checkpoint, save_checkpoint
-from model import DTYPES, GPT, GPTConfig, autocast
+from checkpoint import check_device, load_checkpoint, save_checkpoint
+from model import GPT, GPTConfig, autocast
 from prepare_data import check_writable, load_meta, load_tokens, mqar_batch, mqar_targets
 
 # -----------------------------------------------------------------------------
@@ -121,11 +121,7 @@ try:
     need("rope_base", rope_base > 0, "use a value > 0 (RoPE's wavelengths are its powers; 10000 is usual)")
     need("copy_task", not copy_task or block_size % 2 == 0, "it needs an even block_size (two equal halves)")
     need("init_from", init_from in ("scratch", "resume"), "use scratch or resume")
-    need("device", re.fullmatch(r"cpu|cuda(:\d+)?", device), "use cpu, cuda or cuda:N")
-    need("device", device == "cpu" or torch.cuda.is_available(), "CUDA is not available here: use --device=cpu")
-    need("dtype", dtype in DTYPES, f"use one of {', '.join(DTYPES)}")
-    need("dtype", not (device != "cpu" and dtype == "bfloat16" and not torch.cuda.is_bf16_supported()),
-         "this GPU has no bf16 (before Ampere): use --dtype=float16")
+    check_device(device, dtype)
     need("out_dir", not os.path.exists(out_dir) or os.path.isdir(out_dir), "it is a file, not a directory: choose another")
     check_writable(out_dir)
 except ValueError as e:
@@ -221,6 +217,14 @@ try:
     gptconf = GPTConfig(**model_args)
 except ValueError as e:
     sys.exit(str(e))
+# a model too large stops here in one line, not in the OOM killer: its weights, gradients and AdamW's two
+# moments (16 bytes per fp32 parameter) must fit in the device's memory. n_params is a lower bound.
+n_params = n_layer * 12 * n_embd ** 2 + vocab_size * n_embd  # the blocks' four matrices, the embedding
+memory = (torch.cuda.mem_get_info(device)[1] if device_type == "cuda"
+          else os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+if 16 * n_params > memory:
+    sys.exit(f"n_layer={n_layer}, n_embd={n_embd}: {n_params / 1e9:,.1f}B parameters need {16 * n_params / 2**30:,.0f} "
+             f"GiB for weights, gradients and AdamW's moments; {device} has {memory / 2**30:,.0f} GiB: make it smaller")
 torch.manual_seed(seed)
 dropout_seed, sampler_seed, sa_seed = np.random.SeedSequence([seed, rank]).generate_state(3).tolist()
 raw_model = GPT(gptconf, sa_seed=sa_seed).to(device)
@@ -232,10 +236,10 @@ iter_num, best_val_loss = 0, float("inf")
 
 if init_from == "resume":
     try:
-        _, ckpt = load_checkpoint(ckpt_path)  # checks the file; its weights then go into our model
-    except ValueError as e:
+        _, ckpt = load_checkpoint(ckpt_path, need=("optimizer", "iter_num", "best_val_loss", "config", "meta", "rng"))
+    except ValueError as e:  # checks the file, which holds every entry read below; its weights then go into our model
         sys.exit(str(e))
-    old = ckpt.get("meta", {})  # the data must mean what it meant: the same tokenizer, the same vocabulary
+    old = ckpt["meta"]  # the data must mean what it meant: the same tokenizer, the same vocabulary
     if any(old.get(k) != meta.get(k) for k in ("tokenizer", "vocab_size", "chars")):
         sys.exit(f"{ckpt_path} was trained on {ckpt['config'].get('data_dir')} ({old.get('tokenizer')} tokens, "
                  f"vocabulary {old.get('vocab_size')}), but {data_dir} has another vocabulary ({meta['tokenizer']} "
@@ -247,7 +251,15 @@ if init_from == "resume":
                  f"asks for {', '.join(f'{k}={model_args[k]!r}' for k in diff)}: resume with the original config, "
                  "or train from scratch in another out_dir")
     raw_model.load_state_dict(ckpt["model"])
-    optimizer.load_state_dict(ckpt["optimizer"])
+    try:  # another optimizer's state (SGD's) can load, then fail at the first step: AdamW's entries are checked
+        optimizer.load_state_dict(ckpt["optimizer"])
+        why = next((f"no {k!r}" for st in optimizer.state.values() for k in ("step", "exp_avg", "exp_avg_sq")
+                    if k not in st), None)
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        why = str(e).splitlines()[0][:120]
+    if why:
+        sys.exit(f"{ckpt_path}: its 'optimizer' is not this model's AdamW state ({why}): it was written by other "
+                 "code; resume from a checkpoint that train.py wrote")
     if ckpt.get("scaler"):  # fp16: the loss scale and its growth tracker
         scaler.load_state_dict(ckpt["scaler"])
     iter_num, best_val_loss = ckpt["iter_num"], ckpt["best_val_loss"]
