@@ -8,11 +8,14 @@ Run: python -m pytest -q test_train.py. The scripts run as subprocesses on tiny 
 - nothing lost: rerunning the main job refuses to overwrite its checkpoint; no save at iter 0 (and
   no false "checkpoint" line); --overwrite keeps the old pair until its first checkpoint, also on a
   full disk; a corrupt log line stops a resume in one line; a resume on another dataset is refused
-  even when the padded vocab sizes match; a dataset is never replaced by an empty one;
+  even when the padded vocab sizes match; a dataset is never replaced by an empty one, nor left with a
+  partial file on a full disk; a second run into a busy out_dir is refused (a killed run's lock goes
+  with it); a diverged (NaN) run stops and saves nothing, also under DDP;
 - fp16 (GradScaler, exact resume) and bf16 training of every kind;
 - a 2-process gloo DDP run; sampling (greedy = top_k 1, seeds reproduce);
 - every bad input (config keys, values, files, checkpoints, datasets) gets one line, a non-zero
   exit, and nothing written."""
+import errno
 import json
 import os
 import resource
@@ -20,6 +23,7 @@ import runpy
 import subprocess
 import sys
 import sysconfig
+import time
 
 import numpy as np
 import pytest
@@ -312,6 +316,53 @@ def test_resume_stops_at_a_corrupt_log_line(trained, train_args, tmp_path):
     r = run("train.py", *train_args, "--max_iters=8", f"--out_dir={tmp_path}", "--init_from=resume", check=False)
     assert_clean_error(r, f"{tmp_path / 'log.jsonl'}:3 is not a log record ('oops, not JSON')")
     assert files(tmp_path) == before
+
+
+def test_a_diverged_run_stops_and_keeps_the_last_checkpoint(trained, train_args, root, tmp_path):
+    """A NaN training or eval loss stops the run in one line naming the iteration; nothing of it is saved."""
+    r = run("train.py", f"--data_root={root}", "--dataset=text", *TINY, "--learning_rate=1e30", "--max_iters=4",
+            f"--out_dir={tmp_path / 'new'}", check=False)
+    assert_clean_error(r, "iteration 1: the training loss is nan: the run diverged (lower --learning_rate?); "
+                          "this run saved no checkpoint")
+    assert not (tmp_path / "new" / "ckpt.pt").exists()
+    for name, content in files(trained).items():  # resumed at 6 (past lr_decay_iters: min_lr): iteration 6 blows
+        (tmp_path / name).write_bytes(content)  # the weights up, and 7's eval sees it
+    r = run("train.py", *train_args, "--learning_rate=1e30", "--min_lr=1e30", "--max_iters=9", "--eval_interval=1",
+            "--init_from=resume", f"--out_dir={tmp_path}", check=False)
+    assert_clean_error(r, "iteration 7: the eval's train + val loss is nan: the run diverged")
+    kept, good = load(tmp_path), load(trained)  # the resumed run saved iteration 6 again, and nothing after it
+    assert kept["iter_num"] == 6 and all(torch.equal(v, good["model"][k]) for k, v in kept["model"].items())
+    assert "NaN" not in (tmp_path / "log.jsonl").read_text()
+
+
+def test_ddp_ranks_stop_together_when_the_loss_diverges(root, tmp_path):
+    """Under DDP every rank stops at the same iteration: no rank waits forever on a stopped one."""
+    r = run("-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py", f"--data_root={root}",
+            "--dataset=text", *TINY, "--learning_rate=1e30", "--max_iters=4", f"--out_dir={tmp_path}",
+            check=False, timeout=120)
+    assert r.returncode != 0 and "iteration 1: the training loss is nan" in r.stderr, r.stderr[-3000:]
+    assert not (tmp_path / "ckpt.pt").exists()
+
+
+def test_a_second_run_into_one_out_dir_is_refused(root, tmp_path):
+    """While one run holds out_dir, a second is refused in one line; a SIGKILLed run leaves no stale lock."""
+    job = ["train.py", f"--data_root={root}", "--dataset=text", *TINY, f"--out_dir={tmp_path}", "--eval_interval=1000"]
+    cmd = [sys.executable, os.path.join(REPO, "train.py"), *job[1:], "--max_iters=100000"]
+    first = subprocess.Popen(cmd, cwd=REPO, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(600):  # until it trains: its log is open, so it holds the lock
+            if (tmp_path / "log.jsonl").exists() and (tmp_path / "log.jsonl").stat().st_size:
+                break
+            assert first.poll() is None
+            time.sleep(0.1)
+        r = run(*job, "--max_iters=2", check=False)
+        assert_clean_error(r, f"out_dir={tmp_path} is in use by another train.py run")
+        assert first.poll() is None
+    finally:
+        first.kill()
+        first.wait()
+    done = run(*job, "--max_iters=2", "--eval_interval=2").stdout.strip().splitlines()[-1]
+    assert done.endswith(f"checkpoint {tmp_path / 'ckpt.pt'} (iteration 2)")
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])

@@ -14,8 +14,11 @@ Every eval after iteration 0 writes out_dir/ckpt.pt (atomically) holding the wei
 the optimizer, the config and every RNG state of every rank, and appends to
 out_dir/log.jsonl. A run from scratch refuses an out_dir that holds a ckpt.pt; with
 --overwrite=True the old ckpt.pt and log.jsonl stay until its own first checkpoint replaces
-them. A resumed run first cuts log.jsonl back to its checkpoint. --dtype=float16 (GPUs without
-bf16, such as a T4) scales the loss with a GradScaler, whose state the checkpoint keeps.
+them. A resumed run first cuts log.jsonl back to its checkpoint. While a run lives, it holds
+out_dir/.lock, so a second run into the same out_dir is refused. A NaN or inf loss (training or
+eval) stops the run with one line naming the iteration, before anything of it is saved, so the
+last checkpoint stays. --dtype=float16 (GPUs without bf16, such as a T4) scales the loss with a
+GradScaler, whose state the checkpoint keeps.
 Each eval uses the same batches and SA permutations every time (from their own generators,
 so evaluating never changes training). log.jsonl has eval records {iter, train_loss, val_loss,
 lr, elapsed_s} (+ train_acc, val_acc on MQAR) and training records {iter, loss, lr, ms_per_iter,
@@ -372,6 +375,12 @@ log_file, saved = None, None  # saved: the iteration of the last checkpoint this
 if master:
     try:
         os.makedirs(out_dir, exist_ok=True)
+        # two runs into one out_dir would splice their logs and checkpoints: the master locks it for its life.
+        # The OS frees the lock when the process ends, even by SIGKILL, so a killed run leaves none stuck
+        lock = open(os.path.join(out_dir, ".lock"), "a")
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if init_from == "scratch" and os.path.exists(ckpt_path) and not new_log:
+            sys.exit(f"{ckpt_path} was written by another run after this one started: train in a new --out_dir")
         for stale in (ckpt_path + ".tmp", log_path + ".new"):  # half-written files of an interrupted run
             if os.path.exists(stale):
                 os.remove(stale)
@@ -385,6 +394,9 @@ if master:
                         print(json.dumps(r), file=f)
             os.replace(log_path + ".tmp", log_path)
         log_file = open(new_log or log_path, "a" if init_from == "resume" else "w")
+    except BlockingIOError:
+        sys.exit(f"out_dir={out_dir} is in use by another train.py run (it holds {out_dir}/.lock): wait for it to "
+                 "end, or train in another --out_dir")
     except OSError as e:
         sys.exit(f"cannot write to out_dir={out_dir}: {e.strerror or e}")
     print(f"{dataset}: {len(data['train']):,} train / {len(data['val']):,} val tokens; {raw_model.get_num_params() / 1e6:.2f}M "
@@ -419,6 +431,19 @@ def save(states):
                  + (f"it still holds iteration {saved}" if saved is not None else "no checkpoint was saved"))
 
 
+def stop_if_diverged(loss, what):
+    """A NaN or inf loss stops the run in one line before anything of it is saved: the last checkpoint stays.
+    Under DDP the ranks' values are summed first, so all ranks stop at the same iteration and none waits on
+    a stopped one. (With fp16, an inf gradient is normal, the GradScaler skips that step; a loss is not.)"""
+    loss = torch.as_tensor(loss, dtype=torch.float32, device=device)
+    if ddp:
+        dist.all_reduce(loss)
+    if not math.isfinite(loss.item()):
+        kept = f"{ckpt_path} keeps iteration {saved}" if saved is not None else "this run saved no checkpoint"
+        sys.exit(f"iteration {iter_num}: the {what} is {loss.item()}: the run diverged (lower --learning_rate?); {kept}"
+                 if master else 1)
+
+
 t_start = t_last = time.time()
 iters_since_log = 0
 while True:
@@ -428,8 +453,9 @@ while True:
 
     if iter_num % eval_interval == 0 or iter_num >= max_iters or eval_only:
         states = rng_states()  # a collective under DDP: every rank takes part
+        ev = estimate_loss() if master else {}
+        stop_if_diverged(ev.get("train_loss", 0.0) + ev.get("val_loss", 0.0), "eval's train + val loss")  # so is this
         if master:
-            ev = estimate_loss()
             acc = f", acc train {ev['train_acc']:.3f} val {ev['val_acc']:.3f}" if mqar else ""
             acc += f", val halves {ev['val_first']:.4f} / {ev['val_second']:.4f}" if copy_task else ""
             print(f"step {iter_num}: train loss {ev['train_loss']:.4f}, val loss {ev['val_loss']:.4f}{acc}")
@@ -445,6 +471,7 @@ while True:
     # one iteration. Each micro-step fetches its own batch (no prefetch across
     # iterations), so the sampler state in a checkpoint is exactly where the next
     # iteration starts
+    losses = torch.zeros((), device=device)  # this iteration's, summed: checked before the step
     for micro_step in range(gradient_accumulation_steps):
         if ddp:  # all-reduce the gradients on the last micro-step only
             train_model.require_backward_grad_sync = micro_step == gradient_accumulation_steps - 1
@@ -452,6 +479,8 @@ while True:
         with ctx:
             _, loss = train_model(X, Y)
         scaler.scale(loss / gradient_accumulation_steps).backward()
+        losses += loss.detach()
+    stop_if_diverged(losses, "training loss")
     if grad_clip > 0:
         scaler.unscale_(optimizer)  # clip the true gradients
         torch.nn.utils.clip_grad_norm_(raw_model.parameters(), grad_clip)
