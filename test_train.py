@@ -635,11 +635,42 @@ def test_prepare_errors_are_one_line(tmp_path):
                           ([readme, "--tokenizer=bogus"], "unknown tokenizer 'bogus': use bytes, chars"),
                           ([f"--input_file={tmp_path / 'image.bin'}", "--tokenizer=chars"],
                            "image.bin is not UTF-8 text (byte 128: b'\\x80\\x81\\x82\\x83'): use --tokenizer=bytes"),
-                          (["--dataset=mqar", "--mqar_train_seqs=0"], "mqar needs mqar_train_seqs >= 1 and mqar_val_seqs >= 1")]:
+                          (["--dataset=mqar", "--mqar_train_seqs=0"], "mqar needs mqar_train_seqs >= 1 and mqar_val_seqs >= 1"),
+                          (["--dataset=mqar", "--mqar_offset=100"], "mqar needs 0 <= mqar_offset (100) <= seq_len // 2"),
+                          (["--dataset=../x"], "dataset='../x': use a plain name, no path"),
+                          ([readme, "--dataset=../x"], "dataset='../x': use a plain name, no path"),
+                          (["--hf_max_docs=-1"], "hf_max_docs=-1, hf_val_docs=5000: use hf_max_docs >= 0")]:
         r = run("prepare_data.py", f"--data_root={tmp_path / 'data'}", *args, check=False)
         assert_clean_error(r, message)
         assert "online" not in r.stderr
-    assert not (tmp_path / "data").exists()
+    assert not (tmp_path / "data").exists() and not (tmp_path / "x").exists()
+
+
+def test_a_full_disk_leaves_no_partial_file(root, tmp_path, monkeypatch):
+    """A write that fails (ENOSPC) midway removes the partial <split>.bin.tmp; the old dataset stays whole."""
+    for name in ("mqar", "text"):
+        (tmp_path / name).mkdir()
+        for f in (root / name).iterdir():
+            (tmp_path / name / f.name).write_bytes(f.read_bytes())
+    before = {name: files(tmp_path / name) for name in ("mqar", "text")}
+    write_batch, mqar_batch, calls = P.write_batch, P.mqar_batch, []
+
+    def full_disk(real):  # the first call writes, the second finds the disk full
+        def call(*args):
+            calls.append(1)
+            if len(calls) % 2 == 0:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return real(*args)
+        return call
+    monkeypatch.setattr(P, "write_batch", full_disk(write_batch))
+    with pytest.raises(OSError, match="No space left"):
+        P.write_dataset(str(tmp_path / "text"), {"train": ["some text"], "val": ["more"]}, P.text_tokenizer("bytes"),
+                        source="x")
+    monkeypatch.setattr(P, "mqar_batch", full_disk(mqar_batch))
+    with pytest.raises(OSError, match="No space left"):
+        P.prepare_mqar(str(tmp_path / "mqar"), seq_len=64, num_pairs=8, num_queries=4, vocab=64, train_seqs=16,
+                       val_seqs=16, seed=0)
+    assert {name: files(tmp_path / name) for name in ("mqar", "text")} == before
 
 
 def test_a_dataset_is_never_replaced_by_an_empty_one(root, tmp_path):
