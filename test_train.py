@@ -335,12 +335,14 @@ def test_a_diverged_run_stops_and_keeps_the_last_checkpoint(trained, train_args,
     assert "NaN" not in (tmp_path / "log.jsonl").read_text()
 
 
-def test_ddp_ranks_stop_together_when_the_loss_diverges(root, tmp_path):
-    """Under DDP every rank stops at the same iteration: no rank waits forever on a stopped one."""
+@pytest.mark.parametrize("eval_interval, what", [(1000, "training loss"), (1, "eval's train + val loss")])
+def test_ddp_ranks_stop_together_when_the_loss_diverges(root, tmp_path, eval_interval, what):
+    """Under DDP every rank stops at the same iteration, also when only the master's eval sees the NaN:
+    no rank waits forever on a stopped one."""
     r = run("-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py", f"--data_root={root}",
-            "--dataset=text", *TINY, "--learning_rate=1e30", "--max_iters=4", f"--out_dir={tmp_path}",
-            check=False, timeout=120)
-    assert r.returncode != 0 and "iteration 1: the training loss is nan" in r.stderr, r.stderr[-3000:]
+            "--dataset=text", *TINY, "--learning_rate=1e30", "--max_iters=4", f"--eval_interval={eval_interval}",
+            f"--out_dir={tmp_path}", check=False, timeout=120)
+    assert r.returncode != 0 and f"iteration 1: the {what} is nan" in r.stderr, r.stderr[-3000:]
     assert not (tmp_path / "ckpt.pt").exists()
 
 
