@@ -37,7 +37,8 @@ Helpers for train.py, sample.py and eval.py (import prepare_data; no side effect
   mqar_batch(rng, n, meta) -> (x, y)            n fresh MQAR sequences and their targets
   check_writable(directory)                     a one-line ValueError if no file can be made there
 Bad data raises a one-line ValueError naming the file and the fix. A dataset is replaced only
-once every split of the new one is written and none is empty.
+once every split of the new one is written and none is empty; a failed write (a full disk)
+leaves no partial file behind.
 """
 import contextlib
 import json
