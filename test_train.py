@@ -478,20 +478,20 @@ def test_resume_refuses_other_data_or_model(trained, train_args, root, tmp_path,
 @pytest.mark.parametrize("change, message", [
     (dict(rng=None), "has no 'rng' entry: it was written by train.py at iteration 6"),
     (dict(config=None, meta=None), "has no 'config' and no 'meta' entry"),
-    (dict(iter_num=None, optimizer=None), "has no 'optimizer' and no 'iter_num' entry: it was written by another program"),
+    (dict(iter_num=None, optimizer=None), "has no 'optimizer' and no 'iter_num' entry: it was written by another"),
     (dict(optimizer=torch.optim.SGD([torch.nn.Parameter(torch.ones(2))], momentum=0.9).state_dict()),
      "its 'optimizer' is not this model's AdamW state"),
     (dict(optimizer="sgd"), "its 'optimizer' is not this model's AdamW state"),
 ])
 def test_resume_of_an_incomplete_checkpoint_is_one_line(trained, train_args, tmp_path, monkeypatch, change, message):
-    """A checkpoint missing an entry, or holding another optimizer's state, stops the resume before anything is written."""
+    """A checkpoint without an entry, or with another optimizer's state, stops a resume before anything is written."""
     for name, content in files(trained).items():
         (tmp_path / name).write_bytes(content)
     ckpt = {**load(tmp_path), **change}
     torch.save({k: v for k, v in ckpt.items() if v is not None}, tmp_path / "ckpt.pt")
     before = files(tmp_path)
-    assert message in one_line_error(monkeypatch, "train.py", *train_args, f"--out_dir={tmp_path}", "--init_from=resume",
-                                     "--max_iters=8")
+    args = [*train_args, f"--out_dir={tmp_path}", "--init_from=resume", "--max_iters=8"]
+    assert message in one_line_error(monkeypatch, "train.py", *args)
     assert files(tmp_path) == before
 
 
@@ -616,7 +616,8 @@ def test_configurator(monkeypatch, tmp_path):
     for argv, message in [(["--m=1"], "unknown config key 'm'"), (["--CONSTANT=y"], "unknown config key"),
                           (["--n=abc"], "n must be of type int"), (["--n=1.5"], "n must be of type int"),
                           (["--flag=1"], "flag must be of type bool"), (["--lr=True"], "lr must be of type float"),
-                          (["--iters=abc"], "iters must be of type int or None"), (["--lr=-1e999"], "lr must be a finite"), (["--iters=1.5"], "iters must be of type int"),
+                          (["--iters=abc"], "iters must be of type int or None"), (["--iters=1.5"], "iters must be of type int"),
+                          (["--lr=-1e999"], "lr must be a finite number, got -inf"),
                           (["--opt=abc"], "opt takes a Python literal .*, got the bare word 'abc'"),
                           (["nope.py"], "config file nope.py not found"), (["n=1"], "unexpected argument")]:
         with pytest.raises(SystemExit, match=message):
@@ -638,7 +639,7 @@ def test_prepare_errors_are_one_line(tmp_path):
                           ([f"--input_file={tmp_path / 'image.bin'}", "--tokenizer=chars"],
                            "image.bin is not UTF-8 text (byte 128: b'\\x80\\x81\\x82\\x83'): use --tokenizer=bytes"),
                           (["--dataset=mqar", "--mqar_train_seqs=0"], "mqar needs mqar_train_seqs >= 1 and mqar_val_seqs >= 1"),
-                          (["--dataset=mqar", "--mqar_offset=100"], "mqar needs 0 <= mqar_offset (100) <= seq_len // 2"),
+                          (["--dataset=mqar", "--mqar_offset=100"], "mqar needs 0 <= mqar_offset (100) <="),
                           (["--dataset=../x"], "dataset='../x': use a plain name, no path"),
                           ([readme, "--dataset=../x"], "dataset='../x': use a plain name, no path"),
                           (["--hf_max_docs=-1"], "hf_max_docs=-1, hf_val_docs=5000: use hf_max_docs >= 0")]:
