@@ -25,6 +25,8 @@ import time
 import torch
 
 import attention as A
+from checkpoint import check_device
+from prepare_data import check_writable
 
 # -----------------------------------------------------------------------------
 sizes = "1024,4096,16384"  # sequence lengths T, comma separated
@@ -138,12 +140,20 @@ def settings_problem():
         return f"sizes={sizes!r}: give sequence lengths, comma separated, e.g. --sizes=1024,4096"
     bad_kind = next((k for k in kinds.split(",") if k not in KINDS), None)
     bad_mode = next((m for m in modes.split(",") if m not in ("fwd", "fwd+bwd")), None)
-    checks = [(min(Ts) >= 1, f"sizes={sizes}: each T must be >= 1"), (reps >= 1, f"reps={reps}: must be >= 1"),
+    checks = [(min(Ts) >= 1, f"sizes={sizes}: each T must be >= 1"),
               (bad_kind is None, f"unknown kind {bad_kind!r} (kinds: {','.join(KINDS)})"),
               (bad_mode is None, f"unknown mode {bad_mode!r} (modes: fwd,fwd+bwd)"),
-              (dtype in ("float32", "bfloat16", "float16"), f"dtype={dtype!r}: use float32, bfloat16 or float16"),
-              (backend in A.BACKENDS, f"backend={backend!r}: use one of {', '.join(A.BACKENDS)}"),
-              (device == "cpu" or torch.cuda.is_available(), f"device={device}, but CUDA is not available here")]
+              (thp in (0, 1), f"thp={thp}: use 1 (huge pages) or 0"),
+              (backend in A.BACKENDS, f"backend={backend!r}: use one of {', '.join(A.BACKENDS)}")]
+    counts = dict(reps=reps, threads=threads, batch=batch, heads=heads, head_dim=head_dim, window=window,
+                  moba_block=moba_block, moba_topk=moba_topk, flex_block=flex_block)
+    checks += [(n >= 1, f"{k}={n}: must be >= 1") for k, n in counts.items()]
+    try:
+        check_device(device, dtype)
+        if json_out:
+            check_writable(os.path.dirname(json_out))  # before the benchmark, not after it
+    except ValueError as e:
+        checks.append((False, str(e)))
     return next((why for ok, why in checks if not ok), None)
 
 
@@ -199,9 +209,16 @@ if __name__ == "__main__":
                 if a in res and b in res:
                     lines.append(f"{'':>8} {'':>6} {f'{a}/{b}':>10} {res[a] / res[b]:>9.2f}x")
                     print(lines[-1], flush=True)
-    if json_out:
-        with open(json_out, "w") as f:
-            json.dump(dict(rows=rows, table="\n".join(lines)), f, indent=1)
+    if not rows:
+        sys.exit("bench.py: every case failed (see the rows above)")
+    try:  # atomically: a full disk leaves no half-written json_out
+        if json_out:
+            os.makedirs(os.path.dirname(json_out) or ".", exist_ok=True)
+            with open(json_out + ".tmp", "w") as f:
+                json.dump(dict(rows=rows, table="\n".join(lines)), f, indent=1)
+            os.replace(json_out + ".tmp", json_out)
+    except OSError as e:
+        sys.exit(f"bench.py: cannot write {json_out}: {e.strerror or e} (the table above is complete)")
 
 
 def benchmark_generation(lengths=(256, 1024, 4096), new_tokens=(5, 33), vocab_size=512):

@@ -14,12 +14,14 @@ str or None. A value must fit its default's type: an int takes an integer, a
 float takes 3e-4 or 1, a bool takes True or False, a str takes the raw text
 (no quotes needed). A None default takes None or its annotation's type
 (`lr_decay_iters: int | None = None` takes an int), or, unannotated, any Python
-literal. An unknown key, a wrong type or a missing config file stops the script
-with a one-line message; --help lists the keys. Afterwards the global `config`
-holds every hyperparameter's final value, for logs and checkpoints.
+literal. A float must be finite (1e999 is inf). An unknown key, a wrong type, a
+non-finite float or a missing config file stops the script with a one-line
+message; --help lists the keys. Afterwards the global `config` holds every
+hyperparameter's final value, for logs and checkpoints.
 """
 import ast
 import builtins  # scripts may shadow builtins with hyperparameters: train.py's `compile`
+import math
 import os
 import sys
 import typing
@@ -37,6 +39,8 @@ def _configure(g, argv):
             close = [k for k in keys if k.split("_")[0] == key.split("_")[0]] or sorted(keys)
             sys.exit(f"{where}: unknown config key {key!r}; known keys include: {', '.join(close)}")
         default = keys[key]
+        if isinstance(value, float) and not math.isfinite(value):  # 1e999 parses as inf: no setting means that
+            sys.exit(f"{where}: {key} must be a finite number, got {value}")
         if key in hints:  # a None default's declared type, else the default's own
             want = [t for t in typing.get_args(hints[key]) or (hints[key],) if t is not type(None)][0]
         elif default is None:  # unannotated: any literal, but not a bare word

@@ -10,15 +10,13 @@ checkpoints, GPT-2 and any Hugging Face causal LM.
   python eval.py --init_from=gpt2 --dataset=wikitext-103 --split=test --windows=16,32,64,128,256
   python eval.py --init_from=Qwen/Qwen3-0.6B --tasks=lambada --windows=32,64,128 --json_out=res/qwen.json
 
---init_from: resume (out_dir/ckpt.pt, its dataset's tokenizer), a GPT-2 size (its weights in
-our GPT), or any Hugging Face causal LM id or path, whose attention our swa, sa and moba
-replace through register_hf_attention().
+--init_from: resume (out_dir/ckpt.pt, its dataset's tokenizer), a GPT-2 size (its weights in our GPT), or any
+Hugging Face causal LM id or path, whose attention our swa, sa and moba replace through register_hf_attention().
 
-Perplexity: data_root/<dataset>/<split>.bin in non-overlapping block_size windows; every
-token but the first is predicted once, from the start of its window. bpb = the loss in bits
-over the UTF-8 bytes of the predicted text, so tokenizers compare. A Hugging Face model reads
-the decoded text re-encoded with its own tokenizer (no special tokens). No stderr: lm-eval
-gives its weighted perplexities none either.
+Perplexity: data_root/<dataset>/<split>.bin in non-overlapping block_size windows; every token but the first is
+predicted once, from the start of its window. bpb = the loss in bits over the UTF-8 bytes of the predicted text,
+so tokenizers compare. A Hugging Face model reads the decoded text re-encoded with its own tokenizer (no special
+tokens). No stderr: lm-eval gives its weighted perplexities none either.
 
 Zero-shot scoring, lm-evaluation-harness 0.4.13's (tasks.py):
   multiple choice   the log-likelihood of " " + choice after the context, summed over its
@@ -40,16 +38,15 @@ Zero-shot scoring, lm-evaluation-harness 0.4.13's (tasks.py):
   context length    the model's own (lm-eval's: n_positions, max_position_embeddings or n_ctx
                     of the config, else the tokenizer's model_max_length, else 2048);
                     --block_size caps it. Longer inputs lose tokens on the left.
-Batches are right-padded and every kind is causal, so no pad reaches a real token. SA
-permutes only each row's real tokens (our GPT and Hugging Face models alike), so a
-document's score does not depend on what else is in its batch.
+Batches are right-padded and every kind is causal, so no pad reaches a real token. SA permutes only each row's
+real tokens (our GPT and Hugging Face models alike), so a document's score does not depend on what else is in
+its batch.
 
-Swaps: --attn (a comma list) with --window or --windows; MoBA gets the same key budget,
-moba_block = window // moba_topk (unless --moba_block is set). sa+swa needs its trained
-gates, so it cannot be swapped in, nor out: on an sa+swa model --window and --windows set
-the window of both its paths, and --windows sweeps only that. SA draws fresh permutations every forward pass; --seeds=N
-reports mean ± std over seeds 0..N-1. A sweep prints a kind x window table per task and plots
-it next to --json_out (else into out_dir).
+Swaps: --attn (a comma list) with --window or --windows; MoBA gets the same key budget, moba_block = window //
+moba_topk (unless --moba_block is set). sa+swa needs its trained gates, so it cannot be swapped in, nor out: on
+an sa+swa model --window and --windows set the window of both its paths, and --windows sweeps only that. SA
+draws fresh permutations every forward pass; --seeds=N reports mean ± std over seeds 0..N-1. A sweep prints a
+kind x window table per task and plots it next to --json_out (else into out_dir).
 """
 import json
 import math
@@ -63,7 +60,7 @@ import torch
 import torch.nn.functional as F
 
 import attention
-from checkpoint import load_checkpoint
+from checkpoint import check_device, load_checkpoint
 from model import ATTN_KINDS, DTYPES, GPT, GPT2_SIZES, autocast
 from prepare_data import check_writable, get_tokenizer, load_meta, load_tokens, progress, pyplot
 from tasks import TASKS, Tokenizer, evaluate_task, load_task, load_task_file
@@ -165,6 +162,7 @@ def check_config(cfg):
     for key in ("limit", "bootstrap_iters"):
         if not isinstance(cfg[key], int) or cfg[key] < 0:
             raise ValueError(f"{key} must be an integer >= 0, got {cfg[key]!r}")
+    check_device(cfg["device"], cfg["dtype"])
     return kinds, ws
 
 
@@ -367,14 +365,16 @@ def hub_offline(name):
 
 def load_model(cfg):
     """(lm, dataset of the checkpoint or "") for cfg["init_from"]."""
-    dev, name = cfg["device"], cfg["init_from"]
-    ctx = autocast(dev, cfg["dtype"])
+    dev, name, ctx = cfg["device"], cfg["init_from"], autocast(cfg["device"], cfg["dtype"])
     def ours(meta):
         encode, decode = get_tokenizer(meta)
         return Tokenizer(meta["tokenizer"], encode, decode, meta.get("eot"), encode)
     if name == "resume":
-        model, ckpt = load_checkpoint(os.path.join(cfg["out_dir"], "ckpt.pt"), dev)
-        return OurLM(model, ours(ckpt["meta"]), cfg["block_size"], dev, ctx), ckpt["config"]["dataset"]
+        model, ckpt = load_checkpoint(os.path.join(cfg["out_dir"], "ckpt.pt"), dev, need=("meta", "config"))
+        return OurLM(model, ours(ckpt["meta"]), cfg["block_size"], dev, ctx), ckpt["config"].get("dataset", "")
+    if os.path.isdir(name) and not os.path.isfile(os.path.join(name, "config.json")):
+        raise ValueError(f"--init_from={name}: the directory holds no model (a Hugging Face one has a config.json; "
+                         f"a train.py out_dir loads with --init_from=resume --out_dir={name})")
     offline = hub_offline(name)
     try:
         if name in GPT2_SIZES:

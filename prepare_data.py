@@ -37,8 +37,10 @@ Helpers for train.py, sample.py and eval.py (import prepare_data; no side effect
   mqar_batch(rng, n, meta) -> (x, y)            n fresh MQAR sequences and their targets
   check_writable(directory)                     a one-line ValueError if no file can be made there
 Bad data raises a one-line ValueError naming the file and the fix. A dataset is replaced only
-once every split of the new one is written and none is empty.
+once every split of the new one is written and none is empty; a failed write (a full disk)
+leaves no partial file behind.
 """
+import contextlib
 import json
 import os
 import pathlib
@@ -262,6 +264,18 @@ def token_dtype(vocab_size):
     return np.uint16 if vocab_size <= 65535 else np.uint32
 
 
+@contextlib.contextmanager
+def removed_on_failure(paths):
+    """Remove the files at paths if the block fails (a full disk, Ctrl-C): no partial file stays behind."""
+    try:
+        yield
+    except BaseException:
+        for path in paths:
+            if os.path.exists(path):
+                os.remove(path)
+        raise
+
+
 def commit_dataset(data_dir, meta):
     """Move each split's <split>.bin.tmp into place, then write meta.json; an empty split
     stops it first, so an existing dataset is never replaced by an empty one. The old
@@ -296,17 +310,18 @@ def write_dataset(data_dir, splits, tok, source, batch_docs=1024, **extra):
     dtype = token_dtype(fields["vocab_size"])
     os.makedirs(data_dir, exist_ok=True)
     counts = {}
-    for split, docs in splits.items():
-        n = 0
-        with open(os.path.join(data_dir, f"{split}.bin.tmp"), "wb") as f:
-            batch = []
-            for doc in progress(docs, desc=split, unit=" docs", mininterval=2):
-                batch.append(doc)
-                if len(batch) == batch_docs:
-                    n += write_batch(f, encode_batch(batch), eot, dtype)
-                    batch = []
-            n += write_batch(f, encode_batch(batch), eot, dtype) if batch else 0
-        counts[split] = n
+    with removed_on_failure([os.path.join(data_dir, f"{split}.bin.tmp") for split in splits]):
+        for split, docs in splits.items():
+            n = 0
+            with open(os.path.join(data_dir, f"{split}.bin.tmp"), "wb") as f:
+                batch = []
+                for doc in progress(docs, desc=split, unit=" docs", mininterval=2):
+                    batch.append(doc)
+                    if len(batch) == batch_docs:
+                        n += write_batch(f, encode_batch(batch), eot, dtype)
+                        batch = []
+                n += write_batch(f, encode_batch(batch), eot, dtype) if batch else 0
+            counts[split] = n
     return commit_dataset(data_dir, {**fields, "dtype": np.dtype(dtype).name, "source": source,
                                      "tokens": counts, "eot": eot, **extra})
 
@@ -391,9 +406,12 @@ def prepare_mqar(data_dir, seq_len, num_pairs, num_queries, vocab, train_seqs, v
     (filler before them), and min_gap shrinks by as much."""
     K = (vocab - 1) // 2
     min_gap = seq_len // 2 - (2 * num_pairs - 1) - offset
-    if not (1 <= num_pairs <= K and 1 <= num_queries <= seq_len - seq_len // 2 and min_gap >= 1 and offset >= 0):
+    if not (1 <= num_pairs <= K and 1 <= num_queries <= seq_len - seq_len // 2 and min_gap + offset >= 1):
         raise ValueError(f"mqar needs 1 <= num_pairs ({num_pairs}) <= (vocab-1)//2 ({K}), "
                          f"1 <= num_queries ({num_queries}) <= seq_len - seq_len // 2 and seq_len ({seq_len}) > 4 * num_pairs")
+    if not 0 <= offset <= seq_len // 2 - 2 * num_pairs:  # the pairs end before the queries' half
+        raise ValueError(f"mqar needs 0 <= mqar_offset ({offset}) <= seq_len // 2 - 2 * num_pairs "
+                         f"({seq_len // 2 - 2 * num_pairs})")
     if ordered and (num_queries != num_pairs or 4 * num_pairs > seq_len):
         raise ValueError(f"mqar_ordered asks each pair once: it needs num_queries = num_pairs ({num_pairs}) "
                          f"and seq_len ({seq_len}) >= 4 * num_pairs")
@@ -406,10 +424,11 @@ def prepare_mqar(data_dir, seq_len, num_pairs, num_queries, vocab, train_seqs, v
                 ordered=ordered, offset=offset)
     meta = {"vocab_size": vocab, "tokenizer": "ids", "dtype": np.dtype(token_dtype(vocab)).name,
             "source": f"synthetic MQAR, seed {seed}", "tokens": {}, "eot": None, "mqar": mqar}
-    for split, n, rng in zip(("train", "val"), (train_seqs, val_seqs), np.random.default_rng(seed).spawn(2)):
-        x, _ = mqar_batch(rng, n, meta)                                 # (n, seq_len)
-        x.astype(token_dtype(vocab)).tofile(os.path.join(data_dir, f"{split}.bin.tmp"))
-        meta["tokens"][split] = x.size
+    with removed_on_failure([os.path.join(data_dir, f"{split}.bin.tmp") for split in ("train", "val")]):
+        for split, n, rng in zip(("train", "val"), (train_seqs, val_seqs), np.random.default_rng(seed).spawn(2)):
+            x, _ = mqar_batch(rng, n, meta)                             # (n, seq_len)
+            x.astype(token_dtype(vocab)).tofile(os.path.join(data_dir, f"{split}.bin.tmp"))
+            meta["tokens"][split] = x.size
     return commit_dataset(data_dir, meta)
 
 
@@ -485,6 +504,11 @@ if __name__ == "__main__":
     try:
         if not 0 < val_fraction < 1:
             raise ValueError(f"val_fraction={val_fraction}: it must lie between 0 and 1")
+        if name in ("", ".", "..") or os.path.basename(name) != name:  # ../x would write outside data_root
+            raise ValueError(f"dataset={name!r}: use a plain name, no path: the data goes to {data_root}/<dataset>/")
+        if hf_max_docs < 0 or hf_val_docs < 1:
+            raise ValueError(f"hf_max_docs={hf_max_docs}, hf_val_docs={hf_val_docs}: use hf_max_docs >= 0 (0: all), "
+                             "hf_val_docs >= 1")
         if adopt:
             adopt_nanogpt(data_dir, tokenizer)
         elif input_file:

@@ -19,7 +19,7 @@ import sys
 
 import torch
 
-from checkpoint import load_checkpoint
+from checkpoint import check_device, load_checkpoint
 from model import autocast
 from prepare_data import get_tokenizer
 
@@ -42,11 +42,13 @@ exec(open("configurator.py").read())
 for bad, message in [(not temperature >= 0, f"temperature={temperature}: use a value > 0, or 0 for greedy decoding"),
                      (top_k < 0, f"top_k={top_k}: use a value >= 1, or 0 to sample among all tokens"),
                      (max_new_tokens < 0 or num_samples < 1, f"max_new_tokens={max_new_tokens}, num_samples="
-                      f"{num_samples}: use max_new_tokens >= 0, num_samples >= 1"),
-                     (device.startswith("cuda") and not torch.cuda.is_available(),
-                      f"device={device}, but CUDA is not available here: use --device=cpu")]:
+                      f"{num_samples}: use max_new_tokens >= 0, num_samples >= 1")]:
     if bad:
         sys.exit(message)
+try:
+    check_device(device, dtype)
+except ValueError as e:
+    sys.exit(str(e))
 prompt = start
 if start.startswith("FILE:"):
     try:
@@ -58,11 +60,9 @@ if start.startswith("FILE:"):
         sys.exit(f"--start={start} is not UTF-8 text")
 try:
     ctx = autocast(device, dtype)
-    model, ckpt = load_checkpoint(os.path.join(out_dir, "ckpt.pt"), device)
+    model, ckpt = load_checkpoint(os.path.join(out_dir, "ckpt.pt"), device, need=("meta",))  # meta: its tokenizer
 except ValueError as e:
     sys.exit(str(e))
-if "meta" not in ckpt:
-    sys.exit(f"{out_dir}/ckpt.pt carries no meta.json, so its tokenizer is unknown: re-save it with this repo's train.py")
 encode, decode = get_tokenizer(ckpt["meta"])  # the training data's tokenizer
 try:
     start_ids = encode(prompt)

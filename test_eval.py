@@ -268,6 +268,26 @@ def test_unwritable_outputs_are_one_line(tiny_run, tmp_path):
             ev.run({**base, "json_out": "/dev/full"})
 
 
+def test_bad_devices_checkpoints_and_directories_are_one_line(tiny_run, tmp_path):
+    """Before any model loads: a device this machine lacks; a checkpoint without its meta (the tokenizer) or config;
+    an --init_from directory that holds no model."""
+    base = {k: tiny_run[k] for k in ("out_dir", "data_root", "device", "dtype")}
+    cases = [({"device": "foo"}, "device='foo': use cpu, cuda or cuda:N"),
+             ({"dtype": "fp8"}, "dtype='fp8': use one of float32, bfloat16, float16"),
+             ({"init_from": str(tmp_path)}, f"--init_from={tmp_path}: the directory holds no model")]
+    if not torch.cuda.is_available():
+        cases.append(({"device": "cuda"}, "device='cuda': CUDA is not available here"))
+    good = torch.load(os.path.join(tiny_run["out_dir"], "ckpt.pt"), weights_only=True)
+    for key in ("meta", "config"):
+        (tmp_path / key).mkdir()
+        torch.save({k: v for k, v in good.items() if k != key}, tmp_path / key / "ckpt.pt")
+        cases.append(({"out_dir": str(tmp_path / key)}, f"has no '{key}' entry: it was written by another program"))
+    for cfg, message in cases:
+        with pytest.raises(ValueError) as e:
+            ev.run({**base, **cfg})
+        assert message in str(e.value) and "\n" not in str(e.value)
+
+
 @pytest.mark.skipif(importlib.util.find_spec("transformers") is None, reason="transformers is not installed")
 def test_hub_model_offline_is_one_line_without_retries(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}

@@ -8,11 +8,14 @@ Run: python -m pytest -q test_train.py. The scripts run as subprocesses on tiny 
 - nothing lost: rerunning the main job refuses to overwrite its checkpoint; no save at iter 0 (and
   no false "checkpoint" line); --overwrite keeps the old pair until its first checkpoint, also on a
   full disk; a corrupt log line stops a resume in one line; a resume on another dataset is refused
-  even when the padded vocab sizes match; a dataset is never replaced by an empty one;
+  even when the padded vocab sizes match; a dataset is never replaced by an empty one, nor left with a
+  partial file on a full disk; a second run into a busy out_dir is refused (a killed run's lock goes
+  with it); a diverged (NaN) run stops and saves nothing, also under DDP;
 - fp16 (GradScaler, exact resume) and bf16 training of every kind;
 - a 2-process gloo DDP run; sampling (greedy = top_k 1, seeds reproduce);
 - every bad input (config keys, values, files, checkpoints, datasets) gets one line, a non-zero
   exit, and nothing written."""
+import errno
 import json
 import os
 import resource
@@ -20,6 +23,7 @@ import runpy
 import subprocess
 import sys
 import sysconfig
+import time
 
 import numpy as np
 import pytest
@@ -314,6 +318,55 @@ def test_resume_stops_at_a_corrupt_log_line(trained, train_args, tmp_path):
     assert files(tmp_path) == before
 
 
+def test_a_diverged_run_stops_and_keeps_the_last_checkpoint(trained, train_args, root, tmp_path):
+    """A NaN training or eval loss stops the run in one line naming the iteration; nothing of it is saved."""
+    r = run("train.py", f"--data_root={root}", "--dataset=text", *TINY, "--learning_rate=1e30", "--max_iters=4",
+            f"--out_dir={tmp_path / 'new'}", check=False)
+    assert_clean_error(r, "iteration 1: the training loss is nan: the run diverged (lower --learning_rate?); "
+                          "this run saved no checkpoint")
+    assert not (tmp_path / "new" / "ckpt.pt").exists()
+    for name, content in files(trained).items():  # resumed at 6 (past lr_decay_iters: min_lr): iteration 6 blows
+        (tmp_path / name).write_bytes(content)  # the weights up, and 7's eval sees it
+    r = run("train.py", *train_args, "--learning_rate=1e30", "--min_lr=1e30", "--max_iters=9", "--eval_interval=1",
+            "--init_from=resume", f"--out_dir={tmp_path}", check=False)
+    assert_clean_error(r, "iteration 7: the eval's train + val loss is nan: the run diverged")
+    kept, good = load(tmp_path), load(trained)  # the resumed run saved iteration 6 again, and nothing after it
+    assert kept["iter_num"] == 6 and all(torch.equal(v, good["model"][k]) for k, v in kept["model"].items())
+    assert "NaN" not in (tmp_path / "log.jsonl").read_text()
+
+
+@pytest.mark.parametrize("eval_interval, what", [(1000, "training loss"), (1, "eval's train + val loss")])
+def test_ddp_ranks_stop_together_when_the_loss_diverges(root, tmp_path, eval_interval, what):
+    """Under DDP every rank stops at the same iteration, also when only the master's eval sees the NaN:
+    no rank waits forever on a stopped one."""
+    r = run("-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py", f"--data_root={root}",
+            "--dataset=text", *TINY, "--learning_rate=1e30", "--max_iters=4", f"--eval_interval={eval_interval}",
+            f"--out_dir={tmp_path}", check=False, timeout=120)
+    assert r.returncode != 0 and f"iteration 1: the {what} is nan" in r.stderr, r.stderr[-3000:]
+    assert not (tmp_path / "ckpt.pt").exists()
+
+
+def test_a_second_run_into_one_out_dir_is_refused(root, tmp_path):
+    """While one run holds out_dir, a second is refused in one line; a SIGKILLed run leaves no stale lock."""
+    job = ["train.py", f"--data_root={root}", "--dataset=text", *TINY, f"--out_dir={tmp_path}", "--eval_interval=1000"]
+    cmd = [sys.executable, os.path.join(REPO, "train.py"), *job[1:], "--max_iters=100000"]
+    first = subprocess.Popen(cmd, cwd=REPO, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(600):  # until it trains: its log is open, so it holds the lock
+            if (tmp_path / "log.jsonl").exists() and (tmp_path / "log.jsonl").stat().st_size:
+                break
+            assert first.poll() is None
+            time.sleep(0.1)
+        r = run(*job, "--max_iters=2", check=False)
+        assert_clean_error(r, f"out_dir={tmp_path} is in use by another train.py run")
+        assert first.poll() is None
+    finally:
+        first.kill()
+        first.wait()
+    done = run(*job, "--max_iters=2", "--eval_interval=2").stdout.strip().splitlines()[-1]
+    assert done.endswith(f"checkpoint {tmp_path / 'ckpt.pt'} (iteration 2)")
+
+
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("attn", ["full", "swa", "sa", "sa+swa", "moba"])
 def test_trains_under_autocast(root, tmp_path, attn, dtype):
@@ -389,6 +442,9 @@ def test_mqar_config_without_data_names_its_prepare_line(tmp_path):
     (["--dataset=nope"], "prepare_data.py --input_file=FILE --dataset=nope"),
     (["--block_size=100000"], "is larger than the data"),
     (["--attn=dense"], "GPTConfig.attn='dense' is invalid"),
+    (["--learning_rate=1e999"], "--learning_rate=1e999: learning_rate must be a finite number, got inf"),
+    (["--beta2=-1e999"], "beta2 must be a finite number, got -inf"),
+    (["--n_layer=1000000", "--n_embd=768"], "n_layer=1000000, n_embd=768: 7,077.9B parameters need 105,469 GiB"),
 ])
 def test_train_errors(root, tmp_path, monkeypatch, args, message):
     """One line, and nothing written."""
@@ -419,6 +475,26 @@ def test_resume_refuses_other_data_or_model(trained, train_args, root, tmp_path,
     assert files(tmp_path) == before
 
 
+@pytest.mark.parametrize("change, message", [
+    (dict(rng=None), "has no 'rng' entry: it was written by train.py at iteration 6"),
+    (dict(config=None, meta=None), "has no 'config' and no 'meta' entry"),
+    (dict(iter_num=None, optimizer=None), "has no 'optimizer' and no 'iter_num' entry: it was written by another"),
+    (dict(optimizer=torch.optim.SGD([torch.nn.Parameter(torch.ones(2))], momentum=0.9).state_dict()),
+     "its 'optimizer' is not this model's AdamW state"),
+    (dict(optimizer="sgd"), "its 'optimizer' is not this model's AdamW state"),
+])
+def test_resume_of_an_incomplete_checkpoint_is_one_line(trained, train_args, tmp_path, monkeypatch, change, message):
+    """A checkpoint without an entry, or with another optimizer's state, stops a resume before anything is written."""
+    for name, content in files(trained).items():
+        (tmp_path / name).write_bytes(content)
+    ckpt = {**load(tmp_path), **change}
+    torch.save({k: v for k, v in ckpt.items() if v is not None}, tmp_path / "ckpt.pt")
+    before = files(tmp_path)
+    args = [*train_args, f"--out_dir={tmp_path}", "--init_from=resume", "--max_iters=8"]
+    assert message in one_line_error(monkeypatch, "train.py", *args)
+    assert files(tmp_path) == before
+
+
 # -----------------------------------------------------------------------------
 # sample.py
 
@@ -445,11 +521,15 @@ def test_temperature_zero_is_greedy(trained):
 def test_sample_errors(trained, tmp_path, monkeypatch):
     """One line each, before any model is loaded."""
     (tmp_path / "prompt.bin").write_bytes(bytes(range(128, 256)))
-    for args, message in [(["--temperature=-1"], "temperature=-1.0: use a value > 0, or 0 for greedy"),
+    cases = [(["--device=cuda"], "device='cuda': CUDA is not available here")] * (not torch.cuda.is_available())
+    for args, message in cases + [(["--temperature=-1"], "temperature=-1.0: use a value > 0, or 0 for greedy"),
                           (["--top_k=-3"], "top_k=-3: use a value >= 1, or 0 to sample among all tokens"),
                           (["--max_new_tokens=-5"], "max_new_tokens=-5, num_samples=2: use max_new_tokens >= 0"),
                           ([f"--start=FILE:{tmp_path / 'prompt.bin'}"], "is not UTF-8 text"),
-                          (["--start=FILE:nope.txt"], "--start=FILE:nope.txt: No such file or directory")]:
+                          (["--start=FILE:nope.txt"], "--start=FILE:nope.txt: No such file or directory"),
+                          (["--device=foo"], "device='foo': use cpu, cuda or cuda:N"),
+                          (["--dtype=fp8"], "dtype='fp8': use one of float32, bfloat16, float16"),
+                          (["--temperature=1e999"], "temperature must be a finite number, got inf")]:
         assert message in one_line_error(monkeypatch, "sample.py", f"--out_dir={trained}", *args)
     assert_clean_error(run("sample.py", f"--out_dir={tmp_path}", check=False), "ckpt.pt not found")  # and as a process
 
@@ -491,7 +571,10 @@ def test_load_checkpoint_errors(trained, tmp_path):
     cases = [(raw[:len(raw) // 2], "unreadable"), (b"garbage", "unreadable"),
              ({"model": {}, "model_args": {"n_layer": 2, "n_embd": 32}}, "not a checkpoint of this repo"),
              ({**good, "model_args": {**good["model_args"], "n_embd": 33}}, "incompatible config"),
-             ({**good, "model": {k: v for k, v in good["model"].items() if "mlp" not in k}}, "weights do not fit")]
+             ({**good, "model": {k: v for k, v in good["model"].items() if "mlp" not in k}}, "weights do not fit"),
+             ({k: v for k, v in good.items() if k != "model"}, "has no 'model' entry: it was written by train.py"),
+             ({**good, "model": {k: v * float("nan") for k, v in good["model"].items()}}, "weights hold NaN or inf"),
+             ([1, 2], "holds a list, not a checkpoint of this repo")]
     for content, message in cases:
         if isinstance(content, bytes):
             open(path, "wb").write(content)
@@ -499,6 +582,10 @@ def test_load_checkpoint_errors(trained, tmp_path):
             torch.save(content, path)
         with pytest.raises(ValueError, match=message):
             load_checkpoint(path)
+    torch.save({k: v for k, v in good.items() if k != "meta"}, path)
+    with pytest.raises(ValueError, match="has no 'meta' entry: it was written by train.py at iteration 6"):
+        load_checkpoint(path, need=("meta",))
+    assert_clean_error(run("sample.py", f"--out_dir={tmp_path}", check=False), "has no 'meta' entry")  # its tokenizer
     model, ckpt = load_checkpoint(os.path.join(trained, "ckpt.pt"))
     assert all(torch.equal(v, good["model"][k]) for k, v in model.state_dict().items())
 
@@ -530,6 +617,7 @@ def test_configurator(monkeypatch, tmp_path):
                           (["--n=abc"], "n must be of type int"), (["--n=1.5"], "n must be of type int"),
                           (["--flag=1"], "flag must be of type bool"), (["--lr=True"], "lr must be of type float"),
                           (["--iters=abc"], "iters must be of type int or None"), (["--iters=1.5"], "iters must be of type int"),
+                          (["--lr=-1e999"], "lr must be a finite number, got -inf"),
                           (["--opt=abc"], "opt takes a Python literal .*, got the bare word 'abc'"),
                           (["nope.py"], "config file nope.py not found"), (["n=1"], "unexpected argument")]:
         with pytest.raises(SystemExit, match=message):
@@ -550,11 +638,42 @@ def test_prepare_errors_are_one_line(tmp_path):
                           ([readme, "--tokenizer=bogus"], "unknown tokenizer 'bogus': use bytes, chars"),
                           ([f"--input_file={tmp_path / 'image.bin'}", "--tokenizer=chars"],
                            "image.bin is not UTF-8 text (byte 128: b'\\x80\\x81\\x82\\x83'): use --tokenizer=bytes"),
-                          (["--dataset=mqar", "--mqar_train_seqs=0"], "mqar needs mqar_train_seqs >= 1 and mqar_val_seqs >= 1")]:
+                          (["--dataset=mqar", "--mqar_train_seqs=0"], "mqar needs mqar_train_seqs >= 1 and mqar_val_seqs >= 1"),
+                          (["--dataset=mqar", "--mqar_offset=100"], "mqar needs 0 <= mqar_offset (100) <="),
+                          (["--dataset=../x"], "dataset='../x': use a plain name, no path"),
+                          ([readme, "--dataset=../x"], "dataset='../x': use a plain name, no path"),
+                          (["--hf_max_docs=-1"], "hf_max_docs=-1, hf_val_docs=5000: use hf_max_docs >= 0")]:
         r = run("prepare_data.py", f"--data_root={tmp_path / 'data'}", *args, check=False)
         assert_clean_error(r, message)
         assert "online" not in r.stderr
-    assert not (tmp_path / "data").exists()
+    assert not (tmp_path / "data").exists() and not (tmp_path / "x").exists()
+
+
+def test_a_full_disk_leaves_no_partial_file(root, tmp_path, monkeypatch):
+    """A write that fails (ENOSPC) midway removes the partial <split>.bin.tmp; the old dataset stays whole."""
+    for name in ("mqar", "text"):
+        (tmp_path / name).mkdir()
+        for f in (root / name).iterdir():
+            (tmp_path / name / f.name).write_bytes(f.read_bytes())
+    before = {name: files(tmp_path / name) for name in ("mqar", "text")}
+    write_batch, mqar_batch, calls = P.write_batch, P.mqar_batch, []
+
+    def full_disk(real):  # the first call writes, the second finds the disk full
+        def call(*args):
+            calls.append(1)
+            if len(calls) % 2 == 0:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return real(*args)
+        return call
+    monkeypatch.setattr(P, "write_batch", full_disk(write_batch))
+    with pytest.raises(OSError, match="No space left"):
+        P.write_dataset(str(tmp_path / "text"), {"train": ["some text"], "val": ["more"]}, P.text_tokenizer("bytes"),
+                        source="x")
+    monkeypatch.setattr(P, "mqar_batch", full_disk(mqar_batch))
+    with pytest.raises(OSError, match="No space left"):
+        P.prepare_mqar(str(tmp_path / "mqar"), seq_len=64, num_pairs=8, num_queries=4, vocab=64, train_seqs=16,
+                       val_seqs=16, seed=0)
+    assert {name: files(tmp_path / name) for name in ("mqar", "text")} == before
 
 
 def test_a_dataset_is_never_replaced_by_an_empty_one(root, tmp_path):

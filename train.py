@@ -14,8 +14,11 @@ Every eval after iteration 0 writes out_dir/ckpt.pt (atomically) holding the wei
 the optimizer, the config and every RNG state of every rank, and appends to
 out_dir/log.jsonl. A run from scratch refuses an out_dir that holds a ckpt.pt; with
 --overwrite=True the old ckpt.pt and log.jsonl stay until its own first checkpoint replaces
-them. A resumed run first cuts log.jsonl back to its checkpoint. --dtype=float16 (GPUs without
-bf16, such as a T4) scales the loss with a GradScaler, whose state the checkpoint keeps.
+them. A resumed run first cuts log.jsonl back to its checkpoint. While a run lives, it holds
+out_dir/.lock, so a second run into the same out_dir is refused. A NaN or inf loss (training or
+eval) stops the run with one line naming the iteration, before anything of it is saved, so the
+last checkpoint stays. --dtype=float16 (GPUs without bf16, such as a T4) scales the loss with a
+GradScaler, whose state the checkpoint keeps.
 Each eval uses the same batches and SA permutations every time (from their own generators,
 so evaluating never changes training). log.jsonl has eval records {iter, train_loss, val_loss,
 lr, elapsed_s} (+ train_acc, val_acc on MQAR) and training records {iter, loss, lr, ms_per_iter,
@@ -28,11 +31,11 @@ batches and SA permutations.
 The defaults below are a one-A100 run: a GPT-2-small-sized (124M) SA+SWA model
 on FineWeb-Edu, 5000 iterations of 0.5M tokens (2.6B tokens).
 """
+import fcntl
 import json
 import math
 import os
 import random
-import re
 import sys
 import time
 
@@ -43,8 +46,8 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from attention import check_positive
-from checkpoint import load_checkpoint, save_checkpoint
-from model import DTYPES, GPT, GPTConfig, autocast
+from checkpoint import check_device, load_checkpoint, save_checkpoint
+from model import GPT, GPTConfig, autocast
 from prepare_data import check_writable, load_meta, load_tokens, mqar_batch, mqar_targets
 
 # -----------------------------------------------------------------------------
@@ -92,7 +95,8 @@ lr_decay_iters: int | None = None  # None: max_iters
 min_lr = 6e-5
 # system
 device = "cuda" if torch.cuda.is_available() else "cpu"
-dtype = "bfloat16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "float32"  # autocast: float32 | bfloat16 | float16 (with loss scaling)
+# autocast: float32 | bfloat16 | float16 (with loss scaling); on a CPU, bf16 trains about 10x slower than float32
+dtype = "bfloat16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "float32"
 compile: bool | None = None     # torch.compile the model; None: on CUDA (as nanoGPT), not on the CPU (slow to compile)
 backend = ""                    # DDP backend; "": nccl on CUDA, gloo on the CPU
 seed = 1337
@@ -121,11 +125,7 @@ try:
     need("rope_base", rope_base > 0, "use a value > 0 (RoPE's wavelengths are its powers; 10000 is usual)")
     need("copy_task", not copy_task or block_size % 2 == 0, "it needs an even block_size (two equal halves)")
     need("init_from", init_from in ("scratch", "resume"), "use scratch or resume")
-    need("device", re.fullmatch(r"cpu|cuda(:\d+)?", device), "use cpu, cuda or cuda:N")
-    need("device", device == "cpu" or torch.cuda.is_available(), "CUDA is not available here: use --device=cpu")
-    need("dtype", dtype in DTYPES, f"use one of {', '.join(DTYPES)}")
-    need("dtype", not (device != "cpu" and dtype == "bfloat16" and not torch.cuda.is_bf16_supported()),
-         "this GPU has no bf16 (before Ampere): use --dtype=float16")
+    check_device(device, dtype)
     need("out_dir", not os.path.exists(out_dir) or os.path.isdir(out_dir), "it is a file, not a directory: choose another")
     check_writable(out_dir)
 except ValueError as e:
@@ -221,6 +221,14 @@ try:
     gptconf = GPTConfig(**model_args)
 except ValueError as e:
     sys.exit(str(e))
+# a model too large stops here in one line, not in the OOM killer: its weights, gradients and AdamW's two
+# moments (16 bytes per fp32 parameter) must fit in the device's memory. n_params is a lower bound.
+n_params = n_layer * 12 * n_embd ** 2 + vocab_size * n_embd  # the blocks' four matrices, the embedding
+memory = (torch.cuda.mem_get_info(device)[1] if device_type == "cuda"
+          else os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+if 16 * n_params > memory:
+    sys.exit(f"n_layer={n_layer}, n_embd={n_embd}: {n_params / 1e9:,.1f}B parameters need {16 * n_params / 2**30:,.0f} "
+             f"GiB for weights, gradients and AdamW's moments; {device} has {memory / 2**30:,.0f} GiB: make it smaller")
 torch.manual_seed(seed)
 dropout_seed, sampler_seed, sa_seed = np.random.SeedSequence([seed, rank]).generate_state(3).tolist()
 raw_model = GPT(gptconf, sa_seed=sa_seed).to(device)
@@ -232,10 +240,10 @@ iter_num, best_val_loss = 0, float("inf")
 
 if init_from == "resume":
     try:
-        _, ckpt = load_checkpoint(ckpt_path)  # checks the file; its weights then go into our model
-    except ValueError as e:
+        _, ckpt = load_checkpoint(ckpt_path, need=("optimizer", "iter_num", "best_val_loss", "config", "meta", "rng"))
+    except ValueError as e:  # checks the file, which holds every entry read below; its weights then go into our model
         sys.exit(str(e))
-    old = ckpt.get("meta", {})  # the data must mean what it meant: the same tokenizer, the same vocabulary
+    old = ckpt["meta"]  # the data must mean what it meant: the same tokenizer, the same vocabulary
     if any(old.get(k) != meta.get(k) for k in ("tokenizer", "vocab_size", "chars")):
         sys.exit(f"{ckpt_path} was trained on {ckpt['config'].get('data_dir')} ({old.get('tokenizer')} tokens, "
                  f"vocabulary {old.get('vocab_size')}), but {data_dir} has another vocabulary ({meta['tokenizer']} "
@@ -247,7 +255,15 @@ if init_from == "resume":
                  f"asks for {', '.join(f'{k}={model_args[k]!r}' for k in diff)}: resume with the original config, "
                  "or train from scratch in another out_dir")
     raw_model.load_state_dict(ckpt["model"])
-    optimizer.load_state_dict(ckpt["optimizer"])
+    try:  # another optimizer's state (SGD's) can load, then fail at the first step: AdamW's entries are checked
+        optimizer.load_state_dict(ckpt["optimizer"])
+        why = next((f"no {k!r}" for st in optimizer.state.values() for k in ("step", "exp_avg", "exp_avg_sq")
+                    if k not in st), None)
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        why = str(e).splitlines()[0][:120]
+    if why:
+        sys.exit(f"{ckpt_path}: its 'optimizer' is not this model's AdamW state ({why}): it was written by other "
+                 "code; resume from a checkpoint that train.py wrote")
     if ckpt.get("scaler"):  # fp16: the loss scale and its growth tracker
         scaler.load_state_dict(ckpt["scaler"])
     iter_num, best_val_loss = ckpt["iter_num"], ckpt["best_val_loss"]
@@ -360,6 +376,12 @@ log_file, saved = None, None  # saved: the iteration of the last checkpoint this
 if master:
     try:
         os.makedirs(out_dir, exist_ok=True)
+        # two runs into one out_dir would splice their logs and checkpoints: the master locks it for its life.
+        # The OS frees the lock when the process ends, even by SIGKILL, so a killed run leaves none stuck
+        lock = open(os.path.join(out_dir, ".lock"), "a")
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if init_from == "scratch" and os.path.exists(ckpt_path) and not new_log:
+            sys.exit(f"{ckpt_path} was written by another run after this one started: train in a new --out_dir")
         for stale in (ckpt_path + ".tmp", log_path + ".new"):  # half-written files of an interrupted run
             if os.path.exists(stale):
                 os.remove(stale)
@@ -373,6 +395,9 @@ if master:
                         print(json.dumps(r), file=f)
             os.replace(log_path + ".tmp", log_path)
         log_file = open(new_log or log_path, "a" if init_from == "resume" else "w")
+    except BlockingIOError:
+        sys.exit(f"out_dir={out_dir} is in use by another train.py run (it holds {out_dir}/.lock): wait for it to "
+                 "end, or train in another --out_dir")
     except OSError as e:
         sys.exit(f"cannot write to out_dir={out_dir}: {e.strerror or e}")
     print(f"{dataset}: {len(data['train']):,} train / {len(data['val']):,} val tokens; {raw_model.get_num_params() / 1e6:.2f}M "
@@ -407,6 +432,19 @@ def save(states):
                  + (f"it still holds iteration {saved}" if saved is not None else "no checkpoint was saved"))
 
 
+def stop_if_diverged(loss, what):
+    """A NaN or inf loss stops the run in one line before anything of it is saved: the last checkpoint stays.
+    Under DDP the ranks' values are summed first, so all ranks stop at the same iteration and none waits on
+    a stopped one. (With fp16, an inf gradient is normal, the GradScaler skips that step; a loss is not.)"""
+    loss = torch.as_tensor(loss, dtype=torch.float32, device=device)
+    if ddp:
+        dist.all_reduce(loss)
+    if not math.isfinite(loss.item()):
+        kept = f"{ckpt_path} keeps iteration {saved}" if saved is not None else "this run saved no checkpoint"
+        sys.exit(f"iteration {iter_num}: the {what} is {loss.item()}: the run diverged (lower --learning_rate?); {kept}"
+                 if master else 1)
+
+
 t_start = t_last = time.time()
 iters_since_log = 0
 while True:
@@ -416,8 +454,9 @@ while True:
 
     if iter_num % eval_interval == 0 or iter_num >= max_iters or eval_only:
         states = rng_states()  # a collective under DDP: every rank takes part
+        ev = estimate_loss() if master else {}
+        stop_if_diverged(ev.get("train_loss", 0.0) + ev.get("val_loss", 0.0), "eval's train + val loss")  # so is this
         if master:
-            ev = estimate_loss()
             acc = f", acc train {ev['train_acc']:.3f} val {ev['val_acc']:.3f}" if mqar else ""
             acc += f", val halves {ev['val_first']:.4f} / {ev['val_second']:.4f}" if copy_task else ""
             print(f"step {iter_num}: train loss {ev['train_loss']:.4f}, val loss {ev['val_loss']:.4f}{acc}")
@@ -433,6 +472,7 @@ while True:
     # one iteration. Each micro-step fetches its own batch (no prefetch across
     # iterations), so the sampler state in a checkpoint is exactly where the next
     # iteration starts
+    losses = torch.zeros((), device=device)  # this iteration's, summed: checked before the step
     for micro_step in range(gradient_accumulation_steps):
         if ddp:  # all-reduce the gradients on the last micro-step only
             train_model.require_backward_grad_sync = micro_step == gradient_accumulation_steps - 1
@@ -440,6 +480,8 @@ while True:
         with ctx:
             _, loss = train_model(X, Y)
         scaler.scale(loss / gradient_accumulation_steps).backward()
+        losses += loss.detach()
+    stop_if_diverged(losses, "training loss")
     if grad_clip > 0:
         scaler.unscale_(optimizer)  # clip the true gradients
         torch.nn.utils.clip_grad_norm_(raw_model.parameters(), grad_clip)
