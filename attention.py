@@ -38,6 +38,7 @@ torch.autocast the output has SDPA's dtype. The fast paths run the Triton kernel
 import functools
 import importlib.util
 import math
+import time
 import warnings
 
 import torch
@@ -53,6 +54,8 @@ BACKEND = "auto"
 BACKENDS = ("auto", "torch", "triton", "reference")
 TRITON_VERSIONS = ((3, 2), (3, 9))  # Triton minors whose interpreter passes test_kernel.py (results/kernel_triton_versions.txt)
 VALUE_MARGIN = 1e-6  # the value rule's key spans reach this much past delta: fp32 rounding of |r_i - r_j| (r < 1)
+KERNEL_SELF_CHECK = True  # before the kernel first runs a rule on a device, dtype and head dim: kernel.self_check
+SELF_CHECKS = {}  # (device, dtype, head dim, rule) -> (max error, seconds, passed): this process's self-checks
 
 
 def check_positive(value, name="window"):
@@ -120,6 +123,65 @@ def _backend(q):
     return "triton" if q.shape[-1] in kernel.HEAD_DIMS and q.dtype in kernel.DTYPES else "torch"
 
 
+def _self_checked(q, rule):
+    """Whether the kernel may run `rule` on q: its self-check on q's device, dtype and head dim passed, run at the
+    first call (under torch.compile only looked up). A failure warns once under "auto", raises under "triton"."""
+    import kernel
+    key = (q.device, q.dtype, q.shape[-1], rule)
+    if KERNEL_SELF_CHECK and not torch.compiler.is_compiling() and key not in SELF_CHECKS:
+        start = time.perf_counter()
+        with torch.enable_grad(), torch.autocast(q.device.type, enabled=False):
+            err = kernel.self_check(q.device, q.dtype, q.shape[-1], rule, margin=VALUE_MARGIN)
+        SELF_CHECKS[key] = err, time.perf_counter() - start, err <= kernel.TOLERANCE[q.dtype]
+        if not SELF_CHECKS[key][2] and BACKEND != "triton":
+            warnings.warn(_failure(key) + "; the torch path runs from now on for this case")
+    if key in SELF_CHECKS and not SELF_CHECKS[key][2] and BACKEND == "triton":
+        raise RuntimeError(_failure(key))
+    return key not in SELF_CHECKS or SELF_CHECKS[key][2]
+
+
+def _failure(key):
+    import kernel
+    (device, dtype, D, rule), err = key, SELF_CHECKS[key][0]
+    return (f"the Triton kernel failed its self-check on {_device_name(device)} {str(dtype)[6:]} for {rule} (head dim "
+            f"{D}): max error {err:.1e} > {kernel.TOLERANCE[dtype]:.0e} against the dense fp32 reference")
+
+
+def _device_name(device):
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "the CPU interpreter"
+
+
+def _why(e):
+    return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"
+
+
+def engine(device, dtype, head_dim, kinds, sa_rule="rank"):
+    """The line train.py, sample.py and eval.py print: what runs the SWA and SA of these attention kinds (one or a
+    list) on `device` in `dtype`; on a GPU the Triton kernel and its self-checks, run now, before any training."""
+    q = torch.empty(0, 0, 0, head_dim, device=device, dtype=dtype)
+    kinds = {kinds} if isinstance(kinds, str) else set(kinds)
+    rules = [rule for rule, users in (("swa", {"swa", "sa+swa"}), ("sa " + sa_rule, {"sa", "sa+swa"})) if kinds & users]
+    if not rules:
+        return f"attention: no SWA or SA, so no kernel, on {q.device}"
+    if _backend(q) != "triton":
+        return f"attention: the {'dense reference' if BACKEND == 'reference' else 'torch path (blocked.py)'} on {q.device}"
+    import kernel
+    try:
+        passed = [rule for rule in rules if _self_checked(q, rule)]
+    except kernel.CANNOT_RUN as e:
+        if BACKEND == "triton":
+            raise
+        return f"attention: the torch path: the Triton kernel cannot run on {_device_name(q.device)}: {_why(e)}"
+    where = f"{_device_name(q.device)} {str(dtype)[6:]}"
+    if not KERNEL_SELF_CHECK:
+        return f"attention: Triton kernel on {where}, self-check off"
+    checks = [SELF_CHECKS[q.device, dtype, head_dim, rule] for rule in rules]
+    failed = ", ".join(rule for rule in rules if rule not in passed)
+    verdict = (f"the torch path for {failed}: the Triton kernel failed its self-check" if failed
+               else "Triton kernel, self-check passed")
+    return f"attention: {verdict} on {where} (max err {max(c[0] for c in checks):.1e}, {sum(c[1] for c in checks):.1f} s)"
+
+
 # -----------------------------------------------------------------------------
 # The dense references: O(T^2), the oracle of every test; each kind's mask sits next to its fast path.
 
@@ -166,12 +228,12 @@ def _band(q, k, v, width, pos, val=None):
     if backend == "triton":
         import kernel
         try:
-            return kernel.triton_swa(q, k, v, width, pos, val, VALUE_MARGIN)
+            if _self_checked(q, "swa" if pos is None else "sa rank" if val is None else "sa value"):
+                return kernel.triton_swa(q, k, v, width, pos, val, VALUE_MARGIN)
         except kernel.CANNOT_RUN as e:
             if BACKEND == "triton":
                 raise
-            warnings.warn(f"the Triton kernel failed, using the torch path instead: {type(e).__name__}: "
-                          f"{(str(e).strip().splitlines() or [''])[0]}")
+            warnings.warn(f"the Triton kernel failed, using the torch path instead: {_why(e)}")
     return blocked.band(q, k, v, pos, val, width, VALUE_MARGIN)[0]
 
 
