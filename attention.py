@@ -1,34 +1,26 @@
 """
-Causal attention functions: full, sliding-window (SWA), stochastic (SA) and MoBA.
-Every function takes q, k, v of shape (B, H, T, D) and returns (B, H, T, D).
+Causal attention functions: full, sliding-window (SWA), stochastic (SA) and MoBA, each taking q, k, v of
+shape (B, H, T, D) and returning (B, H, T, D).
 
-THE RULES (stated once; the dense references, the blocked torch engine and the Triton
-kernel all follow them, and test_attention.py checks that). SWA and both SA rules are
-one rule over a value and a position per token:
+THE RULES, stated once (the dense references, the blocked torch engine and the Triton kernel follow them,
+and test_attention.py checks that). SWA and both SA rules are one rule over a value and a position per token:
 
   key j is visible to query i  iff  |val[i] - val[j]| < width  and  pos[j] <= pos[i]
 
-  sliding_window_attention(q, k, v, window, pos):
-      val = the slot index, width = window; pos a LongTensor (T,) or broadcastable to (B, H, T),
-      default arange(T): plain causal SWA, i - window < j <= i (FlashAttention's window_size=
-      (window-1, 0)). With pos given, the band reaches both sides and causality acts on pos.
-
-  stochastic_attention(q, k, v, window, perm)            (the rank rule, the paper's)
-      perm is a permutation of range(T), shape (T,) or (B, H, T); slot s holds token perm[s].
-      Gather q, k, v by perm, run sliding_window_attention(..., window, pos=perm), scatter back.
-      So tokens a >= b interact iff their slots are fewer than `window` apart: no token sees its
-      future, a query sees ~`window` keys, window >= T is full attention, identity perm is SWA.
-
-  stochastic_value_attention(q, k, v, delta, r)          (the value rule)
-      r holds one i.i.d. uniform key in [0, 1) per token, shape (T,) or (B, H, T): val = r,
-      width = delta, pos = the token index; tokens a >= b interact iff |r_a - r_b| < delta.
-      delta = window / T connects a pair as often as the rank rule, but by r_a and r_b alone,
-      so a KV cache decodes it exactly (model.py). Sort by r, run the band with each block's
-      key span (sorted by r, a block of queries sees one contiguous span), unsort.
-
-  moba_attention(q, k, v, moba_block, top_k):
-      query i attends to its own block of moba_block keys (causally, j <= i) plus the top_k - 1
-      strictly-past blocks with the largest q_i . mean(K_block), scored in fp32.
+  sliding_window_attention(q, k, v, window, pos): val = the slot index, width = window; pos a LongTensor (T,)
+      or broadcastable to (B, H, T), default arange(T): plain causal SWA, i - window < j <= i (FlashAttention's
+      window_size=(window-1, 0)). With pos given, the band reaches both sides and causality acts on pos.
+  stochastic_attention(q, k, v, window, perm), the rank rule (the paper's): perm is a permutation of range(T),
+      shape (T,) or (B, H, T); slot s holds token perm[s]. Gather q, k, v by perm, run sliding_window_attention
+      (..., window, pos=perm), scatter back. So tokens a >= b interact iff their slots are fewer than `window`
+      apart: no token sees its future, a query sees ~`window` keys, window >= T is full attention, identity is SWA.
+  stochastic_value_attention(q, k, v, delta, r), the value rule: r holds one i.i.d. uniform key in [0, 1) per
+      token, shape (T,) or (B, H, T): val = r, width = delta, pos = the token index; tokens a >= b interact iff
+      |r_a - r_b| < delta. delta = window / T connects a pair as often as the rank rule, but by r_a and r_b alone,
+      so a KV cache decodes it exactly (model.py). Sort by r, run the band with each block's key span (sorted by
+      r, a block of queries sees one contiguous span), unsort.
+  moba_attention(q, k, v, moba_block, top_k): query i attends to its own block of moba_block keys (causally,
+      j <= i) plus the top_k - 1 strictly-past blocks with the largest q_i . mean(K_block), scored in fp32.
 
 Every query sees itself, so no row is fully masked, and no query reads a key it may not
 see, not even a NaN in it. Scores and softmax are fp32 for every input dtype; under
@@ -124,62 +116,44 @@ def _backend(q):
 
 
 def _self_checked(q, rule):
-    """Whether the kernel may run `rule` on q: its self-check on q's device, dtype and head dim passed, run at the
-    first call (under torch.compile only looked up). A failure warns once under "auto", raises under "triton"."""
+    """Whether the kernel passed its self-check of `rule` on q's device, dtype and head dim, run at the first call
+    (under torch.compile only looked up). A failure raises under "triton"; under "auto" it warns, once."""
     import kernel
-    key = (q.device, q.dtype, q.shape[-1], rule)
+    key, start = (q.device, q.dtype, q.shape[-1], rule), time.perf_counter()
     if KERNEL_SELF_CHECK and not torch.compiler.is_compiling() and key not in SELF_CHECKS:
-        start = time.perf_counter()
         with torch.enable_grad(), torch.autocast(q.device.type, enabled=False):
             err = kernel.self_check(q.device, q.dtype, q.shape[-1], rule, margin=VALUE_MARGIN)
+        if not err <= kernel.TOLERANCE[q.dtype]:
+            failure = (f"the Triton kernel failed its self-check on {_where(q)} for {rule} (head dim {q.shape[-1]}): "
+                       f"max error {err:.1e} against the dense fp32 reference")
+            if BACKEND == "triton":
+                raise RuntimeError(failure)
+            warnings.warn(failure + "; the torch path runs from now on for this case")
         SELF_CHECKS[key] = err, time.perf_counter() - start, err <= kernel.TOLERANCE[q.dtype]
-        if not SELF_CHECKS[key][2] and BACKEND != "triton":
-            warnings.warn(_failure(key) + "; the torch path runs from now on for this case")
-    if key in SELF_CHECKS and not SELF_CHECKS[key][2] and BACKEND == "triton":
-        raise RuntimeError(_failure(key))
-    return key not in SELF_CHECKS or SELF_CHECKS[key][2]
+    return SELF_CHECKS.get(key, (0.0, 0.0, True))[2]
 
 
-def _failure(key):
-    import kernel
-    (device, dtype, D, rule), err = key, SELF_CHECKS[key][0]
-    return (f"the Triton kernel failed its self-check on {_device_name(device)} {str(dtype)[6:]} for {rule} (head dim "
-            f"{D}): max error {err:.1e} > {kernel.TOLERANCE[dtype]:.0e} against the dense fp32 reference")
-
-
-def _device_name(device):
-    return torch.cuda.get_device_name(device) if device.type == "cuda" else "the CPU interpreter"
-
-
-def _why(e):
-    return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"
+def _where(q):
+    return f"{torch.cuda.get_device_name(q.device) if q.is_cuda else 'the CPU interpreter'} {str(q.dtype)[6:]}"
 
 
 def engine(device, dtype, head_dim, kinds, sa_rule="rank"):
-    """The line train.py, sample.py and eval.py print: what runs the SWA and SA of these attention kinds (one or a
-    list) on `device` in `dtype`; on a GPU the Triton kernel and its self-checks, run now, before any training."""
-    q = torch.empty(0, 0, 0, head_dim, device=device, dtype=dtype)
-    kinds = {kinds} if isinstance(kinds, str) else set(kinds)
-    rules = [rule for rule, users in (("swa", {"swa", "sa+swa"}), ("sa " + sa_rule, {"sa", "sa+swa"})) if kinds & users]
-    if not rules:
-        return f"attention: no SWA or SA, so no kernel, on {q.device}"
-    if _backend(q) != "triton":
-        return f"attention: the {'dense reference' if BACKEND == 'reference' else 'torch path (blocked.py)'} on {q.device}"
-    import kernel
-    try:
-        passed = [rule for rule in rules if _self_checked(q, rule)]
-    except kernel.CANNOT_RUN as e:
-        if BACKEND == "triton":
-            raise
-        return f"attention: the torch path: the Triton kernel cannot run on {_device_name(q.device)}: {_why(e)}"
-    where = f"{_device_name(q.device)} {str(dtype)[6:]}"
+    """The line train.py, sample.py and eval.py print: what runs the SWA and SA of these attention kinds (a list) in
+    dtype on device. On a GPU, the kernel: one token through each rule runs its self-check now, before training."""
+    q, pos = torch.zeros(1, 1, 1, head_dim, device=device, dtype=dtype), torch.zeros(1, dtype=torch.long, device=device)
+    rules = [r for r, users in (("swa", {"swa", "sa+swa"}), ("sa " + sa_rule, {"sa", "sa+swa"})) if users & set(kinds)]
+    if not rules or _backend(q) != "triton":
+        return f"attention: {'the ' + _backend(q) + ' path' if rules else 'no SWA or SA'} on {q.device}"
     if not KERNEL_SELF_CHECK:
-        return f"attention: Triton kernel on {where}, self-check off"
-    checks = [SELF_CHECKS[q.device, dtype, head_dim, rule] for rule in rules]
-    failed = ", ".join(rule for rule in rules if rule not in passed)
-    verdict = (f"the torch path for {failed}: the Triton kernel failed its self-check" if failed
-               else "Triton kernel, self-check passed")
-    return f"attention: {verdict} on {where} (max err {max(c[0] for c in checks):.1e}, {sum(c[1] for c in checks):.1f} s)"
+        return f"attention: Triton kernel on {_where(q)}, self-check off"
+    for rule in rules:  # under "auto" a kernel that cannot run here warns and takes the torch path: no record
+        _band(q, q, q, 1, None if rule == "swa" else pos, pos.float() if rule == "sa value" else None)
+    checks = [SELF_CHECKS.get((q.device, dtype, head_dim, rule), (math.nan, 0.0, False)) for rule in rules]
+    failed = ", ".join(rule for rule, (_, _, passed) in zip(rules, checks) if not passed)
+    verdict = f"the torch path for {failed}: the Triton kernel failed its self-check or cannot run" if failed else \
+        "Triton kernel, self-check passed"
+    err, seconds = max(c[0] for c in checks), sum(c[1] for c in checks)
+    return f"attention: {verdict} on {_where(q)} (max err {err:.1e}, {seconds:.1f} s)"
 
 
 # -----------------------------------------------------------------------------
@@ -198,8 +172,7 @@ def masked_attention(q, k, v, mask):
 
 
 def rule_mask(val, pos, width):
-    """THE rule, dense: (..., T, T) bool, True where query i may see key j:
-    |val[i] - val[j]| < width and pos[j] <= pos[i]; val and pos of shape (T,) or (..., T)."""
+    """THE rule, dense: (..., T, T) bool, True where query i may see key j; val and pos of shape (T,) or (..., T)."""
     near = (val[..., :, None] - val[..., None, :]).abs() < width         # (..., T, T)
     return near & (pos[..., None, :] <= pos[..., :, None])
 
@@ -219,8 +192,8 @@ def swa_reference(q, k, v, window, pos=None):
 
 
 def _band(q, k, v, width, pos, val=None):
-    """The rule over slots: val None (the slot index, width = window) or sorted r (width = delta); pos None is
-    causal SWA. Where "auto"'s kernel cannot compile or run on this GPU: a warning, the torch path."""
+    """The rule over slots: val None (the slot index, width = window) or sorted r (width = delta); pos None is causal
+    SWA. Where "auto"'s kernel cannot run on this GPU or failed its self-check: a warning, the torch path."""
     backend = _backend(q)
     if backend == "reference":
         idx = torch.arange(q.shape[2], device=q.device)
@@ -233,7 +206,8 @@ def _band(q, k, v, width, pos, val=None):
         except kernel.CANNOT_RUN as e:
             if BACKEND == "triton":
                 raise
-            warnings.warn(f"the Triton kernel failed, using the torch path instead: {_why(e)}")
+            warnings.warn(f"the Triton kernel failed, using the torch path instead: {type(e).__name__}: "
+                          f"{(str(e).strip().splitlines() or [''])[0]}")
     return blocked.band(q, k, v, pos, val, width, VALUE_MARGIN)[0]
 
 
@@ -254,8 +228,7 @@ def sa_reference(q, k, v, window, perm):
 
 
 def _reorder(t, idx):
-    """t (B, H, T, D) with its rows in idx's order, idx of shape (T,) or (B, H, T):
-    out[b, h, s] = t[b, h, idx[b, h, s]]. Indexes by row, never by element."""
+    """t (B, H, T, D) in idx's order (idx (T,) or (B, H, T)): out[b, h, s] = t[b, h, idx[b, h, s]], by row."""
     if idx.dim() == 1:
         return t.index_select(2, idx)                                   # (B, H, T, D)
     b, h = (torch.arange(n, device=t.device) for n in t.shape[:2])      # (B,), (H,)
@@ -263,9 +236,8 @@ def _reorder(t, idx):
 
 
 def row_perms(seed, lengths, T, heads=1):
-    """SA's permutations for right-padded rows: (B, heads, T), row b permuting only its first
-    lengths[b] tokens, its pads keeping their slots after them. Drawn from `seed` alone, so a
-    row's permutation depends on the seed and its length, never on the rest of the batch."""
+    """SA's permutations for right-padded rows: (B, heads, T), row b permuting only its first lengths[b] tokens, its
+    pads keeping their slots after them; from `seed` and the row's length alone, never the rest of the batch."""
     rows = [torch.cat([torch.rand(heads, n, generator=torch.Generator().manual_seed(seed)).argsort(-1),  # (heads, n)
                        torch.arange(n, T).expand(heads, -1)], -1) for n in lengths.tolist()]          # (heads, T)
     return torch.stack(rows)                                                                           # (B, heads, T)
@@ -317,9 +289,8 @@ def block_means(k, moba_block):
 
 @torch.no_grad()  # routing is a hard choice: no gradient flows through it, as in MoBA
 def moba_select(q, k, moba_block, top_k):
-    """MoBA's routing, shared by both MoBA paths so they pick identical blocks; scored in fp32,
-    as MoBA's own code does. Returns (B, H, T, top_k-1) indices of the chosen strictly-past
-    blocks and a validity mask of the same shape (early queries have fewer past blocks)."""
+    """MoBA's routing, shared by both MoBA paths so they pick identical blocks; scored in fp32, as MoBA's code does.
+    (B, H, T, top_k-1) indices of the chosen strictly-past blocks, and whether each is valid (early queries)."""
     B, H, T, D = q.shape
     nblk = math.ceil(T / moba_block)
     kmean = block_means(k, moba_block)                                  # (B, H, nblk, D)
@@ -337,8 +308,7 @@ def moba_select(q, k, moba_block, top_k):
 
 
 def moba_mask(q, k, moba_block, top_k):
-    """MoBA's rule: (B, H, T, T) bool, True where query i sees key j: j <= i, in i's own block
-    or in one of the blocks moba_select picked for i."""
+    """MoBA's rule: (B, H, T, T) bool, True where query i sees key j: j <= i, in i's block or one moba_select picked."""
     T, (idx, ok) = q.shape[2], moba_select(q, k, moba_block, top_k)
     chosen = torch.zeros(*idx.shape[:3], math.ceil(T / moba_block), dtype=torch.bool, device=q.device)
     chosen.scatter_(-1, idx, ok)                                         # (B, H, T, nblk)
