@@ -119,17 +119,19 @@ def _self_checked(q, rule):
     """Whether the kernel passed its self-check of `rule` on q's device, dtype and head dim, run at the first call
     (under torch.compile only looked up). A failure raises under "triton"; under "auto" it warns, once."""
     import kernel
-    key, start = (q.device, q.dtype, q.shape[-1], rule), time.perf_counter()
+    key = (q.device, q.dtype, q.shape[-1], rule)
     if KERNEL_SELF_CHECK and not torch.compiler.is_compiling() and key not in SELF_CHECKS:
+        start = time.perf_counter()
         with torch.enable_grad(), torch.autocast(q.device.type, enabled=False):
             err = kernel.self_check(q.device, q.dtype, q.shape[-1], rule, margin=VALUE_MARGIN)
-        if not err <= kernel.TOLERANCE[q.dtype]:
+        passed = err <= kernel.TOLERANCE[q.dtype]  # NaN fails too
+        if not passed:
             failure = (f"the Triton kernel failed its self-check on {_where(q)} for {rule} (head dim {q.shape[-1]}): "
                        f"max error {err:.1e} against the dense fp32 reference")
             if BACKEND == "triton":
                 raise RuntimeError(failure)
             warnings.warn(failure + "; the torch path runs from now on for this case")
-        SELF_CHECKS[key] = err, time.perf_counter() - start, err <= kernel.TOLERANCE[q.dtype]
+        SELF_CHECKS[key] = err, time.perf_counter() - start, passed
     return SELF_CHECKS.get(key, (0.0, 0.0, True))[2]
 
 
@@ -139,18 +141,24 @@ def _where(q):
 
 def engine(device, dtype, head_dim, kinds, sa_rule="rank"):
     """The line train.py, sample.py and eval.py print: what runs the SWA and SA of these attention kinds (a list) in
-    dtype on device. On a GPU, the kernel: one token through each rule runs its self-check now, before training."""
-    q, pos = torch.zeros(1, 1, 1, head_dim, device=device, dtype=dtype), torch.zeros(1, dtype=torch.long, device=device)
+    dtype on device. On a GPU, the kernel, whose self-check of each rule runs now, before any training."""
+    q = torch.empty(0, 0, 0, head_dim, device=device, dtype=dtype)
     rules = [r for r, users in (("swa", {"swa", "sa+swa"}), ("sa " + sa_rule, {"sa", "sa+swa"})) if users & set(kinds)]
     if not rules or _backend(q) != "triton":
         return f"attention: {'the ' + _backend(q) + ' path' if rules else 'no SWA or SA'} on {q.device}"
     if not KERNEL_SELF_CHECK:
         return f"attention: Triton kernel on {_where(q)}, self-check off"
-    for rule in rules:  # under "auto" a kernel that cannot run here warns and takes the torch path: no record
-        _band(q, q, q, 1, None if rule == "swa" else pos, pos.float() if rule == "sa value" else None)
-    checks = [SELF_CHECKS.get((q.device, dtype, head_dim, rule), (math.nan, 0.0, False)) for rule in rules]
-    failed = ", ".join(rule for rule, (_, _, passed) in zip(rules, checks) if not passed)
-    verdict = f"the torch path for {failed}: the Triton kernel failed its self-check or cannot run" if failed else \
+    import kernel
+    try:
+        passed = [_self_checked(q, rule) for rule in rules]
+    except kernel.CANNOT_RUN as e:  # as at the first call: "triton" raises, "auto" takes the torch path
+        if BACKEND == "triton":
+            raise
+        why = str(e).strip().partition("\n")[0]
+        return f"attention: the torch path: the Triton kernel cannot run on {_where(q)}: {type(e).__name__}: {why}"
+    checks = [SELF_CHECKS[q.device, dtype, head_dim, rule] for rule in rules]
+    failed = ", ".join(rule for rule, ok in zip(rules, passed) if not ok)
+    verdict = f"the torch path for {failed}: the Triton kernel failed its self-check" if failed else \
         "Triton kernel, self-check passed"
     err, seconds = max(c[0] for c in checks), sum(c[1] for c in checks)
     return f"attention: {verdict} on {_where(q)} (max err {err:.1e}, {seconds:.1f} s)"

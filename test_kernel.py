@@ -213,6 +213,9 @@ def test_auto_falls_back_to_torch(monkeypatch, cause, match):
     with pytest.warns(UserWarning, match=f"torch path instead: .*{match}"):
         assert_same(lambda *x: A.stochastic_value_attention(*x, 0.2, r), q, k, v,
                     lambda *x: A.sa_value_reference(*x, 0.2, r))
+    line = A.engine(KDEV, torch.float32, 16, ["sa+swa"])
+    assert re.fullmatch(f"attention: the torch path: the Triton kernel cannot run on the CPU interpreter float32: "
+                        f".*{match}.*", line), line
 
 
 def test_a_kernel_bug_raises_under_auto(monkeypatch):
@@ -465,5 +468,6 @@ def test_a_failed_dtype_leaves_the_other_alone(monkeypatch, bf16_dot, faulty):
     assert {key[1]: passed for key, (err, seconds, passed) in A.SELF_CHECKS.items()} == \
         {torch.bfloat16: faulty != torch.bfloat16, torch.float32: faulty != torch.float32}
     for dtype in (torch.bfloat16, torch.float32):
-        assert A.engine("cpu", dtype, 16, ["swa"]).startswith("attention: the torch path for swa: the Triton kernel "
-                                                              "failed" if dtype == faulty else "attention: Triton kernel")
+        line = A.engine("cpu", dtype, 16, ["swa"])
+        assert line.startswith("attention: the torch path for swa: the Triton kernel failed its self-check on the CPU "
+                               f"interpreter {str(dtype)[6:]}" if dtype == faulty else "attention: Triton kernel"), line
