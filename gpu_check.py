@@ -177,7 +177,11 @@ if __name__ == "__main__":
         os.replace(out + ".tmp", out)
 
     print(f"gpu_check on {gpu}: torch {torch.__version__}, Triton {triton.__version__}", flush=True)
-    save("self-check and memory", self_check_and_memory_stage())
+    try:  # in this process: a failure is recorded, and the stages after it still run
+        stage = self_check_and_memory_stage()
+    except Exception as e:
+        stage = dict(cmd="in process", status="fail", seconds=0, output=f"{type(e).__name__}: {e}")
+    save("self-check and memory", stage)
     print(result["stages"]["self-check and memory"]["output"])
     save("kernel", kernel_stage())
     speed = bench_stage(extra=["--dtype=bfloat16", "--backend=triton", "--kinds=full,swa,sa,flex-swa,flex-sa"])

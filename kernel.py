@@ -406,7 +406,7 @@ def triton_swa(q, k, v, width, pos=None, val=None, margin=0.0):
 # python kernel.py --check (a GPU user's first minute): the kernel against its rule, dense, in fp32.
 
 RULES = ("swa", "sa rank", "sa value")  # the kernel's variants: no pos (causal SWA), pos, pos and val
-TOLERANCE = {torch.bfloat16: 5e-2, torch.float16: 5e-2, torch.float32: 1e-3}  # of check's max error
+TOLERANCE = {torch.bfloat16: 5e-2, torch.float16: 5e-2, torch.float32: 1e-3}  # of self_check's max error
 
 
 def dense(q, k, v, width, pos=None, val=None):

@@ -418,7 +418,8 @@ def inject(monkeypatch, fault, dtype=None):
                                          ("nan", "sa")])
 def test_the_self_check_catches_a_faulty_kernel(monkeypatch, fault, kind):
     """Under "triton" the first call raises, naming the device, dtype, rule and error; under "auto" (here the
-    interpreter plays a GPU) one warning says so and the torch path gives the reference's output and gradients."""
+    interpreter plays a GPU) one warning says so and the torch path gives the reference's output and gradients,
+    which the faulty kernel, unchecked, does not."""
     fast, ref = attention_kinds(100, B=1, H=2)[kind]
     q, k, v = qkv(1, 2, 100, 16, device=KDEV)
     inject(monkeypatch, fault)
@@ -437,6 +438,10 @@ def test_the_self_check_catches_a_faulty_kernel(monkeypatch, fault, kind):
         fast(q, k, v)
     failures = [str(w.message) for w in caught if "self-check" in str(w.message)]
     assert len(failures) == 1 and re.search(message + "; the torch path runs from now on", failures[0]), failures
+    monkeypatch.setattr(A, "SELF_CHECKS", {})
+    monkeypatch.setattr(A, "KERNEL_SELF_CHECK", False)  # and the fault is real: unchecked, the kernel runs it
+    with pytest.raises(AssertionError):
+        assert_same(fast, q, k, v, ref)
 
 
 def test_the_self_check_runs_once_per_key(monkeypatch):

@@ -26,7 +26,7 @@ is bitwise the run that was never stopped (tested on the CPU); keep lr_decay_ite
 Under DDP, gradient_accumulation_steps is the total over ranks, and each rank draws its own
 batches and SA permutations.
 The defaults below are a one-A100 run: a GPT-2-small-sized (124M) SA+SWA model
-on FineWeb-Edu, 5000 iterations of 0.5M tokens (2.6B tokens). Its peak, about 21 GiB per GPU in eager bf16
+on FineWeb-Edu, 5000 iterations of 0.5M tokens (2.6B tokens). Its peak, about 20.5 GiB per GPU in eager bf16
 (gpu_check.memory_estimate), fits a 40 GB A100.
 """
 import json
