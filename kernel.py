@@ -402,16 +402,14 @@ def triton_swa(q, k, v, width, pos=None, val=None, margin=0.0):
 
 
 # -----------------------------------------------------------------------------
-# The self-check, which attention.py runs at the kernel's first use per device, dtype, head dim and rule, and
-# python kernel.py --check (a GPU user's first minute): the kernel against its rule, dense, in fp32.
+# self_check (attention.py runs it at each rule's first use) and python kernel.py --check: against the dense rule.
 
 RULES = ("swa", "sa rank", "sa value")  # the kernel's variants: no pos (causal SWA), pos, pos and val
 TOLERANCE = {torch.bfloat16: 5e-2, torch.float16: 5e-2, torch.float32: 1e-3}  # of self_check's max error
 
 
 def dense(q, k, v, width, pos=None, val=None):
-    """triton_swa's rule as a dense mask (attention.rule_mask's formula, test_kernel.py holds them equal):
-    softmax over the visible keys, in fp32, (B, H, T, D) -> (B, H, T, D)."""
+    """triton_swa's rule, dense, in fp32 (attention.rule_mask's mask formula: test_kernel.py holds the two equal)."""
     idx = torch.arange(q.shape[2], device=q.device)
     val, pos = idx if val is None else val, idx if pos is None else pos
     mask = ((val[..., :, None] - val[..., None, :]).abs() < width) & (pos[..., None, :] <= pos[..., :, None])
