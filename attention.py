@@ -26,6 +26,7 @@ output has SDPA's dtype. Fast paths: the Triton kernel (kernel.py), the blocked 
 import functools
 import importlib.util
 import math
+import time
 import warnings
 
 import torch
@@ -40,6 +41,8 @@ BACKEND = "auto"
 BACKENDS = ("auto", "torch", "triton", "reference")
 TRITON_VERSIONS = ((3, 2), (3, 9))  # Triton minors whose interpreter passes test_kernel.py (results/kernel_triton_versions.txt)
 VALUE_MARGIN = 1e-6  # the value rule's key spans reach this much past delta: fp32 rounding of |r_i - r_j| (r < 1)
+KERNEL_SELF_CHECK = True  # before the kernel first runs a rule on a device, dtype and head dim: kernel.self_check
+SELF_CHECKS = {}  # (device, dtype, head dim, rule) -> (max error, seconds, passed): this process's self-checks
 
 
 def check_positive(value, name="window"):
@@ -122,6 +125,55 @@ def _backend(q):
     return "triton" if q.shape[-1] in kernel.HEAD_DIMS and q.dtype in kernel.DTYPES else "torch"
 
 
+def _self_checked(q, rule):
+    """Whether the kernel passed its self-check of `rule` on q's device, dtype and head dim, run at the first call
+    (under torch.compile only looked up). A failure raises under "triton"; under "auto" it warns, once."""
+    import kernel
+    key = (q.device, q.dtype, q.shape[-1], rule)
+    if KERNEL_SELF_CHECK and not torch.compiler.is_compiling() and key not in SELF_CHECKS:
+        start = time.perf_counter()
+        with torch.enable_grad(), torch.autocast(q.device.type, enabled=False):
+            err = kernel.self_check(q.device, q.dtype, q.shape[-1], rule, margin=VALUE_MARGIN)
+        passed = err <= kernel.TOLERANCE[q.dtype]  # NaN fails too
+        if not passed:
+            failure = (f"the Triton kernel failed its self-check on {_where(q)} for {rule} (head dim {q.shape[-1]}): "
+                       f"max error {err:.1e} against the dense fp32 reference")
+            if BACKEND == "triton":
+                raise RuntimeError(failure)
+            warnings.warn(failure + "; the torch path runs from now on for this case")
+        SELF_CHECKS[key] = err, time.perf_counter() - start, passed
+    return SELF_CHECKS.get(key, (0.0, 0.0, True))[2]
+
+
+def _where(q):
+    return f"{torch.cuda.get_device_name(q.device) if q.is_cuda else 'the CPU interpreter'} {str(q.dtype)[6:]}"
+
+
+def engine(device, dtype, head_dim, kinds, sa_rule="rank"):
+    """The line train.py, sample.py and eval.py print: what runs the SWA and SA of these attention kinds (a list) in
+    dtype on device. On a GPU, the kernel, whose self-check of each rule runs now, before any training."""
+    q = torch.empty(0, 0, 0, head_dim, device=device, dtype=dtype)
+    rules = [r for r, users in (("swa", {"swa", "sa+swa"}), ("sa " + sa_rule, {"sa", "sa+swa"})) if users & set(kinds)]
+    if not rules or _backend(q) != "triton":
+        return f"attention: {'the ' + _backend(q) + ' path' if rules else 'no SWA or SA'} on {q.device}"
+    if not KERNEL_SELF_CHECK:
+        return f"attention: Triton kernel on {_where(q)}, self-check off"
+    import kernel
+    try:
+        passed = [_self_checked(q, rule) for rule in rules]
+    except kernel.CANNOT_RUN as e:  # as at the first call: "triton" raises, "auto" takes the torch path
+        if BACKEND == "triton":
+            raise
+        why = str(e).strip().partition("\n")[0]
+        return f"attention: the torch path: the Triton kernel cannot run on {_where(q)}: {type(e).__name__}: {why}"
+    checks = [SELF_CHECKS[q.device, dtype, head_dim, rule] for rule in rules]
+    failed = ", ".join(rule for rule, ok in zip(rules, passed) if not ok)
+    verdict = f"the torch path for {failed}: the Triton kernel failed its self-check" if failed else \
+        "Triton kernel, self-check passed"
+    err, seconds = max(c[0] for c in checks), sum(c[1] for c in checks)
+    return f"attention: {verdict} on {_where(q)} (max err {err:.1e}, {seconds:.1f} s)"
+
+
 # -----------------------------------------------------------------------------
 # The dense references: O(T^2), the oracle of every test; each kind's mask sits next to its fast path.
 
@@ -170,7 +222,8 @@ def _band(q, k, v, width, pos, val=None):
     if backend == "triton":
         import kernel
         try:
-            return kernel.triton_swa(q, k, v, width, pos, val, VALUE_MARGIN)
+            if _self_checked(q, "swa" if pos is None else "sa rank" if val is None else "sa value"):
+                return kernel.triton_swa(q, k, v, width, pos, val, VALUE_MARGIN)
         except kernel.CANNOT_RUN as e:
             if BACKEND == "triton":
                 raise

@@ -109,6 +109,10 @@ def run(cfg):
                  + [load_task(t, cfg["limit"]) for t in names if t != "ppl"])
     lm, ckpt_dataset = load_model(cfg)
     settings = plan(lm, kinds, ws, cfg)
+    c = lm.model.config  # ours or Hugging Face's: what runs the attention of the kinds about to run
+    print(attention.engine(cfg["device"], DTYPES[cfg["dtype"]], c.n_embd // c.n_head if hasattr(c, "n_embd") else
+                           c.hidden_size // c.num_attention_heads, [s["attn"] for s in settings if s] or
+                           [lm.native["attn"]], getattr(c, "sa_rule", "rank")))
     ppl_name, tokens = perplexity_tokens(cfg, lm, ckpt_dataset) if "ppl" in names else (None, None)
     rows = []
     for setting in settings:

@@ -7,6 +7,9 @@ The prepared GPU check: one command for a CUDA machine, at most about 8 minutes 
 
 Stages, each with its own time limit; a failing or timed-out stage is recorded with its output,
 and the next stage still runs:
+  0. self-check and memory, in this process: attention.engine's line for the default model's rules in bf16
+     and fp32 (the kernel's self-check, as train.py runs it); one eager micro-step of train.py's default
+     model (batch 8 x 2048, bf16): torch.cuda.max_memory_allocated() beside memory_estimate's bytes;
   1. kernel: `python kernel.py --check`: the Triton kernel against attention.py's torch path and
      FlexAttention (then its own speed table, cut off by the time limit if need be);
   2. speed:  `python bench.py` on the GPU, bf16, T = 2k, 8k and 32k, window 256: SDPA ("full"),
@@ -43,6 +46,49 @@ train_args = "--batch_size=8 --block_size=2048 --gradient_accumulation_steps=4 -
 # -----------------------------------------------------------------------------
 PAPER_FULL_OVER_SA = {2048: 1.5, 8192: 6.6, 32768: 28.0}  # the paper's A100 speed-ups of SA over full attention
 BF16_PEAK = {"A100": 312e12, "H100": 989e12, "H200": 989e12}  # dense bf16 FLOP/s (SXM); MFU against the GPU's own
+
+
+def memory_estimate(n_params, n_layer, n_embd, vocab_size, batch_size, T):
+    """Peak bytes of one eager bf16-autocast training micro-step of train.py's SA+SWA GPT through the kernel:
+    (states, saved activations, the loss's transient at the start of the backward). Per token-channel and
+    layer the forward saves about 54 bytes (test_gpu_check.py measures it on the CPU)."""
+    btc, btv = batch_size * T * n_embd, batch_size * T * vocab_size
+    states = 16 * n_params  # fp32 weights and gradients, AdamW's two moments
+    saved = 2 * n_params + (54 * n_layer + 7) * btc + 4 * btv  # autocast's bf16 weights; the fp32 log-softmax
+    return states, saved, 10 * btv  # the loss: the bf16 logits, and the log-softmax's fp32 gradient in and out
+
+
+def self_check_and_memory_stage(batch_size=8, T=2048):
+    """The kernel's self-check lines (train.py's default model: head dim 64, SA+SWA, both SA rules), then one
+    micro-step of that model at batch_size x T in bf16, its measured peak beside memory_estimate's."""
+    import attention
+    from model import GPT, GPTConfig
+    start = time.time()
+    lines = [attention.engine("cuda", dtype, 64, ["sa+swa"], rule) for dtype in (torch.bfloat16, torch.float32)
+             for rule in ("rank", "value")]
+    model = GPT(GPTConfig(block_size=T)).cuda()
+    optimizer = model.configure_optimizers(0.1, 6e-4, (0.9, 0.95), "cuda")
+    try:
+        for step in range(2):  # the second micro-step is the steady state: AdamW's moments exist
+            torch.cuda.reset_peak_memory_stats()
+            x = torch.randint(model.config.vocab_size, (batch_size, T + 1), device="cuda")
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                _, loss = model(x[:, :-1], x[:, 1:])
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        measured = torch.cuda.max_memory_allocated()
+    except torch.cuda.OutOfMemoryError as e:
+        measured = str(e).splitlines()[0]
+    cfg, n_params = model.config, sum(p.numel() for p in model.parameters())
+    parts = memory_estimate(n_params, cfg.n_layer, cfg.n_embd, cfg.vocab_size, batch_size, T)
+    peak = measured if isinstance(measured, str) else f"{measured / 2**30:.1f} GiB"
+    lines.append(f"memory, a micro-step of batch {batch_size} x {T}: measured {peak}; estimated "
+                 "{:.1f} GiB (states {:.1f}, saved activations {:.1f}, loss {:.1f})".format(sum(parts) / 2**30,
+                                                                                     *(b / 2**30 for b in parts)))
+    return dict(cmd="in process", status="pass" if all("passed" in s for s in lines[:4]) else "fail",
+                seconds=round(time.time() - start, 1), output="\n".join(lines),
+                memory=dict(batch_size=batch_size, T=T, measured=measured, estimate=sum(parts), estimate_parts=parts))
 
 
 def run(cmd, timeout):
@@ -131,6 +177,12 @@ if __name__ == "__main__":
         os.replace(out + ".tmp", out)
 
     print(f"gpu_check on {gpu}: torch {torch.__version__}, Triton {triton.__version__}", flush=True)
+    try:  # in this process: a failure is recorded, and the stages after it still run
+        stage = self_check_and_memory_stage()
+    except Exception as e:
+        stage = dict(cmd="in process", status="fail", seconds=0, output=f"{type(e).__name__}: {e}")
+    save("self-check and memory", stage)
+    print(result["stages"]["self-check and memory"]["output"])
     save("kernel", kernel_stage())
     speed = bench_stage(extra=["--dtype=bfloat16", "--backend=triton", "--kinds=full,swa,sa,flex-swa,flex-sa"])
     save("speed", speed)

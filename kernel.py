@@ -402,16 +402,39 @@ def triton_swa(q, k, v, width, pos=None, val=None, margin=0.0):
 
 
 # -----------------------------------------------------------------------------
-# python kernel.py --check: a GPU user's first minute. SWA and both SA rules through the kernel against
-# attention.py's torch path (itself held to the dense references by test_attention.py), forward and
-# backward: PASS/FAIL with the max error. Without a GPU: TRITON_INTERPRET=1, fp32, small sizes.
+# self_check (attention.py runs it at each rule's first use) and python kernel.py --check: against the dense rule.
+
+RULES = ("swa", "sa rank", "sa value")  # the kernel's variants: no pos (causal SWA), pos, pos and val
+TOLERANCE = {torch.bfloat16: 5e-2, torch.float16: 5e-2, torch.float32: 1e-3}  # of self_check's max error
+
+
+def dense(q, k, v, width, pos=None, val=None):
+    """triton_swa's rule, dense, in fp32 (attention.rule_mask's mask formula: test_kernel.py holds the two equal)."""
+    idx = torch.arange(q.shape[2], device=q.device)
+    val, pos = idx if val is None else val, idx if pos is None else pos
+    mask = ((val[..., :, None] - val[..., None, :]).abs() < width) & (pos[..., None, :] <= pos[..., :, None])
+    scores = q.float() @ k.float().transpose(-1, -2) / math.sqrt(q.shape[-1])    # (B, H, T, T)
+    return torch.softmax(scores.masked_fill(~mask, float("-inf")), -1) @ v.float()
+
+
+def self_check(device, dtype, D, rule, T=300, window=100, B=1, H=2, margin=0.0, seed=0):
+    """Max |error| of triton_swa's out, dq, dk, dv relative to max(1, |dense's|) (NaN: inf) on random input, through
+    the configuration real calls compile to. Defaults: T no multiple of any block, a window across blocks."""
+    g = torch.Generator().manual_seed(seed)
+    q, k, v, do = (torch.randn(B, H, T, D, generator=g).to(device, dtype) for _ in range(4))
+    perm = (r := torch.rand(T, generator=g).to(device)).argsort()   # a random permutation; the value rule's slots
+    width, pos, val = {"swa": (window, None, None), "sa rank": (window, perm, None),
+                       "sa value": (window / T, perm, r[perm])}[rule]
+    inputs = [[t.detach().requires_grad_() for t in x] for x in ((q, k, v), (q.float(), k.float(), v.float()))]
+    outs = triton_swa(*inputs[0], width, pos, val, margin), dense(*inputs[1], width, pos, val)
+    got, want = ([o, *torch.autograd.grad(o, x, do.to(o.dtype))] for o, x in zip(outs, inputs))
+    return max(((a.float() - b).abs().nan_to_num(math.inf).max() / b.abs().max().clamp(min=1)).item()
+               for a, b in zip(got, want))
+
 
 if __name__ == "__main__":
     import os
     import sys
-
-    import attention  # only the self-check needs the repo
-
     B, H, D, check_T, check_windows = 1, 16, 64, "1000,4099", "1,64,300"  # lengths no multiple of any block
     args, cuda = dict(a[2:].split("=", 1) if "=" in a else (a[2:], "1") for a in sys.argv[1:]), torch.cuda.is_available()
     if "check" not in args or set(args) - {"check", "B", "H", "D", "check_T", "check_windows"} or not (
@@ -422,24 +445,14 @@ if __name__ == "__main__":
     device, failed = "cuda" if cuda else "cpu", 0
     __import__("numpy").seterr(all="ignore")  # the interpreter computes rows past T too (0 / 0), never stored
     print(f"B={B} H={H} D={D} on {torch.cuda.get_device_name() if cuda else 'the CPU interpreter'}: max |error| of "
-          "out, dq, dk, dv relative to max(1, |torch path|), which runs in fp32")
+          "out, dq, dk, dv relative to max(1, |dense reference|), which runs in fp32")
     # the interpreter multiplies bf16 bit patterns in tl.dot (triton-lang/triton#11584): fp32 only there
-    for dtype, tol in [(torch.bfloat16, 5e-2), (torch.float32, 1e-3)][0 if cuda else 1:]:
-        for T, window in ((int(T), int(w)) for T in check_T.split(",") for w in check_windows.split(",")):
-            g = torch.Generator().manual_seed(T + window)
-            q, k, v, do = (torch.randn(B, H, T, D, generator=g).to(device, dtype) for _ in range(4))
-            perm, r = torch.randperm(T, generator=g).to(device), torch.rand(T, generator=g).to(device)
-            for kind, fn, extra in (("swa", attention.sliding_window_attention, ()), ("sa", attention.stochastic_attention,
-                                    (perm,)), ("value", attention.stochastic_value_attention, (r,))):
-                results = []
-                for attention.BACKEND, inputs in (("triton", (q, k, v)), ("torch", (q.float(), k.float(), v.float()))):
-                    inputs = [t.detach().requires_grad_() for t in inputs]
-                    out = fn(*inputs, window / T if kind == "value" else window, *extra)
-                    results.append([out, *torch.autograd.grad(out, inputs, do.to(out.dtype))])
-                err = max(((a.float() - b).abs().max() / b.abs().max().clamp(min=1)).item() for a, b in zip(*results))
-                failed += err > tol
-                print(f"{kind:>5} {str(dtype)[6:]:>8} T={T:<6} window={window:<5} max err {err:.1e} (tol {tol:.0e}) "
-                      f"{'PASS' if err <= tol else 'FAIL'}")
+    for dtype, T, window, rule in ((dtype, int(T), int(w), rule) for dtype in (torch.bfloat16, torch.float32)[not cuda:]
+                                   for T in check_T.split(",") for w in check_windows.split(",") for rule in RULES):
+        err, tol = self_check(device, dtype, D, rule, T, window, B, H, seed=T + window), TOLERANCE[dtype]
+        failed += not err <= tol
+        print(f"{rule:>8} {str(dtype)[6:]:>8} T={T:<6} window={window:<5} max err {err:.1e} (tol {tol:.0e}) "
+              f"{'PASS' if err <= tol else 'FAIL'}")
     if failed:
         raise SystemExit(f"{failed} checks FAILED: please report them with this output")
     print("all checks PASS")

@@ -19,8 +19,9 @@ import sys
 
 import torch
 
+from attention import engine
 from checkpoint import check_device, load_checkpoint
-from model import autocast
+from model import DTYPES, autocast
 from prepare_data import get_tokenizer
 
 # -----------------------------------------------------------------------------
@@ -75,6 +76,8 @@ if use_cache and not cached:
     print(f"attn={model.config.attn!r} with sa_rule='rank' cannot be decoded from a KV cache exactly: "
           "every token recomputes the whole prefix", file=sys.stderr)
 
+c = model.config  # the line saying what runs the attention (on a GPU: the kernel's self-check)
+print(engine(device, DTYPES[dtype], c.n_embd // c.n_head, [c.attn], c.sa_rule), file=sys.stderr)
 model.eval()
 torch.manual_seed(seed)
 model.seed_sa(seed)

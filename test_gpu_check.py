@@ -37,3 +37,41 @@ def test_train_stage_on_random_tokens(monkeypatch):
     record = gpu_check.train_stage("sa+swa", "cpu", iters=4, extra=["--window=8"])
     assert record["status"] == "pass", record["output"]
     assert record["tok_per_s"] > 0 and record["mfu"] is None and record["mfu_of_a100_peak"] is None
+
+
+def test_memory_estimate_counts_the_states_exactly():
+    """memory_estimate's states: fp32 weights, gradients and AdamW's two moments, 16 bytes a parameter."""
+    from model import GPT, GPTConfig
+    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=64, vocab_size=128))
+    optimizer = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), "cpu")
+    x = torch.randint(128, (2, 65))
+    model(x[:, :-1], x[:, 1:])[1].backward()
+    optimizer.step()
+    params = list(model.parameters())
+    states = params + [p.grad for p in params] + [t for s in optimizer.state.values() for t in s.values() if t.dim()]
+    n = sum(p.numel() for p in params)
+    assert sum(t.numel() * t.element_size() for t in states) == gpu_check.memory_estimate(n, 2, 32, 128, 2, 64)[0]
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the interpreter computes rows past T too (0 / 0)
+def test_memory_estimate_of_the_saved_activations(monkeypatch):
+    """What the forward saves for the backward (SA+SWA through the kernel, here its interpreter; bf16 autocast),
+    measured with saved-tensor hooks, within 5% of memory_estimate's saved activations."""
+    import attention
+    from model import GPT, GPTConfig
+    monkeypatch.setattr(attention, "BACKEND", "triton")
+    monkeypatch.setattr(attention, "KERNEL_SELF_CHECK", False)  # the interpreter's bf16 dot is wrong; bytes are not
+    L, C, T, B, V = 3, 128, 256, 2, 1024
+    model = GPT(GPTConfig(n_layer=L, n_head=2, n_embd=C, block_size=T, vocab_size=V))
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    saved = {}
+
+    def pack(t):
+        if t.untyped_storage().data_ptr() not in params:  # the bf16 copies of the weights count, not the weights
+            saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+    x = torch.randint(V, (B, T + 1))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), torch.autocast("cpu", dtype=torch.bfloat16):
+        model(x[:, :-1], x[:, 1:])
+    estimate = gpu_check.memory_estimate(sum(p.numel() for p in model.parameters()), L, C, V, B, T)[1]
+    assert sum(saved.values()) == pytest.approx(estimate, rel=0.05)

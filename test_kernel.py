@@ -207,6 +207,7 @@ def test_auto_falls_back_to_torch(monkeypatch, cause, match):
         monkeypatch.setattr(kernel, "INTERPRETER", kernel.Target("cuda", 80, 16 * 1024))
     else:                          # as a compile for a GPU may fail
         monkeypatch.setattr(kernel, "choose_config", oom)
+    monkeypatch.setattr(A, "SELF_CHECKS", {})  # no self-check passed here before
     q, k, v = qkv(1, 2, 50, 16, device=KDEV)
     perm = random_perm((), 50, device=KDEV)
     monkeypatch.setattr(A, "BACKEND", "triton")
@@ -220,6 +221,9 @@ def test_auto_falls_back_to_torch(monkeypatch, cause, match):
     with pytest.warns(UserWarning, match=f"torch path instead: .*{match}"):
         assert_same(lambda *x: A.stochastic_value_attention(*x, 0.2, r), q, k, v,
                     lambda *x: A.sa_value_reference(*x, 0.2, r))
+    line = A.engine(KDEV, torch.float32, 16, ["sa+swa"])
+    assert re.fullmatch(f"attention: the torch path: the Triton kernel cannot run on the CPU interpreter float32: "
+                        f".*{match}.*", line), line
 
 
 def test_a_kernel_bug_raises_under_auto(monkeypatch):
@@ -356,3 +360,127 @@ def test_compiles_for_sm86(monkeypatch):
 def test_compiles_for_every_target(monkeypatch):
     compile_table([(name, dtype, D, which) for name in TARGETS for dtype in PTR for D in (64, 128)
                    for which in KERNELS], monkeypatch)
+
+
+# -----------------------------------------------------------------------------
+# The self-check (attention.KERNEL_SELF_CHECK): the interpreter plays the GPU. A correct kernel passes; each
+# fault below, injected alone, is caught: "auto" warns and runs the torch path, "triton" raises.
+
+def kernel_mask(T, width, pos=None, val=None):
+    """kernel.dense's mask, read back: zero scores and v = the identity give each visible key 1 / (its count)."""
+    z = torch.zeros(1, 1, T, T)
+    return kernel.dense(z, z, torch.eye(T)[None, None], width, pos, val)[0, 0] > 0   # (T, T)
+
+
+def test_kernel_masks_equal_attentions():
+    """The kernel keeps its own copy of the rule (kernel.py imports nothing from the repo): in slot order, the
+    same masks as attention.swa_mask, sa_mask and sa_value_mask."""
+    T, window, g = 50, 7, torch.Generator().manual_seed(0)
+    perm, r = torch.randperm(T, generator=g), torch.rand(T, generator=g)
+    slots = torch.argsort(r)
+    assert torch.equal(kernel_mask(T, window), A.swa_mask(T, window))
+    assert torch.equal(kernel_mask(T, window, perm), A.swa_mask(T, window, perm))
+    assert torch.equal(kernel_mask(T, window, perm), A.sa_mask(window, perm)[perm][:, perm])
+    assert torch.equal(kernel_mask(T, 0.1, slots, r[slots]), A.sa_value_mask(0.1, r)[slots][:, slots])
+
+
+def test_a_correct_kernel_passes_the_self_check(monkeypatch):
+    """engine() runs the self-check of each rule a model uses, once, and says so; on the CPU under "auto" it runs
+    no kernel at all."""
+    monkeypatch.setattr(A, "SELF_CHECKS", {})
+    assert A.engine("cpu", torch.float32, 16, ["sa+swa"]) == "attention: the torch path on cpu"
+    assert A.SELF_CHECKS == {}
+    monkeypatch.setattr(A, "BACKEND", "triton")
+    for kinds, rule in ((["sa+swa"], "rank"), (["sa", "full"], "value")):
+        line = A.engine("cpu", torch.float32, 16, kinds, rule)
+        assert re.fullmatch(r"attention: Triton kernel, self-check passed on the CPU interpreter float32 "
+                            r"\(max err \d\.\de-0[5-9], [\d.]+ s\)", line), line
+        print(line)
+    assert {key[3]: passed for key, (err, seconds, passed) in A.SELF_CHECKS.items()} == \
+        {"swa": True, "sa rank": True, "sa value": True}
+    assert A.engine("cpu", torch.float32, 16, ["full", "moba"]) == "attention: no SWA or SA on cpu"
+
+
+def inject(monkeypatch, fault, dtype=None):
+    """One fault in the kernel, for dtype only if given: the band one key too wide, a wrong scale (both forward
+    and backward), dk or dq 10% off (backward only), or a NaN in the output (forward only)."""
+    swa, backward = kernel.triton_swa, kernel._backward
+    hit = lambda q: dtype is None or q.dtype == dtype  # noqa: E731
+
+    def wide(q, k, v, width, pos=None, val=None, margin=0.0):
+        return swa(q, k, v, width + (1 if val is None else 1 / q.shape[2]) * hit(q), pos, val, margin)
+
+    def nan(q, *args):
+        return swa(q, *args).index_fill(2, torch.tensor([7] if hit(q) else [], dtype=torch.long), float("nan"))
+
+    def off(i):
+        return lambda do, *a: tuple(g * 1.1 if j == i and hit(g) else g for j, g in enumerate(backward(do, *a)))
+    if fault == "scale":
+        monkeypatch.setattr(kernel, "LOG2E", kernel.LOG2E * 1.05)
+    else:
+        monkeypatch.setattr(*{"window": (kernel, "triton_swa", wide), "nan": (kernel, "triton_swa", nan),
+                              "dq": (kernel, "_backward", off(0)), "dk": (kernel, "_backward", off(1))}[fault])
+
+
+@pytest.mark.parametrize("fault, kind", [("window", "swa"), ("scale", "sa"), ("dk", "sa-value"), ("dq", "swa"),
+                                         ("nan", "sa")])
+def test_the_self_check_catches_a_faulty_kernel(monkeypatch, fault, kind):
+    """Under "triton" the first call raises, naming the device, dtype, rule and error; under "auto" (here the
+    interpreter plays a GPU) one warning says so and the torch path gives the reference's output and gradients,
+    which the faulty kernel, unchecked, does not."""
+    fast, ref = attention_kinds(100, B=1, H=2)[kind]
+    q, k, v = qkv(1, 2, 100, 16, device=KDEV)
+    inject(monkeypatch, fault)
+    monkeypatch.setattr(A, "SELF_CHECKS", {})
+    monkeypatch.setattr(A, "BACKEND", "triton")
+    rule = {"swa": "swa", "sa": "sa rank", "sa-value": "sa value"}[kind]
+    message = f"failed its self-check on the CPU interpreter float32 for {rule} .*against the dense fp32 reference"
+    with pytest.raises(RuntimeError, match=message):
+        fast(q, k, v)
+    monkeypatch.setattr(A, "SELF_CHECKS", {})
+    monkeypatch.setattr(A, "BACKEND", "auto")
+    monkeypatch.setattr(A, "_backend", lambda q: "triton")   # as "auto" decides for a CUDA tensor
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert_same(fast, q, k, v, ref)
+        fast(q, k, v)
+    failures = [str(w.message) for w in caught if "self-check" in str(w.message)]
+    assert len(failures) == 1 and re.search(message + "; the torch path runs from now on", failures[0]), failures
+    monkeypatch.setattr(A, "SELF_CHECKS", {})
+    monkeypatch.setattr(A, "KERNEL_SELF_CHECK", False)  # and the fault is real: unchecked, the kernel runs it
+    with pytest.raises(AssertionError):
+        assert_same(fast, q, k, v, ref)
+
+
+def test_the_self_check_runs_once_per_key(monkeypatch):
+    """Five calls of two rules: two self-checks, not five."""
+    calls = []
+    check = kernel.self_check
+    monkeypatch.setattr(kernel, "self_check", lambda *a, **kw: calls.append(a[1:4]) or check(*a, **kw))
+    monkeypatch.setattr(A, "SELF_CHECKS", {})
+    monkeypatch.setattr(A, "BACKEND", "triton")
+    q, k, v = qkv(1, 2, 50, 16, device=KDEV)
+    perm = random_perm((), 50, device=KDEV)
+    for _ in range(3):
+        A.sliding_window_attention(q, k, v, 8)
+    for _ in range(2):
+        A.stochastic_attention(q, k, v, 8, perm)
+    assert calls == [(torch.float32, 16, "swa"), (torch.float32, 16, "sa rank")]
+
+
+@pytest.mark.parametrize("faulty", [torch.bfloat16, torch.float32])
+def test_a_failed_dtype_leaves_the_other_alone(monkeypatch, bf16_dot, faulty):
+    """A kernel wrong in one dtype only: that dtype warns and takes the torch path, the other keeps the kernel."""
+    inject(monkeypatch, "window", faulty)
+    monkeypatch.setattr(A, "SELF_CHECKS", {})
+    monkeypatch.setattr(A, "_backend", lambda q: "triton")
+    q, k, v = qkv(1, 2, 50, 16, device=KDEV)
+    with pytest.warns(UserWarning, match=f"self-check on the CPU interpreter {str(faulty)[6:]} for swa"):
+        for dtype in (torch.bfloat16, torch.float32):
+            A.sliding_window_attention(q.to(dtype), k.to(dtype), v.to(dtype), 8)
+    assert {key[1]: passed for key, (err, seconds, passed) in A.SELF_CHECKS.items()} == \
+        {torch.bfloat16: faulty != torch.bfloat16, torch.float32: faulty != torch.float32}
+    for dtype in (torch.bfloat16, torch.float32):
+        line = A.engine("cpu", dtype, 16, ["swa"])
+        assert line.startswith("attention: the torch path for swa: the Triton kernel failed its self-check on the CPU "
+                               f"interpreter {str(dtype)[6:]}" if dtype == faulty else "attention: Triton kernel"), line

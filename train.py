@@ -29,7 +29,8 @@ is bitwise the run that was never stopped (tested on the CPU); keep lr_decay_ite
 Under DDP, gradient_accumulation_steps is the total over ranks, and each rank draws its own
 batches and SA permutations.
 The defaults below are a one-A100 run: a GPT-2-small-sized (124M) SA+SWA model
-on FineWeb-Edu, 5000 iterations of 0.5M tokens (2.6B tokens).
+on FineWeb-Edu, 5000 iterations of 0.5M tokens (2.6B tokens). Its peak, about 20.5 GiB per GPU in eager bf16
+(gpu_check.memory_estimate), fits a 40 GB A100.
 """
 import fcntl
 import json
@@ -45,9 +46,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from attention import check_positive
+from attention import check_positive, engine
 from checkpoint import check_device, load_checkpoint, save_checkpoint
-from model import GPT, GPTConfig, autocast
+from model import DTYPES, GPT, GPTConfig, autocast
 from prepare_data import check_writable, load_meta, load_tokens, mqar_batch, mqar_targets
 
 # -----------------------------------------------------------------------------
@@ -403,6 +404,9 @@ if master:
     print(f"{dataset}: {len(data['train']):,} train / {len(data['val']):,} val tokens; {raw_model.get_num_params() / 1e6:.2f}M "
           f"parameters, attn={attn}, window={window}; {tokens_per_iter:,} tokens per iteration "
           f"({world_size} x {gradient_accumulation_steps} x {batch_size} x {T}) on {device}")
+attention_line = engine(device, DTYPES[dtype], n_embd // n_head, [attn], sa_rule)  # each rank self-checks its own GPU
+if master:
+    print(attention_line)
 
 
 def log(record):
