@@ -192,7 +192,7 @@ def test_reproduce_fast_writes_every_result(tmp_path):
     assert all({"first", "second"} <= r.keys() for r in lm1024["runs"] if r["task"] == "copy")
     assert all(r["split"]["all"] > 0 for r in lm1024["runs"] if r["task"] == "plain")
     assert lm1024["copy_verdict"].startswith("not decidable") and lm1024["swap_verdict"]  # 6 iterations copy nothing
-    assert {r["attn"] for r in lm1024["swap"]} == {"swa", "sink", "sa", "moba"}
+    assert {r["attn"] for r in lm1024["swap"]} == {"swa", "sink", "sa", "moba"} and lm1024["swap_full"] > 0
     speed = json.loads((out / "speed_cpu.json").read_text())
     assert {r["kind"] for r in speed["rows"]} == {"full", "swa", "sa", "moba"}
     rules = json.loads((out / "sa_rules.json").read_text())["runs"]

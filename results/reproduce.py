@@ -972,11 +972,12 @@ def lm1024():
     verdict, R = copy_verdict({(r["attn"], r["seed"]): (r["first"], r["second"]) for r in rows
                                if r["task"] == "copy" and r["window"] == w0}, c["seeds"])
 
-    swaps, swap_v, source = [], "not decidable (not run)", f"copy-full-w{w0}-s{c['seeds'][0]}"
+    swaps, swap_v, source, unswapped = [], "not decidable (not run)", f"copy-full-w{w0}-s{c['seeds'][0]}", None
     if source in done:
         model = load_checkpoint(os.path.join(done[source], "ckpt.pt"))[0].eval()
         xc, yc = copy_val(c["copy_val"], T)                                    # (n, T) each
         second = slice(T // 2 - 1, T - 1)
+        unswapped = float(nll(model, xc, yc)[:, second].mean())
         for w in c["swap_windows"]:
             for kind in SWAP_KINDS:
                 losses = []
@@ -990,7 +991,8 @@ def lm1024():
         swap_v = swap_verdict(mean("sa"), mean("swa"))
     save("lm1024.json", dict(setup={k: v for k, v in c.items()}, reach=reach, context=CONTEXT,
                              split_tokens={p: int(m.sum()) for p, m in parts.items()}, runs=rows,
-                             copy_verdict=verdict, R=R, swap_source=source, swap=swaps, swap_verdict=swap_v,
+                             copy_verdict=verdict, R=R, swap_source=source, swap_full=unswapped, swap=swaps,
+                             swap_verdict=swap_v,
                              halves="first: targets 0..T/2-2 (plain LM); second: targets T/2-1..T-2 (copies)"))
 
     p = plt()
@@ -1008,6 +1010,8 @@ def lm1024():
         rs = [r for r in swaps if r["attn"] == kind]
         axes[1].plot([r["window"] for r in rs], [statistics.mean(r["second"]) for r in rs], marker="o",
                      color=f"C{i}", label={"sink": "swa + sink"}.get(kind, kind))
+    if unswapped is not None:
+        axes[1].axhline(unswapped, color="k", ls="--", lw=0.8, label="full (unswapped)")
     axes[1].set_xscale("log", base=2)
     axes[1].set_xlabel("window w")
     axes[1].set_ylabel("loss on the copied half (nats per byte)")
@@ -1040,7 +1044,8 @@ def lm1024():
                      + (", ".join(f"{v:.2f}" for v in R) if (kind, w) == ("sa+swa", w0) and R else "-") + " |")
     lines += ["", f"verdict (claim 5's mechanism): **{verdict}**"]
     if swaps:
-        lines += ["", f"Training-free: {source} swapped, {c['copy_val']} val copy sequences; loss on the copied half",
+        lines += ["", f"Training-free: {source} swapped, {c['copy_val']} val copy sequences; loss on the copied half "
+                  f"(unswapped: {unswapped:.3f})",
                   "", "| w | attn | keys (copied half's queries) | loss | source in SA window |", "|---|---|---|---|---|"]
         lines += [f"| {r['window']} | {r['attn']} | {r['keys']:.1f} | {mean_std(r['second'])} | "
                   + (f"{r['source_in_window']:.3f}" if "source_in_window" in r else "-") + " |" for r in swaps]
