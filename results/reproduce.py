@@ -998,20 +998,22 @@ def lm1024():
     p = plt()
     fig, axes = p.subplots(1, 2, figsize=(10, 3.8))
     cells = sorted({(r["attn"], r["window"]) for r in rows if r["task"] == "copy"})
-    for i, (kind, w) in enumerate(cells):
+    color = {"swa": "C0", "sink": "C1", "sa": "C2", "moba": "C3", "full": "k", "sa+swa": "C4"}  # both panels alike
+    for kind, w in cells:
         for r in [r for r in rows if r["task"] == "copy" and (r["attn"], r["window"]) == (kind, w)]:
             it, _, second = zip(*r["curve"])
-            axes[0].plot(it, second, color=f"C{i}", alpha=1 if r["seed"] == c["seeds"][0] else 0.5,
+            axes[0].plot(it, second, color=color[kind], ls="-" if w == w0 else "--",
+                         alpha=1 if r["seed"] == c["seeds"][0] else 0.5,
                          label=f"{kind}, w={w}" if r["seed"] == c["seeds"][0] else None)
     axes[0].set_xlabel("iteration")
     axes[0].set_ylabel("val loss on the copied half (nats per byte)")
     axes[0].set_title(f"trained on the copy task (T={T}, source {T // 2} back)", fontsize=9)
-    for i, kind in enumerate(SWAP_KINDS):
+    for kind in SWAP_KINDS:
         rs = [r for r in swaps if r["attn"] == kind]
         axes[1].plot([r["window"] for r in rs], [statistics.mean(r["second"]) for r in rs], marker="o",
-                     color=f"C{i}", label={"sink": "swa + sink"}.get(kind, kind))
+                     color=color[kind], label={"sink": "swa + sink"}.get(kind, kind))
     if unswapped is not None:
-        axes[1].axhline(unswapped, color="k", ls="--", lw=0.8, label="full (unswapped)")
+        axes[1].axhline(unswapped, color=color["full"], ls="--", lw=0.8, label="full (unswapped)")
     axes[1].set_xscale("log", base=2)
     axes[1].set_xlabel("window w")
     axes[1].set_ylabel("loss on the copied half (nats per byte)")
