@@ -1,25 +1,17 @@
-"""
-Sliding-window attention in Triton, forward and backward: triton_swa(q, k, v, width, pos, val).
+"""Sliding-window attention in Triton, forward and backward: triton_swa(q, k, v, width, pos, val).
 
-The rule is stated once, in attention.py's docstring; this file only makes it fast, and imports nothing
-from this repo. SA reuses it: gather q, k, v by perm, triton_swa(..., window, pos=perm), scatter back; the
-value rule sorts by r: triton_swa(..., delta, pos=perm, val=sorted r), key spans from the host (_val_spans).
+The rule is stated once, in attention.py's docstring; this file makes it fast and imports nothing from the repo. SA:
+gather by perm, triton_swa(..., window, pos=perm), scatter back; value rule: val=sorted r, spans from _val_spans.
 
-How it works (shaped like Triton's fused-attention tutorial, 06-fused-attention.py):
-- Forward: program (i, b*h) owns BLOCK_M query rows and streams the key blocks its band reaches,
-  with an online softmax (running max m_i, running sum l_i, accumulator acc, all fp32): O(T * w).
-  The key blocks fall in three regions (_span): the left edge, the interior (inside the band for
-  every row: only the pos rule) and the right edge (and the end of the sequence); only the edges
-  pay for the band mask and bounds checks. The value rule's span is one edge region.
-- Masked scores are -inf before anything is summed: no visible score loses to a masked one, and a
-  NaN in a masked key never reaches a query. Every real query sees itself.
-- Backward: program (i, b*h) computes dK, dV for key block i (moving over query blocks), then dQ for
-  query block i (moving over key blocks), the probabilities recomputed from the forward's log-sum-exp,
-  clamped to <= 1 (at |q.k| ~ 1e9 a recomputed score can be a few ulps off: exp2 overflows fp16).
-- choose_config picks the blocks (fp32: tf32x3, about fp32-exact); below sm_80 it raises and "auto" takes the
-  torch path. What it compiles to, no GPU needed: results/kernel_compile.txt. GPU timings: not measured yet.
-
-Runs on the CPU under TRITON_INTERPRET=1 (test_kernel.py). On a GPU: python kernel.py --check.
+Shaped like Triton's fused-attention tutorial (06-fused-attention.py). Forward: program (i, b*h) owns BLOCK_M query
+rows and streams the key blocks its band reaches with an online softmax (running max m_i, sum l_i, accumulator acc,
+all fp32): O(T * w). The key blocks fall in three regions (_span): the left edge, the interior (only the pos rule)
+and the right edge; only the edges pay for the band mask and bounds checks. Masked scores are -inf before anything
+is summed, so a NaN in a masked key never reaches a query (attention.py guards v). Backward: dK, dV per key block,
+then dQ per query block, the probabilities recomputed from the forward's log-sum-exp, clamped to <= 1 (at |q.k| ~
+1e9 a recomputed score can be a few ulps off). choose_config picks the blocks (fp32: tf32x3); below sm_80 it raises
+and "auto" takes the torch path. Compiled output: results/kernel_compile.txt. self_check (run by attention.py at
+first use) and python kernel.py --check hold it to its own dense rule. CPU: TRITON_INTERPRET=1 (test_kernel.py).
 """
 import math
 from typing import NamedTuple, Optional
