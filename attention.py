@@ -39,7 +39,7 @@ import blocked
 #   no T x T tensor; "triton": the kernel (on the CPU too, under TRITON_INTERPRET=1); "reference": the O(T^2) oracle
 BACKEND = "auto"
 BACKENDS = ("auto", "torch", "triton", "reference")
-TRITON_VERSIONS = ((3, 2), (3, 9))  # Triton minors whose interpreter passes test_kernel.py (results/kernel_triton_versions.txt)
+TRITON_VERSIONS = ((3, 2), (3, 9))  # Triton minors whose interpreter passes tests/test_kernel.py (results/kernel_triton_versions.txt)
 VALUE_MARGIN = 1e-6  # the value rule's key spans reach this much past delta: fp32 rounding of |r_i - r_j| (r < 1)
 KERNEL_SELF_CHECK = True  # before the kernel first runs a rule on a device, dtype and head dim: kernel.self_check
 SELF_CHECKS = {}  # (device, dtype, head dim, rule) -> (max error, seconds, passed): this process's self-checks

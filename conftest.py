@@ -6,9 +6,12 @@
   two workers of two threads would oversubscribe 2 cores.
 - Tests marked slow (over a minute on 2 CPU cores) run only with --slow."""
 import os
+import sys
 
 import pytest
 import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))  # bench.py and the tools
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")

@@ -11,7 +11,7 @@ is summed, so a NaN in a masked key never reaches a query (attention.py guards v
 then dQ per query block, the probabilities recomputed from the forward's log-sum-exp, clamped to <= 1 (at |q.k| ~
 1e9 a recomputed score can be a few ulps off). choose_config picks the blocks (fp32: tf32x3); below sm_80 it raises
 and "auto" takes the torch path. Compiled output: results/kernel_compile.txt. self_check (run by attention.py at
-first use) and python kernel.py --check hold it to its own dense rule. CPU: TRITON_INTERPRET=1 (test_kernel.py).
+first use) and python kernel.py --check hold it to its own dense rule. CPU: TRITON_INTERPRET=1 (tests/test_kernel.py).
 """
 import math
 from typing import NamedTuple, Optional
@@ -265,7 +265,7 @@ def device_target(device):
 def choose_config(dtype, D, target):
     """Block sizes, warps, stages and fp32 dot precision for this dtype, head dim and device: the largest
     blocks found to compile without fp16/bf16 register spills on sm_80 to sm_90, and shared_kb the most
-    they need there (test_kernel.py asserts both). Raises ValueError where the kernel should not run."""
+    they need there (tests/test_kernel.py asserts both). Raises ValueError where the kernel should not run."""
     if target.backend == "cuda" and target.arch < 80:
         raise ValueError(f"sm_{target.arch}: Triton {triton.__version__} has no tensor-core dot below sm_80, "
                          "so the kernel would spill registers and lose to the torch path")
@@ -401,7 +401,7 @@ TOLERANCE = {torch.bfloat16: 5e-2, torch.float16: 5e-2, torch.float32: 1e-3}  # 
 
 
 def dense(q, k, v, width, pos=None, val=None):
-    """triton_swa's rule, dense, in fp32 (attention.rule_mask's mask formula: test_kernel.py holds the two equal)."""
+    """triton_swa's rule, dense, in fp32 (attention.rule_mask's mask formula: tests/test_kernel.py holds the two equal)."""
     idx = torch.arange(q.shape[2], device=q.device)
     val, pos = idx if val is None else val, idx if pos is None else pos
     mask = ((val[..., :, None] - val[..., None, :]).abs() < width) & (pos[..., None, :] <= pos[..., :, None])

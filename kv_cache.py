@@ -1,7 +1,7 @@
 """
 The KV cache of GPT.generate (model.py): what each layer keeps of the tokens seen so far, and the
 attention of one new token over it, by its kind's rule in attention.py's docstring. Exact: a step's
-output is the last row of one forward over all the tokens so far (test_generate.py checks every kind).
+output is the last row of one forward over all the tokens so far (tests/test_generate.py checks every kind).
 
 A layer's dict holds k, v (B, nh, S, hs), the token at absolute position p in slot p % S:
   swa:   S = window, so a key is overwritten exactly when it leaves every later query's window;

@@ -1,4 +1,4 @@
-"""Tests for attention.py and model.py (kernel.py's are in test_kernel.py). Run: python -m pytest -q"""
+"""Tests for attention.py and model.py (kernel.py's are in tests/test_kernel.py). Run: python -m pytest -q"""
 import math
 
 import pytest

@@ -1056,15 +1056,15 @@ def lm1024():
 
 
 def coverage():
-    run("receptive_field.py", "--grid=True", f"--json_out={os.path.join(out, 'coverage.json')}",
+    run("results/receptive_field.py", "--grid=True", f"--json_out={os.path.join(out, 'coverage.json')}",
         f"--plot={os.path.join(out, 'coverage.png')}", *COVER)
-    run("receptive_field.py", "--grid=True", "--sa_rule=value", f"--json_out={os.path.join(out, 'coverage_value.json')}",
+    run("results/receptive_field.py", "--grid=True", "--sa_rule=value", f"--json_out={os.path.join(out, 'coverage_value.json')}",
         *COVER)  # SA's value rule: does the coverage result hold for it too?
     return "see results/coverage.json, coverage_value.json and the tables receptive_field.py printed"
 
 
 def speed():
-    run("bench.py", f"--json_out={os.path.join(out, 'speed_cpu.json')}", *SPEED)
+    run("results/bench.py", f"--json_out={os.path.join(out, 'speed_cpu.json')}", *SPEED)
     with open(os.path.join(out, "speed_cpu.json")) as f:
         return json.load(f)["table"]
 

@@ -9,7 +9,7 @@ results/kernel_triton_versions.txt, one line per version: PASS, or FAIL with the
 For each version: a temporary venv (--system-site-packages, so the system's torch is used) with
 `pip install triton==3.X.*` in it (about 300 MB; set PIP_FIND_LINKS to a folder of downloaded
 wheels to install offline), then
-  (a) test_kernel.py's fp32 tests in Triton's CPU interpreter (TRITON_INTERPRET=1), and
+  (a) tests/test_kernel.py's fp32 tests in Triton's CPU interpreter (TRITON_INTERPRET=1), and
   (b) ahead-of-time compiles for sm_80 and sm_90 with the wheel's bundled ptxas (no GPU): bf16,
       D = 64 and 128, forward and backward, as launched for SA, with choose_config's configuration;
 and the venv is deleted before the next. Not a CI test: each Triton is a large download.
@@ -108,7 +108,7 @@ def check(version):
             return f"{version}{f' ({pip_extra})' * bool(pip_extra)} FAIL  pip install: {reason(log)}"
         got = run([py, "-c", "import triton; print(triton.__version__)"])[1].strip().splitlines()[-1]
         got += f" ({pip_extra})" * bool(pip_extra)
-        ok_a, log = run([py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_kernel.py", "-k", tests],
+        ok_a, log = run([py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_kernel.py", "-k", tests],
                         TRITON_INTERPRET="1", OMP_NUM_THREADS="1")
         save_log(got, "interpreter", log)
         summary = re.sub(r" in [\d.]+s.*", "", (log.strip().splitlines() or ["no output"])[-1].strip("= "))

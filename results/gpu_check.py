@@ -2,8 +2,8 @@
 The prepared GPU check: one command for a CUDA machine, at most about 8 minutes on an H100-class GPU
 (the stages' time limits: 100 + 200 + 2 x 80 s).
 
-    python gpu_check.py                          # writes results/gpu_check.json
-    python gpu_check.py --train_iters=20 --out=/tmp/check.json
+    python results/gpu_check.py                          # writes results/gpu_check.json
+    python results/gpu_check.py --train_iters=20 --out=/tmp/check.json
 
 Stages, each with its own time limit; a failing or timed-out stage is recorded with its output,
 and the next stage still runs:
@@ -12,7 +12,7 @@ and the next stage still runs:
      model (batch 8 x 2048, bf16): torch.cuda.max_memory_allocated() beside memory_estimate's bytes;
   1. kernel: `python kernel.py --check`: the Triton kernel against attention.py's torch path and
      FlexAttention (then its own speed table, cut off by the time limit if need be);
-  2. speed:  `python bench.py` on the GPU, bf16, T = 2k, 8k and 32k, window 256: SDPA ("full"),
+  2. speed:  `python results/bench.py` on the GPU, bf16, T = 2k, 8k and 32k, window 256: SDPA ("full"),
      the kernel's SWA and SA (attention.BACKEND="triton") and the fair FlexAttention peers
      (flex-swa, flex-sa: see bench.py), forward and forward+backward;
   3. train:  train.py, GPT-2 small (124M: its defaults) for train_iters iterations with attn=full
@@ -33,6 +33,9 @@ import time
 import numpy as np
 import torch
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)  # the repo's modules
+
 # -----------------------------------------------------------------------------
 out = "results/gpu_check.json"   # the one results file
 check_timeout = 100              # seconds for stage 1
@@ -51,7 +54,7 @@ BF16_PEAK = {"A100": 312e12, "H100": 989e12, "H200": 989e12}  # dense bf16 FLOP/
 def memory_estimate(n_params, n_layer, n_embd, vocab_size, batch_size, T):
     """Peak bytes of one eager bf16-autocast training micro-step of train.py's SA+SWA GPT through the kernel:
     (states, saved activations, the loss's transient at the start of the backward). Per token-channel and
-    layer the forward saves about 54 bytes (test_gpu_check.py measures it on the CPU)."""
+    layer the forward saves about 54 bytes (tests/test_gpu_check.py measures it on the CPU)."""
     btc, btv = batch_size * T * n_embd, batch_size * T * vocab_size
     states = 16 * n_params  # fp32 weights and gradients, AdamW's two moments
     saved = 2 * n_params + (54 * n_layer + 7) * btc + 4 * btv  # autocast's bf16 weights; the fp32 log-softmax
@@ -114,7 +117,7 @@ def kernel_stage():
 def bench_stage(device="cuda", extra=()):
     """bench.py's table, as rows (read from its printed lines, so that a run cut off by the time limit
     keeps the rows it measured), and full/sa, full/flex-sa per mode and T beside the paper's full/sa."""
-    record = run([sys.executable, "bench.py", f"--device={device}", f"--sizes={sizes}", *bench_args.split(), *extra],
+    record = run([sys.executable, "results/bench.py", f"--device={device}", f"--sizes={sizes}", *bench_args.split(), *extra],
                  bench_timeout)
     rows = [dict(mode=m[1], T=int(m[2]), kind=m[3], ms=float(m[4]), peak_mib=float(m[5])) for m in
             re.finditer(r"^ *(fwd|fwd\+bwd) +(\d+) +(\S+) +([\d.]+) +(\d+)", record["output"], re.M)]
@@ -160,8 +163,9 @@ def train_stage(attn, gpu, iters=None, extra=()):
 
 
 if __name__ == "__main__":
-    os.chdir(os.path.dirname(os.path.abspath(__file__)))  # the repo root: kernel.py, bench.py, train.py
-    exec(open("configurator.py").read())
+    exec(open(os.path.join(ROOT, "configurator.py")).read())
+    out = os.path.abspath(out)
+    os.chdir(ROOT)  # kernel.py, results/bench.py and train.py run from the repo root
     if not torch.cuda.is_available():
         sys.exit("gpu_check.py needs a CUDA GPU, and torch sees none here (the CPU checks: python -m pytest -q)")
     import triton

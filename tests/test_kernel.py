@@ -1,6 +1,6 @@
 """Tests for kernel.py, the Triton kernel: on the CPU under TRITON_INTERPRET=1 (set by conftest.py),
 and compiled ahead of time for real GPUs with Triton's bundled ptxas (no GPU needed).
-Run: python -m pytest -q test_kernel.py   (add --slow for the compile table of every target)"""
+Run: python -m pytest -q tests/test_kernel.py   (add --slow for the compile table of every target)"""
 import contextlib
 import io
 import multiprocessing

@@ -1,5 +1,5 @@
 """Tests for prepare_data.py, train.py, sample.py, configurator.py and checkpoint.py.
-Run: python -m pytest -q test_train.py. The scripts run as subprocesses on tiny models.
+Run: python -m pytest -q tests/test_train.py. The scripts run as subprocesses on tiny models.
 
 - prepare_data on small inputs, and the downloadable datasets offline through their real code
   with a tiny BPE; MQAR's answers depend on the pairs;
@@ -33,7 +33,7 @@ import torch
 import prepare_data as P
 from checkpoint import load_checkpoint, save_checkpoint
 
-REPO = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}  # tiny models; one thread each is fastest on a shared CPU
 TINY = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=64", "--window=8", "--batch_size=4",
         "--gradient_accumulation_steps=2", "--eval_iters=2", "--log_interval=1", "--warmup_iters=2",

@@ -2,9 +2,9 @@
 Benchmark of attention.py's paths against full attention (SDPA) and against FlexAttention, forward
 and forward+backward, with peak memory. Prints one table; ratios within one run are what count.
 
-    python bench.py                                  # T = 1024, 4096, 16384 on the CPU
-    python bench.py --sizes=4096 --json_out=speed.json   # one size, and the table as JSON
-    python bench.py --device=cuda --dtype=bfloat16 --backend=auto   # a GPU: the Triton kernel (gpu_check.py)
+    python results/bench.py                                  # T = 1024, 4096, 16384 on the CPU
+    python results/bench.py --sizes=4096 --json_out=speed.json   # one size, and the table as JSON
+    python results/bench.py --device=cuda --dtype=bfloat16 --backend=auto   # a GPU: the Triton kernel (gpu_check.py)
 
 On the CPU each measurement runs in a fresh process, so that its peak resident memory can be read
 (with THP_MEM_ALLOC_ENABLE=thp: huge pages, so fewer page faults on fresh buffers, for every kind);
@@ -24,9 +24,11 @@ import time
 
 import torch
 
-import attention as A
-from checkpoint import check_device
-from prepare_data import check_writable
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)  # the repo's modules
+import attention as A  # noqa: E402
+from checkpoint import check_device  # noqa: E402
+from prepare_data import check_writable  # noqa: E402
 
 # -----------------------------------------------------------------------------
 sizes = "1024,4096,16384"  # sequence lengths T, comma separated
@@ -158,7 +160,7 @@ def settings_problem():
 
 
 if __name__ == "__main__":
-    exec(open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "configurator.py")).read())
+    exec(open(os.path.join(ROOT, "configurator.py")).read())
     if settings_problem():
         sys.exit(f"bench.py: {settings_problem()}")
     if case:

@@ -1,5 +1,5 @@
 """Tests for GPT.generate (model.py), its KV cache (kv_cache.py) and sample.py.
-Run: python -m pytest -q test_generate.py"""
+Run: python -m pytest -q tests/test_generate.py"""
 import os
 import subprocess
 import sys
@@ -220,7 +220,7 @@ def test_bad_top_k_and_an_empty_prompt_are_refused():
 
 def sample(ckpt_dir, *args):
     cmd = [sys.executable, "sample.py", f"--out_dir={ckpt_dir}", "--device=cpu", *args]
-    r = subprocess.run(cmd, capture_output=True, text=True, cwd=os.path.dirname(os.path.abspath(__file__)),
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                        env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     return r

@@ -1,5 +1,5 @@
 """Tests for gpu_check.py on the CPU: its one line without a GPU, and its speed and training stages
-run here at tiny sizes (the parts that do not need a GPU). Run: python -m pytest -q test_gpu_check.py"""
+run here at tiny sizes (the parts that do not need a GPU). Run: python -m pytest -q tests/test_gpu_check.py"""
 import os
 import subprocess
 import sys
@@ -12,7 +12,7 @@ import gpu_check
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="there is a GPU here: run gpu_check.py itself")
 def test_no_gpu_stops_with_one_line(tmp_path):
-    out = subprocess.run([sys.executable, "gpu_check.py", f"--out={tmp_path}/check.json"], capture_output=True,
+    out = subprocess.run([sys.executable, "results/gpu_check.py", f"--out={tmp_path}/check.json"], capture_output=True,
                          text=True, timeout=120, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
     lines = [line for line in (out.stdout + out.stderr).splitlines() if not line.startswith("overriding")]
     assert out.returncode == 1 and len(lines) == 1 and "needs a CUDA GPU" in lines[0], out.stdout + out.stderr

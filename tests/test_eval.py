@@ -1,4 +1,4 @@
-"""Tests for eval.py, tasks.py and GPT.from_pretrained, all offline. Run: python -m pytest -q test_eval.py
+"""Tests for eval.py, tasks.py and GPT.from_pretrained, all offline. Run: python -m pytest -q tests/test_eval.py
 
 - the scoring definitions on hand-built task files with a stand-in model whose log-probabilities
   are known: acc vs acc_norm, partial scoring, stderr and bootstrap stderr, the context/continuation
@@ -293,7 +293,7 @@ def test_hub_model_offline_is_one_line_without_retries(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}
     env.update(HF_ENDPOINT="http://127.0.0.1:9", HF_HOME=str(tmp_path), OMP_NUM_THREADS="1")  # no hub, an empty cache
     r = subprocess.run([sys.executable, "eval.py", "--init_from=gpt2", "--dataset=tiny"], capture_output=True, text=True,
-                       env=env, cwd=os.path.dirname(os.path.abspath(__file__)), timeout=300)
+                       env=env, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), timeout=300)
     assert r.returncode != 0 and "Traceback" not in r.stderr and "Retrying" not in r.stderr, r.stderr[-2000:]
     assert r.stderr.strip().splitlines()[-1] == ("eval.py: --init_from=gpt2: cannot load it (the Hugging Face hub is "
                                                  "unreachable and it is not in the local cache); go online once, or give a local path")

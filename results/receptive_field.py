@@ -33,10 +33,10 @@ Memory: two layers' bitsets, 2 * n * ceil(n/64) * 8 bytes (n = 16384: 64 MiB; n 
 9.3 GiB). The script says it up front, refuses an n that does not fit in the available
 memory, and prints each layer's progress when a layer's bitsets pass PROGRESS_BYTES.
 
-  python receptive_field.py --n=16384 --window=16 --kind=sa+swa
-  python receptive_field.py --setting=bidirectional --kind=sa --heads=4
-  python receptive_field.py --n=16384 --window=16 --kind=sa+swa --sa_rule=value
-  python receptive_field.py --grid=True --json_out=results/coverage.json --plot=results/coverage.png
+  python results/receptive_field.py --n=16384 --window=16 --kind=sa+swa
+  python results/receptive_field.py --setting=bidirectional --kind=sa --heads=4
+  python results/receptive_field.py --n=16384 --window=16 --kind=sa+swa --sa_rule=value
+  python results/receptive_field.py --grid=True --json_out=results/coverage.json --plot=results/coverage.png
 
 The hyperparameters are the globals below, overridden as --key=value by configurator.py.
 """
@@ -48,7 +48,9 @@ import time
 
 import numpy as np
 
-from prepare_data import check_writable, pyplot
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)  # the repo's modules
+from prepare_data import check_writable, pyplot  # noqa: E402
 
 # -----------------------------------------------------------------------------
 n = 4096                # sequence length
@@ -311,7 +313,7 @@ def main():
                 os.makedirs(os.path.dirname(path), exist_ok=True)
         if json_out:
             with open(json_out, "w") as f:
-                json.dump(dict(command="python receptive_field.py " + " ".join(sys.argv[1:]), results=results), f)
+                json.dump(dict(command="python results/receptive_field.py " + " ".join(sys.argv[1:]), results=results), f)
         if plot:
             make_plot(results, plot)
     except OSError as e:  # a full disk
@@ -320,5 +322,5 @@ def main():
 
 
 if __name__ == "__main__":
-    exec(open("configurator.py").read())
+    exec(open(os.path.join(ROOT, "configurator.py")).read())
     main()

@@ -1,5 +1,5 @@
 """The miniature reproduction's pipeline, end to end in its --fast mode (a couple of minutes),
-so that results/reproduce.py cannot rot. Run: python -m pytest -q test_reproduce.py"""
+so that results/reproduce.py cannot rot. Run: python -m pytest -q tests/test_reproduce.py"""
 import importlib.util
 import json
 import os
@@ -11,7 +11,7 @@ import pytest
 
 from prepare_data import mqar_batch
 
-REPO = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(scope="module")

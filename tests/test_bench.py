@@ -1,6 +1,6 @@
 """Tests for bench.py: its fair FlexAttention peers compute SWA and SA, through a BlockMask that lists
 only the key blocks the band reaches; bad settings, all checked up front, stop with one line;
---json_out is written whole. Run: python -m pytest -q test_bench.py"""
+--json_out is written whole. Run: python -m pytest -q tests/test_bench.py"""
 import json
 import os
 import subprocess
@@ -23,7 +23,7 @@ from test_attention import qkv
                                           ("--device=foo", "device='foo': use cpu, cuda or cuda:N"),
                                           ("--json_out=/sys/b/r.json", "cannot write to /sys/b (Permission denied")])
 def test_bad_settings_stop_with_one_line(arg, problem):
-    out = subprocess.run([sys.executable, "bench.py", arg], capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "results/bench.py", arg], capture_output=True, text=True, timeout=120)
     lines = [line for line in (out.stdout + out.stderr).splitlines() if not line.startswith("overriding")]
     assert out.returncode == 1 and len(lines) == 1 and lines[0].startswith(f"bench.py: {problem}"), out.stdout + out.stderr
 
@@ -31,7 +31,7 @@ def test_bad_settings_stop_with_one_line(arg, problem):
 def test_json_out_is_written_whole(tmp_path):
     """The table goes to --json_out (its directory made), by a rename: no .tmp stays behind."""
     out = tmp_path / "res" / "speed.json"
-    r = subprocess.run([sys.executable, "bench.py", "--sizes=64", "--kinds=full,swa", "--modes=fwd", "--reps=1",
+    r = subprocess.run([sys.executable, "results/bench.py", "--sizes=64", "--kinds=full,swa", "--modes=fwd", "--reps=1",
                         "--window=8", f"--json_out={out}"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert [row["kind"] for row in json.loads(out.read_text())["rows"]] == ["full", "swa"]

@@ -1,4 +1,4 @@
-"""Tests for receptive_field.py. Run: python -m pytest -q test_receptive_field.py"""
+"""Tests for receptive_field.py. Run: python -m pytest -q tests/test_receptive_field.py"""
 import json
 import math
 import subprocess
@@ -104,14 +104,14 @@ def test_bad_input_is_a_clear_error(kwargs, match):
                                        ("--window=x", "window"), ("--grid=True --grid_n=1k", "--grid_n is a comma list"),
                                        ("--grid=True --grid_runs=sa", "--grid_runs is a comma list of setting:kind")])
 def test_cli_bad_input_is_one_line(arg, match):
-    p = subprocess.run([sys.executable, "receptive_field.py", *arg.split()], capture_output=True, text=True)
+    p = subprocess.run([sys.executable, "results/receptive_field.py", *arg.split()], capture_output=True, text=True)
     assert p.returncode != 0 and match in p.stderr and "Traceback" not in p.stderr, p.stderr
 
 
 def test_cli_grid_writes_table_json_and_plot(tmp_path):
     pytest.importorskip("matplotlib")
     out = tmp_path / "cov.json"
-    p = subprocess.run([sys.executable, "receptive_field.py", "--grid=True", "--grid_n=64,128", "--grid_window=4,8",
+    p = subprocess.run([sys.executable, "results/receptive_field.py", "--grid=True", "--grid_n=64,128", "--grid_window=4,8",
                         "--seeds=2", f"--json_out={out}", f"--plot={tmp_path / 'cov.png'}"],
                        capture_output=True, text=True, check=True)
     assert p.stdout.count("| causal | sa+swa |") == 4 and "| bidirectional | sa |" in p.stdout
@@ -121,7 +121,7 @@ def test_cli_grid_writes_table_json_and_plot(tmp_path):
 
 
 def cli(*args):
-    return subprocess.run([sys.executable, "receptive_field.py", *args], capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "results/receptive_field.py", *args], capture_output=True, text=True, timeout=120)
 
 
 def test_cli_says_memory_up_front_and_refuses_what_cannot_fit(tmp_path):
