@@ -1,27 +1,17 @@
-"""Causal attention: full, sliding-window (SWA), stochastic (SA) and MoBA; q, k, v (B, H, T, D) -> (B, H, T, D).
+"""Causal attention, q, k, v (B, H, T, D) -> (B, H, T, D): full, sliding-window (SWA), stochastic (SA) and MoBA.
 
-THE RULES (stated once; the dense references, the blocked torch engine and the Triton kernel all follow them,
-and test_attention.py checks that). SWA and both SA rules are one rule over a value and a position per token:
+SWA and both SA rules are one rule over a value and a position per token, stated here once; the dense references,
+blocked.py's engine and kernel.py's Triton kernel all follow it, and test_attention.py holds them to it:
 
-  key j is visible to query i  iff  |val[i] - val[j]| < width  and  pos[j] <= pos[i]
+    key j is visible to query i  iff  |val[i] - val[j]| < width  and  pos[j] <= pos[i]
 
-  sliding_window_attention(q, k, v, window, pos): val = the slot index, width = window; pos a LongTensor (T,) or
-      broadcastable to (B, H, T), default arange(T): plain causal SWA, i - window < j <= i (FlashAttention's
-      window_size=(window-1, 0)). With pos given, the band reaches both sides and causality acts on pos.
-  stochastic_attention(q, k, v, window, perm), the rank rule (the paper's): perm is a permutation of range(T),
-      (T,) or (B, H, T); slot s holds token perm[s]. Gather q, k, v by perm, run sliding_window_attention(...,
-      window, pos=perm), scatter back. So tokens a >= b interact iff their slots are fewer than `window` apart:
-      no token sees its future, a query sees ~`window` keys, window >= T is full attention, identity perm is SWA.
-  stochastic_value_attention(q, k, v, delta, r), the value rule: r holds one i.i.d. uniform key in [0, 1) per token,
-      (T,) or (B, H, T): val = r, width = delta, pos = the token index; tokens a >= b interact iff |r_a - r_b| < delta.
-      delta = window / T connects a pair as often as the rank rule, but by r_a and r_b alone, so a KV cache decodes
-      it exactly (model.py). Sort by r, run the band (a block of queries sees one contiguous key span), unsort.
-  moba_attention(q, k, v, moba_block, top_k): query i attends to its own block of moba_block keys (causally,
-      j <= i) plus the top_k - 1 strictly-past blocks with the largest q_i . mean(K_block), scored in fp32.
-
-Every query sees itself, so no row is fully masked, and no query reads a key it may not see, not even a NaN in
-its k or v. q, k, v are floating point; scores and softmax are fp32 for every dtype; under torch.autocast the
-output has SDPA's dtype. Fast paths: the Triton kernel (kernel.py), the blocked engine (blocked.py). Speed: bench.py.
+SWA: val = the slot index, width = window, pos = arange(T) by default (i - window < j <= i); with pos given, the
+band reaches both sides and causality acts on pos. SA, the rank rule (the paper's): slot s holds token perm[s] of a
+permutation perm; gather q, k, v by perm, run SWA with pos = perm, scatter back: tokens a >= b interact iff their
+slots are fewer than `window` apart. SA, the value rule: one i.i.d. uniform r per token, val = r, width = delta,
+pos = the token index: a >= b interact iff |r_a - r_b| < delta, by r_a and r_b alone, so a KV cache decodes it.
+MoBA: query i sees its own block of keys (j <= i) and the top_k - 1 past blocks of largest q_i . mean(K_block).
+Every query sees itself, and no query reads a key it may not see, not even a NaN in its k or v. Scores are fp32.
 """
 import functools
 import importlib.util
@@ -39,7 +29,7 @@ import blocked
 #   no T x T tensor; "triton": the kernel (on the CPU too, under TRITON_INTERPRET=1); "reference": the O(T^2) oracle
 BACKEND = "auto"
 BACKENDS = ("auto", "torch", "triton", "reference")
-TRITON_VERSIONS = ((3, 2), (3, 9))  # Triton minors whose interpreter passes tests/test_kernel.py (results/kernel_triton_versions.txt)
+TRITON_VERSIONS = ((3, 2), (3, 9))  # Triton minors tested: results/kernel_triton_versions.txt
 VALUE_MARGIN = 1e-6  # the value rule's key spans reach this much past delta: fp32 rounding of |r_i - r_j| (r < 1)
 KERNEL_SELF_CHECK = True  # before the kernel first runs a rule on a device, dtype and head dim: kernel.self_check
 SELF_CHECKS = {}  # (device, dtype, head dim, rule) -> (max error, seconds, passed): this process's self-checks
@@ -54,14 +44,15 @@ def check_positive(value, name="window"):
 
 def _check_draw(draw, name, B, H, T):
     """SA's draw: permutations `perm` of range(T), or finite value keys `r`; (T,) or broadcastable to (B, H, T)."""
-    kind, ok = ("a LongTensor", draw.dtype == torch.long) if name == "perm" else ("a float tensor", draw.is_floating_point())
-    if not ok or draw.shape[-1] != T or draw.dim() not in (1, 3):
-        raise ValueError(f"{name} must be {kind} of shape (T,) or (B, H, T) with T={T}, got {draw.dtype} {tuple(draw.shape)}")
-    if draw.dim() == 3 and draw.shape[:2] not in ((B, H), (1, H), (B, 1), (1, 1)):
-        raise ValueError(f"{name} of shape {tuple(draw.shape)} does not broadcast to (B, H, T)=({B}, {H}, {T})")
-    rows = draw.reshape(-1, T)                                           # (R, T)
+    kind, ok = ("a LongTensor", draw.dtype == torch.long) if name == "perm" else ("a float tensor",
+                                                                                 draw.is_floating_point())
+    if not ok or draw.dim() not in (1, 3) or any(n not in (1, m) for n, m in zip(draw.shape[:-1], (B, H))) \
+            or draw.shape[-1] != T:
+        raise ValueError(f"{name} must be {kind} of shape (T,) or broadcastable to (B, H, T)=({B}, {H}, {T}), "
+                         f"got {draw.dtype} {tuple(draw.shape)}")
     if torch.compiler.is_compiling():                                   # values unknown while tracing: eager only
         return
+    rows = draw.reshape(-1, T)                                          # (R, T)
     if name == "r" and not bool(rows.isfinite().all()):
         raise ValueError("r must be finite, got NaN or inf")
     if name == "perm":
@@ -70,14 +61,15 @@ def _check_draw(draw, name, B, H, T):
             raise ValueError(f"perm must be a permutation of range({T}) in every row")
 
 
-def _sdpa_like(fn, any_length=False):
-    """fn(q, k, v, ...) as SDPA: one-line errors, an empty output at T = 0, under autocast q, k, v in its dtype."""
+def _sdpa_inputs(fn, any_length=False):
+    """fn(q, k, v, ...) taking its inputs as SDPA does: one-line errors for shapes and integer dtypes (softmax @ v
+    would truncate), an empty output at T = 0, under autocast q, k, v in its dtype."""
     @functools.wraps(fn)
     def run(q, k, v, *args, **kwargs):
         if q.dim() != 4 or k.shape != v.shape or q.shape[:2] != k.shape[:2] or q.shape[3] != k.shape[3] \
                 or not (any_length or q.shape == k.shape):
             raise ValueError(f"q, k, v must be (B, H, T, D) of one shape, got {[tuple(t.shape) for t in (q, k, v)]}")
-        if not all(t.is_floating_point() for t in (q, k, v)):  # SDPA raises too: softmax @ v would truncate
+        if not all(t.is_floating_point() for t in (q, k, v)):
             raise ValueError(f"q, k, v must be floating point, got {q.dtype}, {k.dtype}, {v.dtype}")
         if torch.is_autocast_enabled(device := q.device.type):
             with torch.autocast(device, enabled=False):
@@ -90,16 +82,16 @@ def _sdpa_like(fn, any_length=False):
 
 def _v_seen_only(fn):
     """fn(q, k, v, ...), rule fixed by the rest, where non-finite v[j, d] reaches out[i, d] only if query i sees key j
-    (p @ v has 0 * NaN = NaN). Fast: one sum shows v finite (as blocked._finite). Else fn on v's bad entries zeroed,
-    NaN where fn on q = k = 0 (visible keys weigh >= 1/T, hidden 0) reads them: no path changes. Eager only."""
+    (p @ v has 0 * NaN = NaN). Fast: one sum shows v finite (as blocked._finite). Else fn on v's non-finite entries
+    zeroed, NaN where fn on q = k = 0 (visible keys weigh >= 1/T, hidden 0) reads them: no path changes. Eager only."""
     @functools.wraps(fn)
     def run(q, k, v, *args):
         if torch.compiler.is_compiling() or bool(v.sum().isfinite()):    # compiled: bool() would break the graph
             return fn(q, k, v, *args)
-        bad = ~v.isfinite()                                                 # (B, H, T, D)
+        nonfinite = ~v.isfinite()                                           # (B, H, T, D)
         with torch.no_grad():
-            seen = fn(torch.zeros_like(q), torch.zeros_like(k), bad.to(v.dtype), *args) > 0  # (B, H, T, D)
-        return fn(q, k, v.masked_fill(bad, 0), *args).masked_fill(seen, math.nan)
+            seen = fn(torch.zeros_like(q), torch.zeros_like(k), nonfinite.to(v.dtype), *args) > 0  # (B, H, T, D)
+        return fn(q, k, v.masked_fill(nonfinite, 0), *args).masked_fill(seen, math.nan)
     return run
 
 
@@ -122,7 +114,7 @@ def _backend(q):
     if not q.is_cuda or not _triton_supported():
         return "torch"
     import kernel
-    return "triton" if q.shape[-1] in kernel.HEAD_DIMS and q.dtype in kernel.DTYPES else "torch"
+    return "triton" if q.shape[-1] in kernel.HEAD_DIMS and q.dtype in kernel.SUPPORTED_DTYPES else "torch"
 
 
 def _self_checked(q, rule):
@@ -149,6 +141,11 @@ def _where(q):
     return f"{torch.cuda.get_device_name(q.device) if q.is_cuda else 'the CPU interpreter'} {str(q.dtype)[6:]}"
 
 
+def _why(e):
+    """Why the kernel cannot run, in one line: the exception's type and its message's first line."""
+    return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"
+
+
 def engine(device, dtype, head_dim, kinds, sa_rule="rank"):
     """The line train.py, sample.py and eval.py print: what runs the SWA and SA of these attention kinds (a list) in
     dtype on device. On a GPU, the kernel, whose self-check of each rule runs now, before any training."""
@@ -164,26 +161,24 @@ def engine(device, dtype, head_dim, kinds, sa_rule="rank"):
     except kernel.CANNOT_RUN as e:  # as at the first call: "triton" raises, "auto" takes the torch path
         if BACKEND == "triton":
             raise
-        why = str(e).strip().partition("\n")[0]
-        return f"attention: the torch path: the Triton kernel cannot run on {_where(q)}: {type(e).__name__}: {why}"
-    checks = [SELF_CHECKS[q.device, dtype, head_dim, rule] for rule in rules]
+        return f"attention: the torch path: the Triton kernel cannot run on {_where(q)}: {_why(e)}"
+    err, seconds, _ = zip(*(SELF_CHECKS[q.device, dtype, head_dim, rule] for rule in rules))
     failed = ", ".join(rule for rule, ok in zip(rules, passed) if not ok)
     verdict = f"the torch path for {failed}: the Triton kernel failed its self-check" if failed else \
         "Triton kernel, self-check passed"
-    err, seconds = max(c[0] for c in checks), sum(c[1] for c in checks)
-    return f"attention: {verdict} on {_where(q)} (max err {err:.1e}, {seconds:.1f} s)"
+    return f"attention: {verdict} on {_where(q)} (max err {max(err):.1e}, {sum(seconds):.1f} s)"
 
 
 # -----------------------------------------------------------------------------
 # The dense references: O(T^2), the oracle of every test; each kind's mask sits next to its fast path.
 
-@_sdpa_like
+@_sdpa_inputs
 @_v_seen_only
 def full_attention(q, k, v):
     return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 
-@functools.partial(_sdpa_like, any_length=True)
+@functools.partial(_sdpa_inputs, any_length=True)
 @_v_seen_only
 def masked_attention(q, k, v, mask):
     """softmax(q k^T / sqrt(D) where mask else -inf) @ v, the scores and softmax in fp32 (no fp16 overflow)."""
@@ -207,7 +202,7 @@ def swa_mask(T, window, pos=None, device=None):
     return rule_mask(idx, idx if pos is None else pos, window)
 
 
-@_sdpa_like
+@_sdpa_inputs
 def swa_reference(q, k, v, window, pos=None):
     return masked_attention(q, k, v, swa_mask(q.shape[2], window, pos, q.device))
 
@@ -217,8 +212,8 @@ def _band(q, k, v, width, pos, val=None):
     """The rule over slots: val None (the slot index, width = window) or sorted r (width = delta); pos None: SWA."""
     backend = _backend(q)
     if backend == "reference":
-        idx = torch.arange(q.shape[2], device=q.device)
-        return masked_attention(q, k, v, rule_mask(idx if val is None else val, idx if pos is None else pos, width))
+        return masked_attention(q, k, v, rule_mask(val, pos, width) if val is not None else
+                                swa_mask(q.shape[2], width, pos, q.device))
     if backend == "triton":
         import kernel
         try:
@@ -227,14 +222,14 @@ def _band(q, k, v, width, pos, val=None):
         except kernel.CANNOT_RUN as e:
             if BACKEND == "triton":
                 raise
-            warnings.warn(f"the Triton kernel failed, using the torch path instead: {type(e).__name__}: "
-                          f"{(str(e).strip().splitlines() or [''])[0]}")
+            warnings.warn(f"the Triton kernel failed, using the torch path instead: {_why(e)}")
     return blocked.band(q, k, v, pos, val, width, VALUE_MARGIN)[0]
 
 
-@_sdpa_like
+@_sdpa_inputs
 def sliding_window_attention(q, k, v, window, pos=None):
-    """SWA, with positions (the rule above): out (B, H, T, D) for q, k, v (B, H, T, D). Equals swa_reference."""
+    """SWA, with positions (the rule above): out (B, H, T, D) for q, k, v (B, H, T, D); pos a LongTensor (T,) or
+    broadcastable to (B, H, T). Without pos, FlashAttention's window_size=(window-1, 0). Equals swa_reference."""
     return _band(q, k, v, check_positive(window), pos)
 
 
@@ -243,17 +238,9 @@ def sa_mask(window, perm):
     return rule_mask(torch.argsort(perm, dim=-1), torch.arange(perm.shape[-1], device=perm.device), window)
 
 
-@_sdpa_like
+@_sdpa_inputs
 def sa_reference(q, k, v, window, perm):
     return masked_attention(q, k, v, sa_mask(window, perm))
-
-
-def _reorder(t, idx):
-    """t (B, H, T, D) in idx's order (idx (T,) or (B, H, T)): out[b, h, s] = t[b, h, idx[b, h, s]], by row."""
-    if idx.dim() == 1:
-        return t.index_select(2, idx)                                   # (B, H, T, D)
-    b, h = (torch.arange(n, device=t.device) for n in t.shape[:2])      # (B,), (H,)
-    return t[b[:, None, None], h[None, :, None], idx.expand(*t.shape[:3])]  # (B, H, T, D)
 
 
 def row_perms(seed, lengths, T, heads=1):
@@ -264,13 +251,16 @@ def row_perms(seed, lengths, T, heads=1):
     return torch.stack(rows)                                                                           # (B, heads, T)
 
 
-@_sdpa_like
+@_sdpa_inputs
 def stochastic_attention(q, k, v, window, perm):
-    """SA by the rank rule (above): out (B, H, T, D) for q, k, v (B, H, T, D). Equals sa_reference."""
+    """SA by the rank rule (above): perm a permutation of range(T), (T,) or broadcastable to (B, H, T). A query sees
+    ~`window` keys; window >= T is full attention, the identity perm is SWA. Equals sa_reference. Its last four
+    lines are README.md's recipe, character for character (test_attention.py holds them so)."""
     _check_draw(perm, "perm", *q.shape[:3])
-    qs, ks, vs = (_reorder(t, perm) for t in (q, k, v))                 # (B, H, T, D) in slot order
-    ys = sliding_window_attention(qs, ks, vs, window, pos=perm)         # (B, H, T, D) in slot order
-    return _reorder(ys, torch.argsort(perm, dim=-1))                    # (B, H, T, D) in token order
+    idx = perm[..., None].expand(q.shape)                              # (B, H, T, D): slot s holds token perm[s]
+    qs, ks, vs = q.gather(2, idx), k.gather(2, idx), v.gather(2, idx)  # gather into permuted order
+    ys = sliding_window_attention(qs, ks, vs, window, pos=perm)        # SWA there, causal on original positions
+    return torch.empty_like(ys).scatter_(2, idx, ys)                   # scatter back to token order
 
 
 def sa_value_mask(delta, r):
@@ -278,21 +268,23 @@ def sa_value_mask(delta, r):
     return rule_mask(r, torch.arange(r.shape[-1], device=r.device), delta)
 
 
-@_sdpa_like
+@_sdpa_inputs
 def sa_value_reference(q, k, v, delta, r):
     return masked_attention(q, k, v, sa_value_mask(delta, r))
 
 
-@_sdpa_like
+@_sdpa_inputs
 def stochastic_value_attention(q, k, v, delta, r):
-    """SA by the value rule (above): out (B, H, T, D) for q, k, v (B, H, T, D). Equals sa_value_reference."""
+    """SA by the value rule (above): r in [0, 1), (T,) or broadcastable to (B, H, T); delta = window / T connects a
+    pair as often as the rank rule. Sorted by r, a block of queries sees one contiguous key span. Equals
+    sa_value_reference."""
     _check_draw(r, "r", *q.shape[:3])
     if not 0 < delta:
         raise ValueError(f"delta must be > 0, got {delta!r}")
-    perm = torch.argsort(r, dim=-1, stable=True)                        # (T,) or (B, H, T): ascending r
-    qs, ks, vs = (_reorder(t, perm) for t in (q, k, v))                 # (B, H, T, D) in slot order
-    ys = _band(qs, ks, vs, delta, perm, r.gather(-1, perm).float())     # SWA over r: per-block key spans
-    return _reorder(ys, torch.argsort(perm, dim=-1))                    # (B, H, T, D) in token order
+    perm = torch.argsort(r, dim=-1, stable=True)                       # (T,) or (B, H, T): ascending r
+    idx = perm[..., None].expand(q.shape)                              # (B, H, T, D): slot s holds token perm[s]
+    ys = _band(q.gather(2, idx), k.gather(2, idx), v.gather(2, idx), delta, perm, r.gather(-1, perm).float())
+    return torch.empty_like(ys).scatter_(2, idx, ys)                   # (B, H, T, D) in token order
 
 
 # -----------------------------------------------------------------------------
@@ -334,16 +326,15 @@ def moba_mask(q, k, moba_block, top_k):
     chosen.scatter_(-1, idx, ok)                                         # (B, H, T, nblk)
     blk = torch.arange(T, device=q.device) // moba_block
     chosen[..., torch.arange(T), blk] = True                             # own block
-    causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
-    return chosen[..., blk] & causal                                     # (B, H, T, T)
+    return chosen[..., blk] & torch.ones(T, T, dtype=torch.bool, device=q.device).tril()  # (B, H, T, T): causal
 
 
-@_sdpa_like
+@_sdpa_inputs
 def moba_reference(q, k, v, moba_block, top_k):
     return masked_attention(q, k, v, moba_mask(q, k, moba_block, top_k))
 
 
-@_sdpa_like
+@_sdpa_inputs
 def moba_attention(q, k, v, moba_block, top_k):
     """MoBA (Mixture of Block Attention, the rule above): out (B, H, T, D). Equals moba_reference."""
     moba_block, top_k = check_positive(moba_block, "moba_block"), check_positive(top_k, "top_k")

@@ -1,30 +1,13 @@
-"""
-The blocked torch engine: attention in O(T * w) time and memory, forward and backward, on any device.
-attention.py runs its fast paths here (SWA with pos, so both SA rules, and MoBA) when it does not
-run the Triton kernel. The rules themselves are stated in attention.py's docstring.
+"""The blocked torch engine: attention in O(T * w) time and memory, forward and backward, on any device.
 
-A LAYOUT cuts the (query, key) pairs a rule allows into GROUPS: C query rows, the L key rows they
-may see, and an additive mask (C, L): 0 where the rule allows, -inf where it hides. Rows index a flat fp32 copy (N, D) of
-q, k, v that the layout makes (`flat`); it yields its groups in CHUNKS (`chunks`), as many groups
-as keep their scores (CHUNK elements) in cache, or FUSED_CHUNK for the fused kernel. The band (SWA) pads each head with `left` zero
-slots before its T slots and `right` after, so that every block of C query slots sees the same
-L = left + C + right key slots around it, and the key spans are strided VIEWS of the copy:
-
-    slots:    | pad |  0 ...                                      T-1 | pad |
-    block 0   [left |  C  | right]
-    block 1         [left |  C  | right]      (one-sided SWA: right = 0)
-    block 2               [left |  C  | right]
-
-With val (the value rule: slots sorted by val), block b's span starts at the first slot within
-width of the block's smallest val and has the length the widest block needs: a gather, not a view.
-MoBA's groups are key blocks with the queries that see them; a query in several groups gets one
-softmax over all of them, merged by logsumexp as FlashAttention merges its key blocks.
-A chunk of groups is one batched call: for the band on the CPU PyTorch's fused flash-attention kernel
-(with the mask), for MoBA's small tiles and elsewhere four matmul-sized ops. Why an explicit
-backward: autograd would keep every chunk's (C, L) probabilities until backward, O(T * L) memory
-per layer; here the forward keeps only the output and each row's logsumexp, and the backward
-recomputes each chunk's probabilities from them.
-forward and backward are registered ops (band, moba, at the bottom), so torch.compile sees one node each.
+attention.py runs its fast paths here (SWA with pos, so both SA rules, and MoBA) when it does not run the Triton
+kernel; the rules themselves are stated in attention.py's docstring. A layout (Band, Moba) cuts the (query, key)
+pairs a rule allows into groups: C query rows, the L key rows they may see, and an additive mask (C, L), 0 where the
+rule allows and -inf where it hides. A chunk of groups is one batched call: on the CPU PyTorch's fused
+flash-attention kernel for the band, else four matmul-sized ops. The backward is explicit because autograd would keep
+every chunk's (C, L) probabilities until backward, O(T * L) memory per layer; here the forward keeps only the output
+and each row's logsumexp, and the backward recomputes each chunk's probabilities from them. forward and backward are
+registered ops (band, moba, at the bottom), so that torch.compile sees one node each.
 """
 import math
 
@@ -38,10 +21,37 @@ FUSED_CHUNK = 1 << 23  # per call of the fused forward, which tiles its scores i
 NEG = float("-inf")  # hidden scores; every real query sees itself, so no real row is all -inf
 
 
+def band_edges(window, T, two_sided):
+    """The slot band [i - left, i + right] of a window, one-sided (right = 0) for plain causal SWA; |i - j| < T
+    always holds, so a window past T is T. kernel.band_edges is a copy (tests/test_kernel.py holds them equal)."""
+    left = min(int(window), T) - 1
+    return left, left if two_sided else 0
+
+
+def value_spans(val, width, margin, block):
+    """The value rule's key spans: [lo, hi) of the slots each block of `block` query slots may meet, (R, nblocks)
+    each, for val (R, T) ascending along T; `margin` past width, for fp32 rounding. kernel.value_spans is a copy."""
+    first = torch.arange(0, val.shape[-1], block, device=val.device)                  # (nblocks,)
+    last = (first + block).clamp(max=val.shape[-1]) - 1
+    hi = torch.searchsorted(val, val[:, last] + width + margin).maximum(last + 1)    # (R, nblocks): its own slots in
+    return torch.searchsorted(val, val[:, first] - width - margin), hi
+
+
 class Band:
     """The band over slots: key slot j is visible to query slot i iff |i - j| < width (with val:
     |val[i] - val[j]| < width) and pos[j] <= pos[i]; pos (T,) or broadcastable to (B, H, T),
-    None for plain causal SWA; val has pos's shape, ascending along T."""
+    None for plain causal SWA; val has pos's shape, ascending along T. Rows index a flat fp32 copy of q, k, v
+    (`flat`) that pads each head with `left` zero slots before its T slots and `right` after, so that every
+    block of C query slots sees the same L = left + C + right key slots around it, and the key spans are
+    strided VIEWS of the copy:
+
+        slots:    | pad |  0 ...                                      T-1 | pad |
+        block 0   [left |  C  | right]
+        block 1         [left |  C  | right]      (one-sided SWA: right = 0)
+        block 2               [left |  C  | right]
+
+    With val (the value rule: slots sorted by val), block b's span starts at the first slot within width of
+    the block's smallest val and has the length the widest block needs: a gather, not a view."""
     merge, wide = False, True  # every query is in exactly one group; groups of L >= C + width - 1 keys
 
     def __init__(self, q, width, pos=None, val=None, margin=0.0):
@@ -50,18 +60,15 @@ class Band:
         C = min(BLOCK, 1 << (T - 1).bit_length())           # small T needs no full block
         nb = math.ceil(T / C)
         if val is None:
-            w = min(int(width), T)                           # |i - j| < T always holds
-            left, right = w - 1, (0 if pos is None else w - 1)
+            left, right = band_edges(width, T, pos is not None)
             L = left + C + right
-            r, c = torch.arange(C, device=device), torch.arange(L, device=device)
-            outside = (r[:, None] + left - c[None, :]).abs() >= w                # (C, L): the band's edges
-            self.band = torch.zeros(C, L, device=device).masked_fill_(outside, NEG)
+            d = torch.arange(L, device=device) - torch.arange(C, device=device)[:, None] - left  # (C, L): key - query
+            self.band = torch.zeros(C, L, device=device).masked_fill_((d < -left) | (d > right), NEG)
         else:
             val = val.expand(B, H, T).reshape(BH, T) if val.dim() == 3 else val[None]  # (R, T), R = 1 or BH
-            first = torch.arange(nb, device=device) * C                         # each block's first slot
-            start = torch.searchsorted(val, val[:, first] - width - margin)     # (R, nb): the spans' first slots
-            end = torch.searchsorted(val, val[:, (first + C).clamp(max=T) - 1] + width + margin)
-            L = int((torch.maximum(end, first + C) - start).max())  # a block's own slots are always in its span
+            start, end = value_spans(val, width, margin, C)                    # (R, nb): each block's key span
+            first = torch.arange(nb, device=device) * C                         # (nb,): each block's first slot
+            L = int((torch.maximum(end, first + C) - start).max())  # a block's own slots, pads too, in its span
             left, right = 0, L - C
             self.kslots = start[..., None] + torch.arange(L, device=device)     # (R, nb, L)
             val = F.pad(val, (0, nb * C - T + right))                          # (R, S): pads hidden by pos
@@ -221,13 +228,13 @@ def _group_forward(qc, kc, vc, mask, finite, fused):
     return (p @ vc).div_(total), (top + total.log()).squeeze(-1)
 
 
-def _group_backward(doc, qc, kc, vc, lse, delta, mask, finite):
+def _group_backward(doc, qc, kc, vc, lse, rowdot, mask, finite):
     """dq, dk, dv of each group, its probabilities recomputed from lse (the row's over all its groups);
-    delta is each row's rowsum(dO * O). In place: two (C, L) buffers stay in cache, not three."""
+    rowdot is each row's rowsum(dO * O). In place: two (C, L) buffers stay in cache, not three."""
     scale = qc.shape[-1] ** -0.5
     p = _masked((qc @ kc.transpose(-1, -2)).mul_(scale), mask, finite).sub_(lse[..., None]).exp_()  # (m, n, C, L)
     dv = p.transpose(-1, -2) @ doc
-    ds = p.mul_((doc @ vc.transpose(-1, -2)).sub_(delta[..., None]))       # (m, n, C, L): dloss/dscores
+    ds = p.mul_((doc @ vc.transpose(-1, -2)).sub_(rowdot[..., None]))       # (m, n, C, L): dloss/dscores
     return (ds @ kc).mul_(scale), (ds.transpose(-1, -2) @ qc).mul_(scale), dv
 
 
@@ -267,7 +274,7 @@ def forward(q, k, v, layout):
 
 @torch.autocast("cpu", enabled=False)  # scores in fp32, even where backward runs under autocast
 @torch.autocast("cuda", enabled=False)
-def backward(dout, q, k, v, out, lse, layout):
+def backward(dout, out, lse, q, k, v, layout):
     """dq, dk, dv (B, H, T, D) of forward's out: each group's share, from its rows' out and logsumexp."""
     qf, kf, vf, dof = (layout.flat(t) for t in (q, k, v, dout))            # (N, D)
     lse = layout.flat(lse[..., None])[:, 0]                                 # (N,); pad rows 0, their dO is 0
@@ -277,7 +284,7 @@ def backward(dout, q, k, v, out, lse, layout):
     if fused:                                                               # the kernel takes O's rows
         of = layout.flat(out)
     else:                                                                   # the matmuls, rowsum(dO * O)
-        delta = layout.flat((dout.float() * out.float()).sum(-1, keepdim=True))[:, 0]  # (N,)
+        rowdot = layout.flat((dout.float() * out.float()).sum(-1, keepdim=True))[:, 0]  # (N,)
     for qrows, krows, mask in layout.chunks(CHUNK):
         qc, doc = layout.query(qf, qrows), layout.query(dof, qrows)
         kc, vc = layout.gather(kf, krows), layout.gather(vf, krows)
@@ -285,7 +292,7 @@ def backward(dout, q, k, v, out, lse, layout):
             grads = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
                 doc, qc, kc, vc, layout.query(of, qrows), lse[qrows], 0.0, False, attn_mask=mask)
         else:
-            grads = _group_backward(doc, qc, kc, vc, lse[qrows], delta[qrows], mask, finite)
+            grads = _group_backward(doc, qc, kc, vc, lse[qrows], rowdot[qrows], mask, finite)
         for g, rows, grad in ((dq, qrows, grads[0]), (dk, krows, grads[1]), (dv, krows, grads[2])):
             g.index_add_(0, rows.flatten(), grad.flatten(0, -2))
     return _unflat(layout, dq, q.dtype), _unflat(layout, dk, k.dtype), _unflat(layout, dv, v.dtype)
@@ -296,27 +303,25 @@ def _unflat(layout, f, dtype):
     return layout.unflat(f).to(dtype).contiguous()
 
 
+def _save(ctx, inputs, output):
+    ctx.save_for_backward(*output, *inputs[:5])            # out, lse, q, k, v and the op's two tensors
+    ctx.scalars = inputs[5:]
+
+
 def _op(name, layout, args):
-    """forward and backward over layout(q, two tensors, *scalars) as registered ops, sa::name(q, k, v, args)
-    -> (out, lse), with their autograd and fake shapes."""
-    schema = f"Tensor q, Tensor k, Tensor v, {args}"
-    fwd = torch.library.custom_op(f"sa::{name}", lambda q, k, v, *a: forward(q, k, v, layout(q, *a)), mutates_args=(),
-                                  schema=f"({schema}) -> (Tensor, Tensor)")
+    """The registered op sa::name(q, k, v, args) -> (out, lse), forward over layout(q, *args), with its backward op,
+    fake shapes and autograd, as kernel.py registers sa::triton_swa."""
+    qkv = f"Tensor q, Tensor k, Tensor v, {args}"
+    fwd = torch.library.custom_op(f"sa::{name}", lambda q, k, v, *a: forward(q, k, v, layout(q, *a)),
+                                  mutates_args=(), schema=f"({qkv}) -> (Tensor, Tensor)")
     bwd = torch.library.custom_op(f"sa::{name}_backward",
-                                  lambda dout, out, lse, q, k, v, *a: backward(dout, q, k, v, out, lse, layout(q, *a)),
-                                  mutates_args=(), schema=f"(Tensor dout, Tensor out, Tensor lse, {schema}) -> (Tensor, Tensor, Tensor)")
-    fwd.register_fake(lambda q, k, v, *a: (torch.empty_like(q, memory_format=torch.contiguous_format),
-                                           q.new_empty(q.shape[:3], dtype=torch.float32)))
-    bwd.register_fake(lambda dout, out, lse, q, k, v, *a: tuple(
-        torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v)))
-
-    def setup_context(ctx, inputs, output):
-        ctx.save_for_backward(*output, *inputs[:5])                         # out, lse, q, k, v, the two tensors
-        ctx.scalars = inputs[5:]
-
-    def grad(ctx, dout, _):
-        return *bwd(dout, *ctx.saved_tensors, *ctx.scalars), *[None] * (2 + len(ctx.scalars))
-    fwd.register_autograd(grad, setup_context=setup_context)
+                                  lambda dout, out, lse, q, k, v, *a: backward(dout, out, lse, q, k, v, layout(q, *a)),
+                                  mutates_args=(), schema=f"(Tensor dout, Tensor out, Tensor lse, {qkv}) -> "
+                                                          "(Tensor, Tensor, Tensor)")
+    fwd.register_fake(lambda q, *_: (q.new_empty(q.shape), q.new_empty(q.shape[:3], dtype=torch.float32)))
+    bwd.register_fake(lambda dout, out, lse, *qkv: tuple(t.new_empty(t.shape) for t in qkv[:3]))
+    fwd.register_autograd(lambda ctx, dout, _: (*bwd(dout, *ctx.saved_tensors, *ctx.scalars),
+                                                *[None] * (2 + len(ctx.scalars))), setup_context=_save)
     return fwd
 
 

@@ -1,17 +1,14 @@
 """Sliding-window attention in Triton, forward and backward: triton_swa(q, k, v, width, pos, val).
 
-The rule is stated once, in attention.py's docstring; this file makes it fast and imports nothing from the repo. SA:
-gather by perm, triton_swa(..., window, pos=perm), scatter back; value rule: val=sorted r, spans from _val_spans.
-
-Shaped like Triton's fused-attention tutorial (06-fused-attention.py). Forward: program (i, b*h) owns BLOCK_M query
-rows and streams the key blocks its band reaches with an online softmax (running max m_i, sum l_i, accumulator acc,
-all fp32): O(T * w). The key blocks fall in three regions (_span): the left edge, the interior (only the pos rule)
-and the right edge; only the edges pay for the band mask and bounds checks. Masked scores are -inf before anything
-is summed, so a NaN in a masked key never reaches a query (attention.py guards v). Backward: dK, dV per key block,
-then dQ per query block, the probabilities recomputed from the forward's log-sum-exp, clamped to <= 1 (at |q.k| ~
-1e9 a recomputed score can be a few ulps off). choose_config picks the blocks (fp32: tf32x3); below sm_80 it raises
-and "auto" takes the torch path. Compiled output: results/kernel_compile.txt. self_check (run by attention.py at
-first use) and python kernel.py --check hold it to its own dense rule. CPU: TRITON_INTERPRET=1 (tests/test_kernel.py).
+The rule is stated once, in attention.py's docstring. This file makes it fast, and imports nothing from the repo so
+that it can be read, compiled and checked alone: where it needs a formula of blocked.py it keeps a copy, which
+tests/test_kernel.py holds equal. It is shaped like Triton's fused-attention tutorial (06-fused-attention.py): in
+the forward, program (i, b*h) owns BLOCK_M query rows and streams the key blocks its band reaches with an online
+softmax in fp32, O(T * w); the backward computes dK, dV per key block, then dQ per query block, the probabilities
+recomputed from the forward's log-sum-exp. Masked scores are -inf before anything is summed, so a NaN in a masked
+key never reaches a query (attention.py guards v). Where the kernel declines a GPU, dtype or shape it raises
+Unsupported, and attention.py's "auto" takes the torch path. self_check (run by attention.py at first use) and
+python kernel.py --check hold it to its own dense rule; CPU: TRITON_INTERPRET=1; compiled: results/kernel_compile.txt.
 """
 import math
 from typing import NamedTuple, Optional
@@ -22,10 +19,16 @@ import triton
 import triton.language as tl
 
 HEAD_DIMS = (16, 32, 64, 128)  # power-of-two head dims the kernels compile for
-DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 LOG2E = 1.4426950408889634     # the kernels use exp2; scores are pre-scaled by log2(e)
-# errors that mean "the kernel cannot run here" (attention.py's "auto" then takes the torch path): any other raises
-CANNOT_RUN = (ValueError, triton.compiler.errors.CompilationError, triton.runtime.errors.OutOfResources,
+
+
+class Unsupported(ValueError):
+    """This GPU, dtype or shape is not supported: the kernel declines it (attention.py's "auto": the torch path)."""
+
+
+# "the kernel cannot run here": "auto" takes the torch path; any other error raises, a ValueError too (a kernel bug)
+CANNOT_RUN = (Unsupported, triton.compiler.errors.CompilationError, triton.runtime.errors.OutOfResources,
               getattr(triton.runtime.errors, "PTXASError", triton.runtime.errors.OutOfResources))
 
 
@@ -33,32 +36,20 @@ CANNOT_RUN = (ValueError, triton.compiler.errors.CompilationError, triton.runtim
 # Kernels
 
 @triton.jit
-def _span(start, FIXED: tl.constexpr, MOVE: tl.constexpr, before, after, T, Spans, HAS_VAL: tl.constexpr):
+def _span(start, BLOCK_FIXED: tl.constexpr, BLOCK_LOOP: tl.constexpr, before, after, T, Spans, HAS_VAL: tl.constexpr):
     """Moving rows x meet fixed rows y iff y - before <= x <= y + after and x < T. Returns [lo, hi)
-    on the MOVE grid, split at mid_lo <= mid_hi: the blocks in [mid_lo, mid_hi) are inside the band
+    on the BLOCK_LOOP grid, split at mid_lo <= mid_hi: the blocks in [mid_lo, mid_hi) are inside the band
     for every row of the fixed block. With val, the block's span from the host, all one edge."""
     if HAS_VAL:
-        lo = tl.load(Spans) // MOVE * MOVE
+        lo = tl.load(Spans) // BLOCK_LOOP * BLOCK_LOOP
         hi = tl.load(Spans + 1)
         mid_lo, mid_hi = hi, hi
     else:
-        lo = tl.maximum(start - before, 0) // MOVE * MOVE
-        hi = tl.minimum(start + FIXED + after, T)
-        mid_lo = tl.minimum(tl.cdiv(tl.maximum(start + FIXED - 1 - before, 0), MOVE) * MOVE, hi)
-        mid_hi = tl.maximum(tl.minimum(start + after + 1, T) // MOVE * MOVE, mid_lo)
+        lo = tl.maximum(start - before, 0) // BLOCK_LOOP * BLOCK_LOOP
+        hi = tl.minimum(start + BLOCK_FIXED + after, T)
+        mid_lo = tl.minimum(tl.cdiv(tl.maximum(start + BLOCK_FIXED - 1 - before, 0), BLOCK_LOOP) * BLOCK_LOOP, hi)
+        mid_hi = tl.maximum(tl.minimum(start + after + 1, T) // BLOCK_LOOP * BLOCK_LOOP, mid_lo)
     return lo, mid_lo, mid_hi, hi
-
-
-@triton.jit
-def _region(REGION: tl.constexpr, lo, mid_lo, mid_hi, hi):
-    """[a, b) of region 0 (the left edge), 1 (the interior) or 2 (the right edge) of _span's split."""
-    if REGION == 0:
-        a, b = lo, mid_lo
-    elif REGION == 1:
-        a, b = mid_lo, mid_hi
-    else:
-        a, b = mid_hi, hi
-    return a, b
 
 
 @triton.jit
@@ -95,8 +86,7 @@ def _key_block(q, offs_m, start_n, K, V, Pos, Val, pos_stride_t, left, right, wi
                HAS_VAL: tl.constexpr, PRECISION: tl.constexpr):
     """k, v of the key block at start_n and the masked scores of q against it, in log2 units."""
     offs_n = start_n + tl.arange(0, BLOCK_N)
-    k = _load(K, offs_n, T, D, EDGE)
-    v = _load(V, offs_n, T, D, EDGE)
+    k, v = _load(K, offs_n, T, D, EDGE), _load(V, offs_n, T, D, EDGE)
     s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # (BLOCK_M, BLOCK_N)
     return k, v, _mask(s, Pos, Val, pos_stride_t, offs_m[:, None], offs_n[None, :], left, right, width, T,
                        EDGE, HAS_POS, HAS_VAL)
@@ -134,12 +124,12 @@ def _attn_fwd(Q, K, V, O, LSE, Pos, Val, Spans, pos_stride_b, pos_stride_h, pos_
     offs_m = start_m + tl.arange(0, BLOCK_M)
     q = _load(Q, offs_m, T, D, True)
     acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    m_i = tl.zeros([BLOCK_M], dtype=tl.float32) + float("-inf")
+    l_i, m_i = tl.zeros([BLOCK_M], dtype=tl.float32), tl.zeros([BLOCK_M], dtype=tl.float32) + float("-inf")
     Spans += bh * span_stride + tl.program_id(0) * 2  # with val: this block's key span
     lo, mid_lo, mid_hi, hi = _span(start_m, BLOCK_M, BLOCK_N, left, right, T, Spans, HAS_VAL)
-    for region in tl.static_range(3):  # the left edge, the interior, the right edge
-        a, b = _region(region, lo, mid_lo, mid_hi, hi)
+    for region in tl.static_range(3):  # the left edge, the interior (no band mask, no bounds checks), the right edge
+        a = lo if region == 0 else mid_lo if region == 1 else mid_hi
+        b = mid_lo if region == 0 else mid_hi if region == 1 else hi
         acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, offs_m, K, V, Pos, Val, pos_stride_t, a, b, left, right, width,
                                    T, qk_scale, D, BLOCK_N, region != 1, HAS_POS, HAS_VAL, PRECISION)
     tl.store(LSE + offs_m, m_i + tl.math.log2(l_i), mask=offs_m < T)  # log2-sum-exp2, for the backward
@@ -154,14 +144,13 @@ def _bwd_dkdv_inner(dk, dv, k, v, offs_n, Q, DO, LSE, RowDot, Pos, Val, pos_stri
     """Fixed key block (k, v), moving query blocks; everything transposed: keys along rows."""
     for start_m in range(lo, hi, BLOCK_M):
         offs_m = start_m + tl.arange(0, BLOCK_M)
-        q = _load(Q, offs_m, T, D, EDGE)
-        do = _load(DO, offs_m, T, D, EDGE)
+        q, do = _load(Q, offs_m, T, D, EDGE), _load(DO, offs_m, T, D, EDGE)
         lse = tl.load(LSE + offs_m, mask=offs_m < T, other=0.0)
         rowdot = tl.load(RowDot + offs_m, mask=offs_m < T, other=0.0)
         sT = tl.dot(k, tl.trans(q), input_precision=PRECISION) * qk_scale  # (BLOCK_N, BLOCK_M)
         sT = _mask(sT, Pos, Val, pos_stride_t, offs_m[None, :], offs_n[:, None], left, right, width, T,
                    EDGE, HAS_POS, HAS_VAL)
-        pT = tl.math.exp2(tl.minimum(sT - lse[None, :], 0.0))           # probabilities, clamped to <= 1
+        pT = tl.math.exp2(tl.minimum(sT - lse[None, :], 0.0))  # <= 1: at |s| ~ 1e9 a recomputed score may exceed lse
         dv += tl.dot(pT.to(do.dtype), do, input_precision=PRECISION)
         dpT = tl.dot(v, tl.trans(do), input_precision=PRECISION)
         dsT = pT * (dpT - rowdot[None, :])
@@ -187,10 +176,10 @@ def _bwd_dq_inner(dq, q, do, lse, rowdot, offs_m, K, V, Pos, Val, pos_stride_t, 
 @triton.jit
 def _attn_bwd(Q, K, V, DO, DQ, DK, DV, LSE, RowDot, Pos, Val, Spans, pos_stride_b, pos_stride_h, pos_stride_t,
               span_stride, H, T, left, right, width, qk_scale, sm_scale,
-              D: tl.constexpr, FIXED: tl.constexpr, MOVE: tl.constexpr, HAS_POS: tl.constexpr,
+              D: tl.constexpr, BLOCK_FIXED: tl.constexpr, BLOCK_LOOP: tl.constexpr, HAS_POS: tl.constexpr,
               HAS_VAL: tl.constexpr, PRECISION: tl.constexpr):
     """Program (i, bh) computes dK, dV for key block i and dQ for query block i."""
-    start = tl.program_id(0) * FIXED
+    start = tl.program_id(0) * BLOCK_FIXED
     bh = tl.program_id(1)
     off = bh.to(tl.int64) * T * D
     Q, K, V, DO, DQ, DK, DV = Q + off, K + off, V + off, DO + off, DQ + off, DK + off, DV + off
@@ -198,33 +187,31 @@ def _attn_bwd(Q, K, V, DO, DQ, DK, DV, LSE, RowDot, Pos, Val, Spans, pos_stride_
     Pos += (bh // H) * pos_stride_b + (bh % H) * pos_stride_h
     Val += (bh // H) * pos_stride_b + (bh % H) * pos_stride_h
     Spans += bh * span_stride + tl.program_id(0) * 2  # with val: the block's span, the same for dK, dV and dQ
-    rows = start + tl.arange(0, FIXED)
-    tile = rows[:, None] * D + tl.arange(0, D)[None, :]   # this block's (FIXED, D) tile
+    rows = start + tl.arange(0, BLOCK_FIXED)
+    tile = rows[:, None] * D + tl.arange(0, D)[None, :]   # this block's (BLOCK_FIXED, D) tile
 
     # dK, dV: query i reaches key j iff j - right <= i <= j + left, so the span's reach is mirrored
-    k = _load(K, rows, T, D, True)
-    v = _load(V, rows, T, D, True)
-    dk = tl.zeros([FIXED, D], dtype=tl.float32)
-    dv = tl.zeros([FIXED, D], dtype=tl.float32)
-    lo, mid_lo, mid_hi, hi = _span(start, FIXED, MOVE, right, left, T, Spans, HAS_VAL)  # with val: symmetric
+    k, v = _load(K, rows, T, D, True), _load(V, rows, T, D, True)
+    dk, dv = tl.zeros([BLOCK_FIXED, D], dtype=tl.float32), tl.zeros([BLOCK_FIXED, D], dtype=tl.float32)
+    lo, mid_lo, mid_hi, hi = _span(start, BLOCK_FIXED, BLOCK_LOOP, right, left, T, Spans, HAS_VAL)  # val: symmetric
     for region in tl.static_range(3):
-        a, b = _region(region, lo, mid_lo, mid_hi, hi)
+        a = lo if region == 0 else mid_lo if region == 1 else mid_hi
+        b = mid_lo if region == 0 else mid_hi if region == 1 else hi
         dk, dv = _bwd_dkdv_inner(dk, dv, k, v, rows, Q, DO, LSE, RowDot, Pos, Val, pos_stride_t, a, b, left, right,
-                                 width, T, qk_scale, D, MOVE, region != 1, HAS_POS, HAS_VAL, PRECISION)
+                                 width, T, qk_scale, D, BLOCK_LOOP, region != 1, HAS_POS, HAS_VAL, PRECISION)
     tl.store(DK + tile, (dk * sm_scale).to(DK.dtype.element_ty), mask=rows[:, None] < T)
     tl.store(DV + tile, dv.to(DV.dtype.element_ty), mask=rows[:, None] < T)
 
     # dQ
-    q = _load(Q, rows, T, D, True)
-    do = _load(DO, rows, T, D, True)
-    lse = tl.load(LSE + rows, mask=rows < T, other=0.0)
-    rowdot = tl.load(RowDot + rows, mask=rows < T, other=0.0)
-    dq = tl.zeros([FIXED, D], dtype=tl.float32)
-    lo, mid_lo, mid_hi, hi = _span(start, FIXED, MOVE, left, right, T, Spans, HAS_VAL)
+    q, do = _load(Q, rows, T, D, True), _load(DO, rows, T, D, True)
+    lse, rowdot = tl.load(LSE + rows, mask=rows < T, other=0.0), tl.load(RowDot + rows, mask=rows < T, other=0.0)
+    dq = tl.zeros([BLOCK_FIXED, D], dtype=tl.float32)
+    lo, mid_lo, mid_hi, hi = _span(start, BLOCK_FIXED, BLOCK_LOOP, left, right, T, Spans, HAS_VAL)
     for region in tl.static_range(3):
-        a, b = _region(region, lo, mid_lo, mid_hi, hi)
+        a = lo if region == 0 else mid_lo if region == 1 else mid_hi
+        b = mid_lo if region == 0 else mid_hi if region == 1 else hi
         dq = _bwd_dq_inner(dq, q, do, lse, rowdot, rows, K, V, Pos, Val, pos_stride_t, a, b, left, right, width,
-                           T, qk_scale, D, MOVE, region != 1, HAS_POS, HAS_VAL, PRECISION)
+                           T, qk_scale, D, BLOCK_LOOP, region != 1, HAS_POS, HAS_VAL, PRECISION)
     tl.store(DQ + tile, (dq * sm_scale).to(DQ.dtype.element_ty), mask=rows[:, None] < T)
 
 
@@ -240,8 +227,8 @@ class Target(NamedTuple):
 class Config(NamedTuple):
     block_m: int      # forward: query rows per program
     block_n: int      # forward: keys per inner step
-    fixed: int        # backward: rows a program owns (keys for dK/dV, queries for dQ)
-    move: int         # backward: rows per inner step
+    block_fixed: int  # backward: rows a program owns (keys for dK/dV, queries for dQ)
+    block_loop: int   # backward: rows per inner step, the blocks its loops move over
     num_warps: int
     num_stages: int   # software pipelining depth of the inner loops' loads
     precision: str    # tl.dot input_precision of fp32 dots; None (the default) for fp16/bf16
@@ -265,9 +252,9 @@ def device_target(device):
 def choose_config(dtype, D, target):
     """Block sizes, warps, stages and fp32 dot precision for this dtype, head dim and device: the largest
     blocks found to compile without fp16/bf16 register spills on sm_80 to sm_90, and shared_kb the most
-    they need there (tests/test_kernel.py asserts both). Raises ValueError where the kernel should not run."""
+    they need there (tests/test_kernel.py asserts both). Raises Unsupported where the kernel should not run."""
     if target.backend == "cuda" and target.arch < 80:
-        raise ValueError(f"sm_{target.arch}: Triton {triton.__version__} has no tensor-core dot below sm_80, "
+        raise Unsupported(f"sm_{target.arch}: Triton {triton.__version__} has no tensor-core dot below sm_80, "
                          "so the kernel would spill registers and lose to the torch path")
     amd = target.backend == "hip"  # gfx942: 64 KB of LDS, 64-thread warps: fewer warps and stages
     if dtype == torch.float32:
@@ -279,9 +266,10 @@ def choose_config(dtype, D, target):
     else:
         config = Config(128, 32, 64, 32, num_warps=8, num_stages=3, precision=None, shared_kb=96)
     if amd:  # at D = 128 the backward's moving blocks of 32 rows spill on gfx942: 16 rows
-        config = config._replace(move=16 if D > 64 else config.move, num_warps=4, num_stages=2, shared_kb=64)
+        config = config._replace(block_loop=16 if D > 64 else config.block_loop, num_warps=4, num_stages=2,
+                                 shared_kb=64)
     if target.shared < config.shared_kb * 1024:
-        raise ValueError(f"the kernel for {str(dtype)[6:]} at head dim {D} needs {config.shared_kb} KB of shared "
+        raise Unsupported(f"the kernel for {str(dtype)[6:]} at head dim {D} needs {config.shared_kb} KB of shared "
                          f"memory, the GPU has {target.shared // 1024} KB")
     return config
 
@@ -289,33 +277,38 @@ def choose_config(dtype, D, target):
 # -----------------------------------------------------------------------------
 # The launches, as registered ops, and the public function
 
-def _val_spans(val, width, margin, block, B, H, T):
-    """[lo, hi) of the slots each block of `block` rows may meet (its own always), as (R, nblocks, 2) int32, and
-    the stride of R (0: one row of val, ascending along T, serves every head). Extra keys are masked."""
-    val = val.expand(B, H, T).reshape(B * H, T) if val.dim() > 1 else val[None]  # (R, T), R = 1 or B*H
-    first = torch.arange(0, T, block, device=val.device)                   # (nblocks,)
-    end = (first + block).clamp(max=T)
-    lo = torch.searchsorted(val, val[:, first] - width - margin)             # (R, nblocks)
-    hi = torch.maximum(torch.searchsorted(val, val[:, end - 1] + width + margin), end)
-    spans = torch.stack([lo, hi], -1).to(torch.int32)                      # (R, nblocks, 2)
-    return spans, (0 if len(val) == 1 else spans[0].numel())
+def band_edges(window, T, two_sided):
+    """The slot band [i - left, i + right] of a window, one-sided (right = 0) without pos; |i - j| < T always holds.
+    The kernel's copy of blocked.band_edges (kernel.py imports nothing from the repo; tests/test_kernel.py)."""
+    left = min(int(window), T) - 1
+    return left, left if two_sided else 0
+
+
+def value_spans(val, width, margin, block):
+    """The kernel's copy of blocked.value_spans, held equal by tests/test_kernel.py: [lo, hi) of the key slots that
+    each block of `block` query slots may meet, (R, nblocks) each, for val (R, T) ascending along T."""
+    first = torch.arange(0, val.shape[-1], block, device=val.device)                  # (nblocks,)
+    last = (first + block).clamp(max=val.shape[-1]) - 1
+    hi = torch.searchsorted(val, val[:, last] + width + margin).maximum(last + 1)    # (R, nblocks): its own slots in
+    return torch.searchsorted(val, val[:, first] - width - margin), hi
 
 
 def _launch_args(q, pos, val, width, margin, config, block):
-    """What the kernels take besides q, k, v: pos and val as (B, H, T) views, each block's key span with val
-    (a dummy without), the scalars up to the scores' scale, and the compile-time options."""
+    """What the kernels take besides q, k, v: pos and val as (B, H, T) views, with val each block's key span
+    (R, nblocks, 2) and R's stride (0: one row serves every head), the scalars up to the scale, the options."""
     B, H, T, D = q.shape
-    if val is None:  # the slot band [i - left, i + right], one-sided without pos; |i - j| < T always holds
-        left = min(int(width), T) - 1
-        right, width = (0 if pos is None else left), 0.0
-    else:            # the value band |val_i - val_j| < width, over each block's span from the host
-        left = right = 0
     Pos = q if pos is None else pos.expand(B, H, T)    # (B, H, T) view with 0 strides: no copy; q is a dummy
     Val = q if val is None else val.expand(B, H, T)    # val has pos's shape, so pos's strides
-    spans, span_stride = (q, 0) if val is None else _val_spans(val, width, margin, block, B, H, T)
+    if val is None:   # the slot band [i - left, i + right]; spans unused
+        (left, right), width, spans, span_stride = band_edges(width, T, pos is not None), 0.0, q, 0
+    else:             # the value band |val_i - val_j| < width, over each block's span from the host
+        rows = val.expand(B, H, T).reshape(B * H, T) if val.dim() > 1 else val[None]   # (R, T), R = 1 or B*H
+        spans = torch.stack(value_spans(rows, width, margin, block), -1).to(torch.int32)  # (R, nblocks, 2)
+        left, right, span_stride = 0, 0, 0 if len(rows) == 1 else spans[0].numel()
     options = dict(D=D, HAS_POS=pos is not None, HAS_VAL=val is not None, PRECISION=config.precision,
                    num_warps=config.num_warps, num_stages=config.num_stages)
-    return (Pos, Val, spans, *((0, 0, 0) if pos is None else Pos.stride()), span_stride, H, T, left, right, width), options
+    strides = (0, 0, 0) if pos is None else Pos.stride()
+    return (Pos, Val, spans, *strides, span_stride, H, T, left, right, width), options
 
 
 # The tutorial's autograd.Function, as registered ops: torch.compile traces nothing inside, breaks no graph.
@@ -331,62 +324,63 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, pos: Optional[Tensor], val: Option
         args, options = _launch_args(q, pos, val, width, margin, config, config.block_m)
         _attn_fwd[(triton.cdiv(T, config.block_m), B * H)](q, k, v, o, lse, *args, LOG2E / math.sqrt(D),
                                                             BLOCK_M=config.block_m, BLOCK_N=config.block_n, **options)
-        if q.is_cuda and torch.is_grad_enabled():  # compile the backward now: if it cannot run, "auto" can still fall back
-            bwd = _attn_bwd.warmup(q, k, v, o, q, k, v, lse, lse, *args, 0.0, 0.0, grid=(1,), FIXED=config.fixed,
-                                   MOVE=config.move, **options)
+        if q.is_cuda and torch.is_grad_enabled():  # compile the backward now: if it cannot run, "auto" can fall back
+            bwd = _attn_bwd.warmup(q, k, v, o, q, k, v, lse, lse, *args, 0.0, 0.0, grid=(1,),
+                                   BLOCK_FIXED=config.block_fixed, BLOCK_LOOP=config.block_loop, **options)
             if bwd is not None and bwd.metadata.shared > target.shared:  # None: a compile hook took it
-                raise ValueError(f"the backward kernel needs {bwd.metadata.shared // 1024} KB, the GPU has {target.shared // 1024} KB")
+                raise Unsupported(f"the backward kernel needs {bwd.metadata.shared // 1024} KB of shared memory, "
+                                  f"the GPU has {target.shared // 1024} KB")
     return o, lse
 
 
 @torch.library.custom_op("sa::triton_swa_backward", mutates_args=())
-def _backward(do: Tensor, o: Tensor, lse: Tensor, q: Tensor, k: Tensor, v: Tensor, pos: Optional[Tensor],
+def _backward(dout: Tensor, out: Tensor, lse: Tensor, q: Tensor, k: Tensor, v: Tensor, pos: Optional[Tensor],
               val: Optional[Tensor], width: float, margin: float) -> tuple[Tensor, Tensor, Tensor]:
-    """dq, dk, dv (B, H, T, D) of _forward's o, the probabilities recomputed from lse."""
+    """dq, dk, dv (B, H, T, D) of _forward's out, the probabilities recomputed from lse."""
     B, H, T, D = q.shape
     config = choose_config(q.dtype, D, device_target(q.device))
-    q, k, v, do = (t.contiguous() for t in (q, k, v, do))
+    q, k, v, dout = (t.contiguous() for t in (q, k, v, dout))
     with torch.cuda.device(q.device if q.is_cuda else -1):
-        args, options = _launch_args(q, pos, val, width, margin, config, config.fixed)
-        rowdot = (o.float() * do.float()).sum(-1)           # (B, H, T): rowsum(dO * O), fp32
+        args, options = _launch_args(q, pos, val, width, margin, config, config.block_fixed)
+        rowdot = (out.float() * dout.float()).sum(-1)       # (B, H, T): rowsum(dO * O), fp32
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-        _attn_bwd[(triton.cdiv(T, config.fixed), B * H)](q, k, v, do, dq, dk, dv, lse, rowdot, *args, LOG2E / math.sqrt(D),
-                                                          1 / math.sqrt(D), FIXED=config.fixed, MOVE=config.move, **options)
+        _attn_bwd[(triton.cdiv(T, config.block_fixed), B * H)](
+            q, k, v, dout, dq, dk, dv, lse, rowdot, *args, LOG2E / math.sqrt(D), 1 / math.sqrt(D),
+            BLOCK_FIXED=config.block_fixed, BLOCK_LOOP=config.block_loop, **options)
     return dq, dk, dv
 
 
-_forward.register_fake(lambda q, *_: (torch.empty_like(q, memory_format=torch.contiguous_format), q.new_empty(q.shape[:3])))
-_backward.register_fake(lambda do, o, lse, *qkv: tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in qkv[:3]))
-
-
 def _save(ctx, inputs, output):
-    ctx.save_for_backward(*output, *inputs[:5])            # o, lse, q, k, v, pos, val
-    ctx.scalars = inputs[5:]                               # width, margin
+    ctx.save_for_backward(*output, *inputs[:5])            # out, lse, q, k, v and the op's two tensors
+    ctx.scalars = inputs[5:]
 
 
-_forward.register_autograd(lambda ctx, do, _: (*_backward(do, *ctx.saved_tensors, *ctx.scalars), *[None] * 4),
-                           setup_context=_save)
+_forward.register_fake(lambda q, *_: (q.new_empty(q.shape), q.new_empty(q.shape[:3], dtype=torch.float32)))
+_backward.register_fake(lambda dout, out, lse, *qkv: tuple(t.new_empty(t.shape) for t in qkv[:3]))
+_forward.register_autograd(lambda ctx, dout, _: (*_backward(dout, *ctx.saved_tensors, *ctx.scalars),
+                                                 *[None] * (2 + len(ctx.scalars))), setup_context=_save)
 
 
 def triton_swa(q, k, v, width, pos=None, val=None, margin=0.0):
     """Sliding-window attention, (B, H, T, D) -> (B, H, T, D), by the rule in attention.py's docstring: key j is
-    visible to query i iff |i - j| < width (an int, the window) and pos[j] <= pos[i]; with val (fp32, pos's shape,
-    ascending along T), iff |val[i] - val[j]| < width (a float: delta) and pos[j] <= pos[i], each block's key span
-    reaching `margin` past width. ValueError for input it does not support ("auto" then takes the torch path)."""
+    visible to query i iff |i - j| < width (an int >= 1, the window, checked by the caller) and pos[j] <= pos[i];
+    with val (fp32, pos's shape, ascending along T), iff |val[i] - val[j]| < width (a float: delta) and
+    pos[j] <= pos[i], each block's key span reaching `margin` past width. Unsupported for a head dim or dtype it
+    has no kernel for ("auto" then takes the torch path), ValueError for input that breaks its contract."""
     B, H, T, D = q.shape
-    if D not in HEAD_DIMS:
-        raise ValueError(f"triton_swa supports head dims {HEAD_DIMS}, got {D}; pad it or set attention.BACKEND = 'torch'")
-    if q.dtype not in DTYPES or any((t.shape, t.dtype, t.device) != (q.shape, q.dtype, q.device) for t in (k, v)):
-        raise ValueError(f"q, k, v must share one shape, device and dtype of fp16/bf16/fp32, got "
+    if D not in HEAD_DIMS or q.dtype not in SUPPORTED_DTYPES:
+        raise Unsupported(f"triton_swa supports head dims {HEAD_DIMS} in {SUPPORTED_DTYPES}, got {D} in {q.dtype}; "
+                          "pad it or set attention.BACKEND = 'torch'")
+    if any((t.shape, t.dtype, t.device) != (q.shape, q.dtype, q.device) for t in (k, v)):
+        raise ValueError(f"q, k, v must share one shape, device and dtype, got "
                          f"{[(tuple(t.shape), t.dtype, str(t.device)) for t in (q, k, v)]}")
     if pos is not None and not (pos.dtype == torch.long and pos.device == q.device and 1 <= pos.dim() <= 3
                                 and all(a in (1, b) for a, b in zip(reversed(pos.shape), (T, H, B)))):
         raise ValueError(f"pos must be a LongTensor on {q.device} broadcastable to (B, H, T)=({B}, {H}, {T}), "
                          f"got {pos.dtype} {tuple(pos.shape)} on {pos.device}")
-    if val is None and (not isinstance(width, int) or isinstance(width, bool) or width < 1):
-        raise ValueError(f"window must be an integer >= 1, got {width!r}")
-    if val is not None and (pos is None or val.dtype != torch.float32 or val.shape != pos.shape or val.device != q.device
-                            or not width > 0 or not (torch.compiler.is_compiling() or bool((val[..., 1:] >= val[..., :-1]).all()))):
+    if val is not None and (pos is None or val.dtype != torch.float32 or val.shape != pos.shape
+                            or val.device != q.device or not width > 0
+                            or not (torch.compiler.is_compiling() or bool((val[..., 1:] >= val[..., :-1]).all()))):
         raise ValueError(f"val must be fp32 with pos's shape, ascending along T, and the width > 0; got {val.dtype} "
                          f"{tuple(val.shape)}, pos {None if pos is None else tuple(pos.shape)}, width {width!r}")
     pos, val = (pos, val) if val is None else (pos.contiguous(), val.contiguous())  # one set of strides for both
@@ -401,7 +395,7 @@ TOLERANCE = {torch.bfloat16: 5e-2, torch.float16: 5e-2, torch.float32: 1e-3}  # 
 
 
 def dense(q, k, v, width, pos=None, val=None):
-    """triton_swa's rule, dense, in fp32 (attention.rule_mask's mask formula: tests/test_kernel.py holds the two equal)."""
+    """triton_swa's rule, dense, in fp32: the mask is attention.rule_mask's (tests/test_kernel.py holds them equal)."""
     idx = torch.arange(q.shape[2], device=q.device)
     val, pos = idx if val is None else val, idx if pos is None else pos
     mask = ((val[..., :, None] - val[..., None, :]).abs() < width) & (pos[..., None, :] <= pos[..., :, None])
@@ -428,7 +422,7 @@ if __name__ == "__main__":
     import os
     import sys
     B, H, D, check_T, check_windows = 1, 16, 64, "1000,4099", "1,64,300"  # lengths no multiple of any block
-    args, cuda = dict(a[2:].split("=", 1) if "=" in a else (a[2:], "1") for a in sys.argv[1:]), torch.cuda.is_available()
+    args, cuda = dict(a[2:].partition("=")[::2] for a in sys.argv[1:]), torch.cuda.is_available()  # --B=2: B, 2
     if "check" not in args or set(args) - {"check", "B", "H", "D", "check_T", "check_windows"} or not (
             cuda or os.environ.get("TRITON_INTERPRET") == "1"):
         raise SystemExit("usage: python kernel.py --check [--B= --H= --D= --check_T=1000,4099 --check_windows=1,64,300]"

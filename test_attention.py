@@ -1,5 +1,7 @@
 """Tests for attention.py and model.py (kernel.py's are in tests/test_kernel.py). Run: python -m pytest -q"""
+import inspect
 import math
+import os
 
 import pytest
 import torch
@@ -122,6 +124,14 @@ def test_large_budgets_equal_full_attention(T):
     torch.testing.assert_close(A.moba_attention(q, k, v, 8, (T + 7) // 8), full, atol=1e-5, rtol=1e-4)
 
 
+def test_readme_recipe_is_the_code():
+    """README.md's SA recipe is stochastic_attention's body, character for character."""
+    readme = open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "README.md")).read()
+    recipe = readme.split("the whole idea is")[1].split("```python\n")[1].split("```")[0].splitlines()
+    body = inspect.getsource(A.stochastic_attention).splitlines()
+    assert len(recipe) == 4 and [line[4:] for line in body[-4:]] == recipe
+
+
 @pytest.mark.parametrize("T", TS)
 def test_identity_permutation_is_swa(T):
     q, k, v = qkv(2, 3, T, 16)
@@ -239,7 +249,8 @@ def test_moba_routes_in_fp32():
 
 def attention_kinds(T, window=16, B=2, H=3):
     """Every kind as a function of (q, k, v), with its dense reference: {name: (fast, reference)}."""
-    perm, perm_bht, r = random_perm((), T), random_perm((B, H), T), torch.rand(T, generator=torch.Generator().manual_seed(4))
+    perm, perm_bht = random_perm((), T), random_perm((B, H), T)
+    r = torch.rand(T, generator=torch.Generator().manual_seed(4))
     return {"full": (A.full_attention, lambda q, k, v: A.masked_attention(q, k, v, A.swa_mask(T, T))),
             "swa": (lambda q, k, v: A.sliding_window_attention(q, k, v, window),
                     lambda q, k, v: A.swa_reference(q, k, v, window)),
@@ -249,7 +260,8 @@ def attention_kinds(T, window=16, B=2, H=3):
                        lambda q, k, v: A.sa_reference(q, k, v, window, perm_bht)),
             "sa-value": (lambda q, k, v: A.stochastic_value_attention(q, k, v, window / max(T, 1), r),
                          lambda q, k, v: A.sa_value_reference(q, k, v, window / max(T, 1), r)),
-            "moba": (lambda q, k, v: A.moba_attention(q, k, v, 16, 3), lambda q, k, v: A.moba_reference(q, k, v, 16, 3))}
+            "moba": (lambda q, k, v: A.moba_attention(q, k, v, 16, 3),
+                     lambda q, k, v: A.moba_reference(q, k, v, 16, 3))}
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -353,7 +365,7 @@ def test_bad_inputs_raise_clear_errors(monkeypatch):
         A.stochastic_attention(q, k, v, 4, torch.arange(9))
     with pytest.raises(ValueError, match="perm"):
         A.stochastic_attention(q, k, v, 4, torch.arange(10).float())
-    for r, problem in ((torch.arange(10), "r must be a float"), (torch.rand(3, 2, 10), "does not broadcast"),
+    for r, problem in ((torch.arange(10), "r must be a float"), (torch.rand(3, 2, 10), "broadcastable to"),
                        (torch.rand(10), "delta")):
         with pytest.raises(ValueError, match=problem):
             A.stochastic_value_attention(q, k, v, 0.0 if problem == "delta" else 0.2, r)
@@ -390,7 +402,8 @@ def test_integer_inputs_raise_as_sdpa_does(dtype):
 
 @pytest.mark.parametrize("field,value", [("attn", "linear"), ("window", 0), ("n_embd", 30), ("sa_perm", "batch"),
                                          ("sa_rule", "slot"), ("pos_emb", "alibi"), ("moba_topk", 0), ("dropout", 1.0),
-                                         ("dropout", math.nan), ("dropout", "0.1"), ("rope_base", 0), ("rope_base", -1.0),
+                                         ("dropout", math.nan), ("dropout", "0.1"), ("rope_base", 0),
+                                         ("rope_base", -1.0),
                                          ("rope_base", math.inf), ("rope_base", math.nan), ("bias", "no"),
                                          ("block_size", 2.5)])
 def test_bad_config_names_the_field(field, value):

@@ -1,8 +1,10 @@
 """Tests for kernel.py, the Triton kernel: on the CPU under TRITON_INTERPRET=1 (set by conftest.py),
 and compiled ahead of time for real GPUs with Triton's bundled ptxas (no GPU needed).
 Run: python -m pytest -q tests/test_kernel.py   (add --slow for the compile table of every target)"""
+import ast
 import contextlib
 import io
+import itertools
 import multiprocessing
 import os
 import re
@@ -17,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 import attention as A
+import blocked
 from test_attention import (assert_a_bad_value_reaches_only_its_queries, assert_same, attention_kinds, out_and_grads,
                             qkv, random_perm)
 
@@ -123,7 +126,7 @@ def test_triton_swa_rejects_bad_val(val, width, problem):
 
 
 @pytest.mark.parametrize("D, window, pos, problem", [
-    (24, 4, None, "head dims"), (16, 0, None, "window"), (16, 4, torch.arange(9), "pos"),
+    (24, 4, None, "head dims"), (16, 4, torch.arange(9), "pos"),
     (16, 4, torch.arange(8).int(), "pos"), (16, 4, torch.arange(8).view(4, 1, 1, 2), "pos")])
 def test_triton_swa_rejects_bad_input(D, window, pos, problem):
     q = torch.zeros(1, 2, 8, D, device=KDEV)
@@ -201,7 +204,8 @@ def oom(*args):
     raise triton.runtime.errors.OutOfResources(300000, 232448, "shared memory")
 
 
-@pytest.mark.parametrize("cause, match", [("shared memory", "the GPU has 16 KB"), ("out of resources", "out of resource: shared memory")])
+@pytest.mark.parametrize("cause, match", [("shared memory", "the GPU has 16 KB"),
+                                          ("out of resources", "out of resource: shared memory")])
 def test_auto_falls_back_to_torch(monkeypatch, cause, match):
     if cause == "shared memory":   # a device with 16 KB: no configuration fits
         monkeypatch.setattr(kernel, "INTERPRETER", kernel.Target("cuda", 80, 16 * 1024))
@@ -234,6 +238,52 @@ def test_a_kernel_bug_raises_under_auto(monkeypatch):
     q, k, v = qkv(1, 2, 50, 16, device=KDEV)
     with pytest.raises(Exception, match="power of 2"):
         A.sliding_window_attention(q, k, v, 8)
+
+
+@pytest.mark.parametrize("error", [ValueError, kernel.Unsupported])
+def test_only_unsupported_falls_back_under_auto(monkeypatch, error):
+    """Under "auto", the kernel declining a GPU, dtype or shape (Unsupported) takes the torch path with a warning;
+    a plain ValueError raised inside the kernel is a bug, and raises."""
+    def launch(*args):
+        raise error("raised inside the kernel")
+    monkeypatch.setattr(kernel, "_launch_args", launch)
+    monkeypatch.setattr(A, "KERNEL_SELF_CHECK", False)
+    monkeypatch.setattr(A, "_backend", lambda q: "triton")   # as "auto" decides for a CUDA tensor
+    q, k, v = qkv(1, 2, 50, 16, device=KDEV)
+    if error is ValueError:
+        with pytest.raises(ValueError, match="raised inside the kernel"):
+            A.sliding_window_attention(q, k, v, 8)
+    else:
+        with pytest.warns(UserWarning, match="torch path instead: Unsupported: raised inside the kernel"):
+            assert_same(lambda *x: A.sliding_window_attention(*x, 8), q, k, v, lambda *x: A.swa_reference(*x, 8))
+
+
+def test_kernel_imports_nothing_from_the_repo():
+    """kernel.py stands alone (python kernel.py --check too): no import of any of the repo's modules."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    repo_modules = {name[:-3] for folder in (root, os.path.join(root, "results"), os.path.join(root, "tests"))
+            for name in os.listdir(folder) if name.endswith(".py")} | set(os.listdir(root))
+    with open(os.path.join(root, "kernel.py")) as f:
+        tree = ast.parse(f.read())
+    imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
+                for alias in node.names}
+    imported |= {node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    imported |= {node.args[0].value.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Call)
+                 and getattr(node.func, "id", None) == "__import__"}
+    assert {"torch", "triton", "os", "numpy"} <= imported and not imported & repo_modules, imported
+
+
+def test_kernel_copies_equal_blocked():
+    """kernel.py keeps its own copies of the band's edges and the value rule's key spans (it imports nothing from
+    the repo): the same as blocked.py's, edge cases included."""
+    for window, T, two_sided in itertools.product((1, 5, 100, 300), (1, 7, 100), (False, True)):
+        assert kernel.band_edges(float(window), T, two_sided) == blocked.band_edges(float(window), T, two_sided)
+    g = torch.Generator().manual_seed(0)
+    for R, T, block, width, margin in ((1, 1, 16, 0.1, 0.0), (3, 100, 16, 0.1, 1e-6), (2, 257, 64, 0.02, 0.0),
+                                       (1, 50, 32, 2.0, 1e-6)):
+        val = torch.rand(R, T, generator=g).sort(-1).values
+        spans = [module.value_spans(val, width, margin, block) for module in (kernel, blocked)]
+        assert all(torch.equal(got, want) for got, want in zip(*spans))
 
 
 class FakeCudaTensor:
@@ -293,7 +343,7 @@ def compile_kernel(job):
     if which.startswith("forward"):
         fn, consts = kernel._attn_fwd, dict(D=D, BLOCK_M=config.block_m, BLOCK_N=config.block_n)
     else:
-        fn, consts = kernel._attn_bwd, dict(D=D, FIXED=config.fixed, MOVE=config.move)
+        fn, consts = kernel._attn_bwd, dict(D=D, BLOCK_FIXED=config.block_fixed, BLOCK_LOOP=config.block_loop)
     # as launched for SA: pos strides (.., 1); "value" = the value rule's variant (val and key spans)
     consts.update(HAS_POS=True, HAS_VAL=which.endswith("value"), PRECISION=config.precision, pos_stride_t=1)
     signature = {n: "constexpr" if n in consts else PTR[dtype] if n in ("Q", "K", "V", "O", "DO", "DQ", "DK", "DV")
@@ -326,7 +376,7 @@ def compile_table(jobs, monkeypatch):
     for job in jobs:
         try:
             kernel.choose_config(job[1], job[2], TARGETS[job[0]])
-        except ValueError as e:
+        except kernel.Unsupported as e:
             declined[job] = str(e)
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "1")   # Triton 3.9's default, without its warning
