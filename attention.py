@@ -253,9 +253,8 @@ def row_perms(seed, lengths, T, heads=1):
 
 @_sdpa_inputs
 def stochastic_attention(q, k, v, window, perm):
-    """SA by the rank rule (above): perm a permutation of range(T), (T,) or broadcastable to (B, H, T). A query sees
-    ~`window` keys; window >= T is full attention, the identity perm is SWA. Equals sa_reference. Its last four
-    lines are README.md's recipe, character for character (test_attention.py holds them so)."""
+    """SA by the rank rule (above), perm (T,) or broadcastable to (B, H, T): a query sees ~`window` keys, window >= T
+    is full attention, the identity perm is SWA. Equals sa_reference. The last four lines are README.md's recipe."""
     _check_draw(perm, "perm", *q.shape[:3])
     idx = perm[..., None].expand(q.shape)                              # (B, H, T, D): slot s holds token perm[s]
     qs, ks, vs = q.gather(2, idx), k.gather(2, idx), v.gather(2, idx)  # gather into permuted order
@@ -275,9 +274,8 @@ def sa_value_reference(q, k, v, delta, r):
 
 @_sdpa_inputs
 def stochastic_value_attention(q, k, v, delta, r):
-    """SA by the value rule (above): r in [0, 1), (T,) or broadcastable to (B, H, T); delta = window / T connects a
-    pair as often as the rank rule. Sorted by r, a block of queries sees one contiguous key span. Equals
-    sa_value_reference."""
+    """SA by the value rule (above), r (T,) or broadcastable to (B, H, T): delta = window / T connects a pair as often
+    as the rank rule. Sorted by r, a block of queries sees one contiguous key span. Equals sa_value_reference."""
     _check_draw(r, "r", *q.shape[:3])
     if not 0 < delta:
         raise ValueError(f"delta must be > 0, got {delta!r}")

@@ -73,7 +73,7 @@ def compile_all():
         if which == "forward":
             fn, consts = kernel._attn_fwd, dict(D=D, BLOCK_M=config.block_m, BLOCK_N=config.block_n)
         else:
-            fn, consts = kernel._attn_bwd, dict(D=D, FIXED=config.fixed, MOVE=config.move)
+            fn, consts = kernel._attn_bwd, dict(D=D, BLOCK_FIXED=config.block_fixed, BLOCK_LOOP=config.block_loop)
         consts.update(HAS_POS=True, HAS_VAL=False, PRECISION=config.precision, pos_stride_t=1)  # as SA launches it
         compiled = triton.compile(ast_source(fn, "bf16", consts), target=GPUTarget("cuda", arch, 32),
                                   options=dict(num_warps=config.num_warps, num_stages=config.num_stages))
