@@ -251,15 +251,27 @@ def row_perms(seed, lengths, T, heads=1):
     return torch.stack(rows)                                                                           # (B, heads, T)
 
 
+def gather(t, perm):
+    """t (B, H, T, D) in slot order, slot s holding token perm[..., s]; perm (T,) or broadcastable to (B, H, T)."""
+    if perm.dim() == 1:
+        return t.index_select(2, perm)                                       # (B, H, T, D): the fast row copy
+    b, h = (torch.arange(n, device=t.device) for n in t.shape[:2])           # (B,), (H,)
+    return t[b[:, None, None], h[None, :, None], perm.expand(*t.shape[:3])]  # (B, H, T, D)
+
+
+def scatter(ys, perm):
+    """gather's inverse: ys (B, H, T, D) in slot order, back in token order."""
+    return gather(ys, torch.argsort(perm, dim=-1))                           # (B, H, T, D)
+
+
 @_sdpa_inputs
 def stochastic_attention(q, k, v, window, perm):
     """SA by the rank rule (above), perm (T,) or broadcastable to (B, H, T): a query sees ~`window` keys, window >= T
-    is full attention, the identity perm is SWA. Equals sa_reference. The last four lines are README.md's recipe."""
+    is full attention, the identity perm is SWA. Equals sa_reference. The last three lines are README.md's recipe."""
     _check_draw(perm, "perm", *q.shape[:3])
-    idx = perm[..., None].expand(q.shape)                              # (B, H, T, D): slot s holds token perm[s]
-    qs, ks, vs = q.gather(2, idx), k.gather(2, idx), v.gather(2, idx)  # gather into permuted order
-    ys = sliding_window_attention(qs, ks, vs, window, pos=perm)        # SWA there, causal on original positions
-    return torch.empty_like(ys).scatter_(2, idx, ys)                   # scatter back to token order
+    qs, ks, vs = gather(q, perm), gather(k, perm), gather(v, perm)  # gather into permuted order
+    ys = sliding_window_attention(qs, ks, vs, window, pos=perm)     # SWA there, causal on original positions
+    return scatter(ys, perm)                                        # scatter back to token order
 
 
 def sa_value_mask(delta, r):
@@ -280,9 +292,8 @@ def stochastic_value_attention(q, k, v, delta, r):
     if not 0 < delta:
         raise ValueError(f"delta must be > 0, got {delta!r}")
     perm = torch.argsort(r, dim=-1, stable=True)                       # (T,) or (B, H, T): ascending r
-    idx = perm[..., None].expand(q.shape)                              # (B, H, T, D): slot s holds token perm[s]
-    ys = _band(q.gather(2, idx), k.gather(2, idx), v.gather(2, idx), delta, perm, r.gather(-1, perm).float())
-    return torch.empty_like(ys).scatter_(2, idx, ys)                   # (B, H, T, D) in token order
+    ys = _band(gather(q, perm), gather(k, perm), gather(v, perm), delta, perm, r.gather(-1, perm).float())
+    return scatter(ys, perm)                                           # (B, H, T, D) in token order
 
 
 # -----------------------------------------------------------------------------
