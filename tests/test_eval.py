@@ -196,7 +196,7 @@ def test_perplexity_on_a_prepared_dataset(tiny_run, tmp_path):
     assert saved["results"][0]["attn"] == "swa" and saved["results"][0]["window"] == 4
     with pytest.raises(ValueError, match="window must be an integer >= 1"):
         ev.run({**base, "attn": "sa", "window": 0})
-    with pytest.raises(ValueError, match="without training: its gates"):
+    with pytest.raises(ValueError, match="-> 'sa\\+swa' without training: the gates"):
         ev.run({**base, "attn": "sa+swa"})
 
 
@@ -237,7 +237,7 @@ def test_sa_swa_model_sweeps_both_windows(tiny_run, tmp_path):
     save_checkpoint({"model": model.state_dict(), "model_args": model.model_args(), "config": {"dataset": "tiny"},
                      "meta": prepare_data.load_meta(os.path.join(tiny_run["data_root"], "tiny"))}, str(tmp_path / "ckpt.pt"))
     base = {"out_dir": str(tmp_path), "data_root": tiny_run["data_root"], "device": "cpu", "dtype": "float32"}
-    with pytest.raises(ValueError, match=r"an sa\+swa model's gates were trained with both paths, so --attn can only"):
+    with pytest.raises(ValueError, match=r"'sa\+swa' -> 'sa' without training: the gates of sa\+swa"):
         ev.run({**base, "attn": "sa", "window": 4})
     res = ev.run({**base, "windows": "1,16", "limit": 4, "plot": ""})
     assert {(r["attn"], r["window"]) for r in res} == {("sa+swa", 1), ("sa+swa", 16)}

@@ -417,14 +417,15 @@ def test_mqar_config_without_data_names_its_prepare_line(tmp_path):
 @pytest.mark.parametrize("args, message", [
     (["--out_dir=README.md"], "out_dir='README.md': it is a file"),
     (["--out_dir=/sys/out"], "cannot write to /sys/out (Permission denied in /sys)"),
-    (["--eval_interval=0"], "eval_interval must be an integer >= 1, got 0"),
-    (["--log_interval=0"], "log_interval must be an integer >= 1, got 0"),
-    (["--eval_iters=0"], "eval_iters must be an integer >= 1, got 0"),
-    (["--batch_size=0"], "batch_size must be an integer >= 1, got 0"),
-    (["--gradient_accumulation_steps=0"], "gradient_accumulation_steps must be an integer >= 1, got 0"),
+    (["--eval_interval=0"], "eval_interval=0: use an integer >= 1"),
+    (["--log_interval=0"], "log_interval=0: use an integer >= 1"),
+    (["--eval_iters=0"], "eval_iters=0: use an integer >= 1"),
+    (["--batch_size=0"], "batch_size=0: use an integer >= 1"),
+    (["--gradient_accumulation_steps=0"], "gradient_accumulation_steps=0: use an integer >= 1"),
     pytest.param(["--device=cuda"], "device='cuda': CUDA is not available here",
                  marks=pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is available")),
     (["--init_from=pretrained"], "init_from='pretrained': use scratch or resume"),
+    (["--backend=cuda"], "backend='cuda': use one of auto, torch, triton, reference"),
     (["--rope_base=0"], "rope_base=0.0: use a value > 0"),
     (["--rope_base=-10000"], "rope_base=-10000.0: use a value > 0"),
     (["--learning_rate=-1e-3"], "learning_rate=-0.001: use a value > 0"),
@@ -584,7 +585,7 @@ def test_load_checkpoint_errors(trained, tmp_path):
             load_checkpoint(path)
     torch.save({k: v for k, v in good.items() if k != "meta"}, path)
     with pytest.raises(ValueError, match="has no 'meta' entry: it was written by train.py at iteration 6"):
-        load_checkpoint(path, need=("meta",))
+        load_checkpoint(path, require=("meta",))
     assert_clean_error(run("sample.py", f"--out_dir={tmp_path}", check=False), "has no 'meta' entry")  # its tokenizer
     model, ckpt = load_checkpoint(os.path.join(trained, "ckpt.pt"))
     assert all(torch.equal(v, good["model"][k]) for k, v in model.state_dict().items())
