@@ -24,7 +24,7 @@ import tempfile
 import numpy as np
 
 # -----------------------------------------------------------------------------
-dataset = ""             # pystdlib, mqar, shakespeare_char, fineweb-edu or wikitext-103 ("" = pystdlib or --input_file's)
+dataset = ""             # pystdlib, mqar, shakespeare_char, fineweb-edu or wikitext-103 ("": pystdlib or --input_file)
 input_file = ""          # a local text file to turn into a dataset instead
 tokenizer = "bytes"      # for --input_file: bytes | chars | gpt2 (or another tiktoken encoding)
 data_root = "data"       # datasets go to data_root/<dataset>/
