@@ -37,8 +37,8 @@ out_dir = "out"        # where resume finds ckpt.pt (and a sweep saves its plot 
 data_root = "data"     # prepared datasets live in data_root/<dataset>/
 dataset = ""           # dataset for perplexity ("" = the checkpoint's)
 split = "val"          # its split for perplexity (wikitext-103 also has test)
-tasks = ""             # comma list of ppl and tasks.TASKS ("" = ppl, or just the task files)
-task_file = ""         # comma list of JSONL task files, each a task named after its file (format in tasks.py)
+tasks = ""             # comma list of ppl, lambada, hellaswag, piqa, arc_easy, arc_challenge, winogrande ("" = ppl)
+task_file = ""         # comma list of JSONL task files, each a task named after its file (tasks.py); no ppl by default
 limit = 0              # at most this many documents per task, and windows for ppl (0 = all)
 attn = ""              # comma list of attention kinds to swap in: full, swa, sa, sa+swa, moba ("" = the model's own)
 window = None          # the swa/sa window of a swap (None = the model's own)

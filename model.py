@@ -48,8 +48,8 @@ class GPTConfig:
     moba_block: int = 64       # MoBA key block size
     moba_topk: int = 4         # MoBA blocks per query, its own included
     sa_perm: str = "layer"     # "layer": one permutation per layer (the paper); "head": one per batch row and head
-    # "rank": the window over permuted slots (the paper); "value": each token draws a number r in [0, 1), and
-    # tokens see each other iff |r_a - r_b| < window / block_size, which a KV cache can decode exactly
+    # "rank": the window over permuted slots (the paper); "value": over a random number r per token, which a KV
+    # cache can decode exactly. attention.py's docstring states both rules.
     sa_rule: str = "rank"
     # RoPE, the default, rotates q and k BEFORE the permutation, so SA scores keep their true relative
     # positions, as in the paper. "learned" is GPT-2's absolute embedding, needed to load GPT-2 weights.

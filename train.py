@@ -82,7 +82,7 @@ lr_decay_iters: int | None = None  # None: max_iters
 min_lr = 6e-5
 # system
 device = "cuda" if torch.cuda.is_available() else "cpu"
-# autocast: float32 | bfloat16 | float16 (with loss scaling); on a CPU, bf16 trains about 10x slower than float32
+# autocast: float32 | bfloat16 | float16 (with loss scaling: GPUs without bf16, a T4); on a CPU bf16 is ~10x slower
 dtype = "bfloat16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "float32"
 compile: bool | None = None     # torch.compile the model; None: on CUDA (as nanoGPT), not on the CPU (slow to compile)
 backend = "auto"                # attention.BACKEND: auto (the Triton kernel where it runs), torch, triton or reference
