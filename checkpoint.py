@@ -1,7 +1,8 @@
 """
-Checkpoints: nothing is lost. save_checkpoint writes atomically; load_checkpoint never executes code
-(weights_only=True) and turns a missing, corrupt, foreign, incomplete or diverged (NaN) file into one line.
-check_device: the device and dtype check that train.py, sample.py, eval.py and bench.py share.
+Checkpoints, written so that nothing is lost and read so that nothing surprises: save_checkpoint writes
+atomically, and load_checkpoint never executes code (weights_only=True) and turns a missing, corrupt,
+foreign, incomplete or diverged (NaN) file into one line. check_device is the device and dtype check
+that train.py, sample.py, eval.py and bench.py share.
 """
 import os
 import re
@@ -29,9 +30,9 @@ def save_checkpoint(obj, path):
     os.replace(path + ".tmp", path)
 
 
-def load_checkpoint(path, device="cpu", need=()):
+def load_checkpoint(path, device="cpu", require=()):
     """(model, ckpt) from a train.py checkpoint. Loaded with weights_only=True onto the CPU,
-    where the RNG states it holds must stay; the model is then moved to device. need: the
+    where the RNG states it holds must stay; the model is then moved to device. require: the
     entries the caller reads besides model and model_args (train.py's resume: optimizer, rng, ...).
     A missing, corrupt or foreign file, a missing entry or NaN weights raise a one-line ValueError."""
     if not os.path.isfile(path):
@@ -43,7 +44,7 @@ def load_checkpoint(path, device="cpu", need=()):
                          "more than tensors and plain Python values; restore it or train again") from None
     if not isinstance(ckpt, dict):
         raise ValueError(f"{path} holds a {type(ckpt).__name__}, not a checkpoint of this repo (a dict from train.py)")
-    missing = [k for k in ("model", "model_args", *need) if k not in ckpt]
+    missing = [k for k in ("model", "model_args", *require) if k not in ckpt]
     if missing:  # train.py writes every entry; an older train.py no meta, other tools no iter_num
         writer = f"train.py at iteration {ckpt['iter_num']}" if "iter_num" in ckpt else "another program than train.py"
         raise ValueError(f"{path} has no {' and no '.join(map(repr, missing))} entry: it was written by {writer}; "
@@ -55,14 +56,15 @@ def load_checkpoint(path, device="cpu", need=()):
         model = GPT(GPTConfig(**args))
     except ValueError as e:
         raise ValueError(f"{path} has an incompatible config: {e}") from None
-    ours, theirs = model.state_dict(), ckpt["model"]
-    bad = sorted(ours.keys() ^ theirs.keys()) + sorted(k for k in ours.keys() & theirs.keys() if ours[k].shape != theirs[k].shape)
-    if bad:
-        raise ValueError(f"{path}: its weights do not fit its model_args ({len(bad)} mismatched entries, e.g. {bad[:3]}): "
-                         "the file was edited or written by other code")
-    nan = [k for k, v in theirs.items() if v.is_floating_point() and not torch.isfinite(v).all()]
+    expected, saved = model.state_dict(), ckpt["model"]
+    mismatched = sorted(expected.keys() ^ saved.keys()) + sorted(
+        k for k in expected.keys() & saved.keys() if expected[k].shape != saved[k].shape)
+    if mismatched:
+        raise ValueError(f"{path}: its weights do not fit its model_args ({len(mismatched)} mismatched entries, "
+                         f"e.g. {mismatched[:3]}): the file was edited or written by other code")
+    nan = [k for k, v in saved.items() if v.is_floating_point() and not torch.isfinite(v).all()]
     if nan:
         raise ValueError(f"{path}: {len(nan)} weights hold NaN or inf (e.g. {nan[0]}): the run that wrote it diverged; "
                          "train again with a lower learning_rate")
-    model.load_state_dict(theirs)
+    model.load_state_dict(saved)
     return model.to(device), ckpt

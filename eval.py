@@ -1,7 +1,6 @@
 """
-Evaluate a language model: perplexity, zero-shot tasks scored as EleutherAI's
-lm-evaluation-harness 0.4.13 scores them, and training-free attention swaps, for our
-checkpoints, GPT-2 and any Hugging Face causal LM.
+Evaluate a language model: perplexity, zero-shot tasks scored as EleutherAI's lm-evaluation-harness 0.4.13
+scores them (tasks.py), and training-free attention swaps, for our checkpoints, GPT-2 and Hugging Face LMs.
 
   python eval.py --out_dir=out-quick                                   # perplexity on the checkpoint's val.bin
   python eval.py --out_dir=out-quick --tasks=ppl,lambada,hellaswag     # + zero-shot tasks (needs `datasets`)
@@ -10,43 +9,10 @@ checkpoints, GPT-2 and any Hugging Face causal LM.
   python eval.py --init_from=gpt2 --dataset=wikitext-103 --split=test --windows=16,32,64,128,256
   python eval.py --init_from=Qwen/Qwen3-0.6B --tasks=lambada --windows=32,64,128 --json_out=res/qwen.json
 
---init_from: resume (out_dir/ckpt.pt, its dataset's tokenizer), a GPT-2 size (its weights in our GPT), or any
-Hugging Face causal LM id or path, whose attention our swa, sa and moba replace through register_hf_attention().
-
-Perplexity: data_root/<dataset>/<split>.bin in non-overlapping block_size windows; every token but the first is
-predicted once, from the start of its window. bpb = the loss in bits over the UTF-8 bytes of the predicted text,
-so tokenizers compare. A Hugging Face model reads the decoded text re-encoded with its own tokenizer (no special
-tokens). No stderr: lm-eval gives its weighted perplexities none either.
-
-Zero-shot scoring, lm-evaluation-harness 0.4.13's (tasks.py):
-  multiple choice   the log-likelihood of " " + choice after the context, summed over its
-                    tokens; acc = its argmax, acc_norm = the argmax of it / len(choice) in
-                    characters. Partial scoring (WinoGrande): each option fills the blank in
-                    the context, the rest of the sentence is the shared continuation; acc only.
-  LAMBADA           context = all but the last word, target = " " + the last word; acc counts
-                    a document if every target token is the greedy argmax; ppl =
-                    exp(-mean target log-likelihood)
-  stderr            acc: sample std / sqrt(n) (mean_stderr); LAMBADA ppl: lm-eval's bootstrap,
-                    the same resamples (its seeds), bootstrap_iters of them
-  tokens            the context's trailing spaces move to the continuation; the context is
-                    encoded alone, the continuation is what context + continuation adds. Both
-                    with the tokenizer's default special tokens, as lm-eval: a tokenizer that
-                    adds BOS (Llama, Gemma) gets BOS before every context. An empty context is
-                    the end-of-text token (BOS, else EOS); so is a whitespace-only one, where
-                    lm-eval 0.4.13 agrees for a tokenizer that adds BOS and otherwise stops
-                    with an AssertionError.
-  context length    the model's own (lm-eval's: n_positions, max_position_embeddings or n_ctx
-                    of the config, else the tokenizer's model_max_length, else 2048);
-                    --block_size caps it. Longer inputs lose tokens on the left.
-Batches are right-padded and every kind is causal, so no pad reaches a real token. SA permutes only each row's
-real tokens (our GPT and Hugging Face models alike), so a document's score does not depend on what else is in
-its batch.
-
-Swaps: --attn (a comma list) with --window or --windows; MoBA gets the same key budget, moba_block = window //
-moba_topk (unless --moba_block is set). sa+swa needs its trained gates, so it cannot be swapped in, nor out: on
-an sa+swa model --window and --windows set the window of both its paths, and --windows sweeps only that. SA
-draws fresh permutations every forward pass; --seeds=N reports mean ± std over seeds 0..N-1. A sweep prints a
-kind x window table per task and plots it next to --json_out (else into out_dir).
+A swap evaluates the same weights with another attention. It needs no training, because swa, sa and moba have
+no weights of their own; a Hugging Face model's attention is replaced through register_hf_attention. Batches
+are right-padded, and SA permutes only each row's real tokens, so that a document's score never depends on
+what else is in its batch.
 """
 import json
 import math
@@ -61,18 +27,18 @@ import torch.nn.functional as F
 
 import attention
 from checkpoint import check_device, load_checkpoint
-from model import ATTN_KINDS, DTYPES, GPT, GPT2_SIZES, autocast
+from model import ATTN_KINDS, DTYPES, GPT, GPT2_SIZES, autocast, swapped
 from prepare_data import check_writable, get_tokenizer, load_meta, load_tokens, progress, pyplot
 from tasks import TASKS, Tokenizer, evaluate_task, load_task, load_task_file
 
 # -----------------------------------------------------------------------------
-init_from = "resume"   # resume (out_dir/ckpt.pt), gpt2 / gpt2-medium / gpt2-large / gpt2-xl, or a Hugging Face causal LM
+init_from = "resume"   # resume (out_dir/ckpt.pt), gpt2 / gpt2-medium / gpt2-large / gpt2-xl, or a Hugging Face LM
 out_dir = "out"        # where resume finds ckpt.pt (and a sweep saves its plot without --json_out)
 data_root = "data"     # prepared datasets live in data_root/<dataset>/
 dataset = ""           # dataset for perplexity ("" = the checkpoint's)
 split = "val"          # its split for perplexity (wikitext-103 also has test)
-tasks = ""             # comma list of ppl, lambada, hellaswag, piqa, arc_easy, arc_challenge, winogrande ("" = ppl, or just the task files)
-task_file = ""         # comma list of JSONL task files, each a task named after its file (format in tasks.py)
+tasks = ""             # comma list of ppl, lambada, hellaswag, piqa, arc_easy, arc_challenge, winogrande ("" = ppl)
+task_file = ""         # comma list of JSONL task files, each a task named after its file (tasks.py); no ppl by default
 limit = 0              # at most this many documents per task, and windows for ppl (0 = all)
 attn = ""              # comma list of attention kinds to swap in: full, swa, sa, sa+swa, moba ("" = the model's own)
 window = None          # the swa/sa window of a swap (None = the model's own)
@@ -88,7 +54,7 @@ dtype = "bfloat16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported
 json_out = ""          # also write the results to this JSON file
 plot = "sweep.png"     # a sweep's plot; a bare file name goes next to --json_out, else into out_dir ("" = no plot)
 # -----------------------------------------------------------------------------
-DEFAULTS = {k: v for k, v in globals().items() if k[:1].islower() and isinstance(v, (int, float, bool, str, type(None)))}
+DEFAULTS = {k: v for k, v in globals().items() if k[:1].islower() and isinstance(v, (int, float, str, type(None)))}
 GPT2_META = {"tokenizer": "gpt2", "vocab_size": 50257, "eot": 50256}  # what prepare_data.py writes for GPT-2 BPE
 
 
@@ -102,9 +68,8 @@ def run(cfg):
     kinds, ws = check_config(cfg)
     plot_path = os.path.join("" if os.path.dirname(cfg["plot"]) else os.path.dirname(cfg["json_out"]) or cfg["out_dir"],
                              cfg["plot"]) if cfg["plot"] else ""
-    for path in (cfg["json_out"], plot_path if len(ws) > 1 else ""):  # before the long part, not after it
-        if path:
-            check_writable(os.path.dirname(path))
+    for path in filter(None, (cfg["json_out"], plot_path if len(ws) > 1 else "")):  # before the long part
+        check_writable(os.path.dirname(path))
     task_list = ([load_task_file(f, cfg["limit"]) for f in cfg["task_file"].split(",") if f]
                  + [load_task(t, cfg["limit"]) for t in names if t != "ppl"])
     lm, ckpt_dataset = load_model(cfg)
@@ -143,7 +108,8 @@ def run(cfg):
             with open(cfg["json_out"], "w") as f:
                 json.dump({"config": cfg, "results": results, "per_seed": rows}, f, indent=1)
     except OSError as e:  # a full disk
-        raise ValueError(f"cannot write {e.filename or cfg['json_out']}: {e.strerror or e} (the tables above are complete)") from None
+        raise ValueError(f"cannot write {e.filename or cfg['json_out']}: {e.strerror or e} "
+                         "(the tables above are complete)") from None
     return results
 
 
@@ -171,13 +137,11 @@ def check_config(cfg):
 
 
 def plan(lm, kinds, ws, cfg):
-    """The attention settings to evaluate: [None] = the model as it is, else lm.use() kwargs."""
+    """The attention settings to evaluate: [None] = the model as it is, else lm.use() kwargs. An sa+swa model
+    keeps its kind (model.swapped says why), so that its sweep varies the window of both its paths."""
     if not kinds and not ws:
         return [None]
     native = lm.native["attn"]
-    if native == "sa+swa" and kinds and kinds != ["sa+swa"]:
-        raise ValueError("an sa+swa model's gates were trained with both paths, so --attn can only be sa+swa (--window "
-                         "or --windows then set both paths' window); swap kinds on a model trained with full attention")
     kinds = kinds or (["full", "swa", "sa", "moba"] if len(ws) > 1 and native != "sa+swa" else [native])
     if kinds != ["full"] and not ws:
         if "window" not in lm.native:
@@ -189,6 +153,8 @@ def plan(lm, kinds, ws, cfg):
             settings.append({"attn": k, "window": w} if k != "moba" else
                             {"attn": k, "window": w, "moba_block": cfg["moba_block"] or max(1, w // cfg["moba_topk"]),
                              "moba_topk": cfg["moba_topk"]})
+    for setting in settings if isinstance(lm, OurLM) else []:  # every swap checked before the first one runs
+        swapped(lm.model.config, **setting)
     return settings
 
 
@@ -240,19 +206,19 @@ class HFLM:
         """lengths (B,): each row's real tokens, the rest right padding; the mask keeps SA's
         permutations to the real tokens (causality alone keeps pads away from them)."""
         T = idx.shape[1]
-        mask = None if lengths is None or bool((lengths == T).all()) else (torch.arange(T) < lengths[:, None]).to(idx.device)
+        padded = lengths is not None and not bool((lengths == T).all())
+        mask = (torch.arange(T) < lengths[:, None]).to(idx.device) if padded else None
         return self.model(input_ids=idx, attention_mask=mask, use_cache=False).logits  # (B, T, vocab)
 
     def use(self, setting):
-        name = self.native_impl if setting["attn"] == "full" else register_hf_attention(**setting, generator=self.generator)
-        self.model.set_attn_implementation(name)
+        self.model.set_attn_implementation(self.native_impl if setting["attn"] == "full" else
+                                           register_hf_attention(**setting, generator=self.generator))
 
     def seed(self, s):
         self.generator.manual_seed(s)
 
 
-HF_IGNORED = ("position_ids", "use_cache", "sliding_window")  # what the adapter may drop: sliding_window is the
-                                                              # model's own window, which the swap replaces
+HF_IGNORED = ("position_ids", "use_cache", "sliding_window")  # may be dropped: a swap replaces the model's own window
 
 
 def register_hf_attention(attn, window=None, moba_block=64, moba_topk=4, generator=None):
@@ -261,17 +227,14 @@ def register_hf_attention(attn, window=None, moba_block=64, moba_topk=4, generat
         name = register_hf_attention("sa", window=64, generator=torch.Generator().manual_seed(0))
         model.set_attn_implementation(name)    # or from_pretrained(..., attn_implementation=name)
 
-    Every model whose attention layers dispatch through ALL_ATTENTION_FUNCTIONS (Qwen3, Llama,
-    Mistral, ...) then runs it in every layer, on q (B, H, T, D) and k, v (B, H_kv, T, D) after
-    the model's RoPE: kv heads repeated for grouped-query attention, the model's softmax scaling
-    honoured. A mask function registered under the same name hands over the 2D padding mask,
-    so left and right padding both work: each row's real tokens attend as if the row were
-    alone. SA draws one seed per layer call from `generator` (a CPU torch.Generator) and
-    permutes each row's real tokens from it (attention.row_perms), so a row's permutation depends
-    on its length only. One-token decoding against a KV cache: swa attends to the last
-    `window` cached keys (transformers' sliding window); sa and moba fall back to full
-    attention over the cache, as the paper did (printed once). Inference only; any other
-    attention kwarg the model passes (softcap, dropout > 0, ...) is a ValueError."""
+    Every model whose attention layers dispatch through ALL_ATTENTION_FUNCTIONS (Qwen3, Llama, Mistral, ...)
+    then runs it in every layer, on q (B, H, T, D) and k, v (B, H_kv, T, D) after the model's RoPE, with kv
+    heads repeated for grouped-query attention and the model's softmax scaling. A mask function registered under
+    the same name hands over the 2D padding mask, so that each row's real tokens attend as if the row were alone,
+    with left or right padding. SA draws one seed per layer call from `generator` (a CPU torch.Generator) and
+    permutes each row's real tokens from it (attention.row_perms). Decoding one token against a KV cache, swa
+    attends to the last `window` cached keys; sa and moba fall back to full attention over the cache, as the
+    paper did (printed once). Inference only: any other attention kwarg (softcap, dropout > 0, ...) raises."""
     try:
         from transformers import AttentionInterface
         from transformers.masking_utils import AttentionMaskInterface
@@ -297,7 +260,7 @@ def register_hf_attention(attn, window=None, moba_block=64, moba_topk=4, generat
         m = m[:, kv_offset:kv_offset + kv_length]  # the keys this layer holds (a sliding cache drops some)
         return None if bool(m.all()) else m
 
-    def sa_perm(lengths, T):
+    def draw_perm(lengths, T):
         """(T,) without padding, else (B, 1, T): row b's lengths[b] real tokens permuted, pads after."""
         seed = int(torch.randint(2 ** 62, (), generator=generator))
         if lengths is None:
@@ -309,15 +272,16 @@ def register_hf_attention(attn, window=None, moba_block=64, moba_topk=4, generat
             return attention.sliding_window_attention(q, k, v, window)
         if attn == "moba":
             return attention.moba_attention(q, k, v, moba_block, moba_topk)
-        return attention.stochastic_attention(q, k, v, window, sa_perm(lengths, q.shape[2]).to(q.device))
+        return attention.stochastic_attention(q, k, v, window, draw_perm(lengths, q.shape[2]).to(q.device))
 
     def forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, is_causal=True, **kwargs):
-        bad = [f"{k}={v!r}" for k, v in kwargs.items() if k not in HF_IGNORED and v is not None and v is not False]
-        bad += [f"dropout={dropout}"] * bool(dropout) + ["is_causal=False"] * (is_causal is False)
-        if bad:
-            raise ValueError(f"the {name} attention does not implement {', '.join(bad)}")
+        unsupported = [f"{k}={v!r}" for k, v in kwargs.items() if k not in HF_IGNORED and v not in (None, False)]
+        unsupported += [f"dropout={dropout}"] * bool(dropout) + ["is_causal=False"] * (is_causal is False)
+        if unsupported:
+            raise ValueError(f"the {name} attention does not implement {', '.join(unsupported)}")
         if attention_mask is not None and attention_mask.dim() != 2:
-            raise ValueError(f"the {name} attention takes transformers' padding mask, not a {attention_mask.dim()}D mask")
+            raise ValueError(f"the {name} attention takes transformers' padding mask, "
+                             f"not a {attention_mask.dim()}D mask")
         B, H, T, D = query.shape
         S = key.shape[2]
         rep = H // key.shape[1]
@@ -332,7 +296,8 @@ def register_hf_attention(attn, window=None, moba_block=64, moba_topk=4, generat
             if attn == "swa":
                 own = kwargs.get("sliding_window")
                 if own is not None and own < window:
-                    raise ValueError(f"this model's cache keeps its sliding_window={own} keys: {name} cannot decode with it")
+                    raise ValueError(f"this model's cache keeps its sliding_window={own} keys: "
+                                     f"{name} cannot decode with it")
                 keep = keep & (torch.arange(S, device=q.device) >= S - window)   # (B, S): the last `window` slots
             elif not told:
                 print(f"{name}: decoding against a KV cache runs full attention over the cache")
@@ -370,19 +335,19 @@ def hub_offline(name):
 def load_model(cfg):
     """(lm, dataset of the checkpoint or "") for cfg["init_from"]."""
     dev, name, ctx = cfg["device"], cfg["init_from"], autocast(cfg["device"], cfg["dtype"])
-    def ours(meta):
+    def our_tokenizer(meta):
         encode, decode = get_tokenizer(meta)
         return Tokenizer(meta["tokenizer"], encode, decode, meta.get("eot"), encode)
     if name == "resume":
-        model, ckpt = load_checkpoint(os.path.join(cfg["out_dir"], "ckpt.pt"), dev, need=("meta", "config"))
-        return OurLM(model, ours(ckpt["meta"]), cfg["block_size"], dev, ctx), ckpt["config"].get("dataset", "")
+        model, ckpt = load_checkpoint(os.path.join(cfg["out_dir"], "ckpt.pt"), dev, require=("meta", "config"))
+        return OurLM(model, our_tokenizer(ckpt["meta"]), cfg["block_size"], dev, ctx), ckpt["config"].get("dataset", "")
     if os.path.isdir(name) and not os.path.isfile(os.path.join(name, "config.json")):
         raise ValueError(f"--init_from={name}: the directory holds no model (a Hugging Face one has a config.json; "
                          f"a train.py out_dir loads with --init_from=resume --out_dir={name})")
     offline = hub_offline(name)
     try:
         if name in GPT2_SIZES:
-            return OurLM(GPT.from_pretrained(name).to(dev), ours(GPT2_META), cfg["block_size"], dev, ctx), ""
+            return OurLM(GPT.from_pretrained(name).to(dev), our_tokenizer(GPT2_META), cfg["block_size"], dev, ctx), ""
         try:
             from transformers import AutoModelForCausalLM, AutoTokenizer
         except ImportError:
@@ -390,7 +355,8 @@ def load_model(cfg):
         hf_tok = AutoTokenizer.from_pretrained(name)
         model = AutoModelForCausalLM.from_pretrained(name, dtype=DTYPES[cfg["dtype"]]).to(dev)
     except OSError as e:  # not on the hub, not in the cache, or offline
-        why = "the Hugging Face hub is unreachable and it is not in the local cache" if offline else str(e).splitlines()[0][:200]
+        why = ("the Hugging Face hub is unreachable and it is not in the local cache" if offline
+               else str(e).splitlines()[0][:200])
         raise ValueError(f"--init_from={name}: cannot load it ({why}); go online once, or give a local path") from None
     prefix = hf_tok.bos_token_id if hf_tok.bos_token_id is not None else hf_tok.eos_token_id  # lm-eval's prefix token
     prefix_text = hf_tok.decode(prefix) if prefix is not None else None
@@ -407,13 +373,15 @@ def load_model(cfg):
 def perplexity(lm, tokens, batch_size, limit=0):
     """{loss, ppl, bpb} over `tokens` in non-overlapping block_size windows: window i reads
     tokens[i*bs : (i+1)*bs] and predicts tokens[i*bs+1 : (i+1)*bs+1], so every token but the
-    first is predicted exactly once. bpb is None for tokenizers with no text (ids)."""
+    first is predicted exactly once. bpb, the loss in bits per UTF-8 byte of the predicted text, compares
+    tokenizers (None for ids, which have no text). No stderr: lm-eval gives its weighted perplexities none."""
     bs = lm.block_size
     starts = list(range(0, len(tokens) - 1, bs))[:limit or None]
     if not starts:
         raise ValueError(f"perplexity needs at least 2 tokens, got {len(tokens)}")
     nll, n = 0.0, 0
-    for b in progress(range(0, len(starts), batch_size), desc="ppl", total=math.ceil(len(starts) / batch_size), leave=False):
+    batches = range(0, len(starts), batch_size)
+    for b in progress(batches, desc="ppl", total=len(batches), leave=False):
         rows = [torch.from_numpy(np.asarray(tokens[s:s + bs + 1], dtype=np.int64)) for s in starts[b:b + batch_size]]
         x = torch.zeros(len(rows), bs, dtype=torch.long)                         # (B, bs)
         y = torch.full((len(rows), bs), -1, dtype=torch.long)                    # (B, bs), -1: padding, not scored
@@ -426,18 +394,18 @@ def perplexity(lm, tokens, batch_size, limit=0):
         for r in range(len(rows)):  # one row at a time: fp32 logits of a whole batch can be large
             nll += F.cross_entropy(logits[r].float(), y[r], ignore_index=-1, reduction="sum").item()
         n += int((y != -1).sum())
-    end = min(starts[-1] + bs + 1, len(tokens))
     loss = nll / n
     out = {"loss": loss, "ppl": math.exp(loss), "bpb": None}
     if lm.tok.name != "ids":
-        scored = [int(t) for t in tokens[1:end]]
+        scored = [int(t) for t in tokens[1:starts[-1] + bs + 1]]  # every predicted token
         n_bytes = len(scored) if lm.tok.name == "bytes" else len(lm.tok.decode(scored).encode("utf-8"))
         out["bpb"] = nll / math.log(2) / n_bytes
     return out
 
 
 def perplexity_tokens(cfg, lm, ckpt_dataset):
-    """(dataset/split, the tokens perplexity reads in lm's tokenizer)."""
+    """(dataset/split, the tokens perplexity reads in lm's tokenizer: another tokenizer, a Hugging Face
+    model's, reads the decoded text re-encoded, without special tokens)."""
     name = cfg["dataset"] or ckpt_dataset
     if not name:
         raise ValueError("perplexity needs --dataset=NAME, a dataset made by prepare_data.py (e.g. wikitext-103)")
@@ -486,7 +454,8 @@ def table(results):
 def sweep_tables(results):
     """Per task, kind x window -> its headline metric (acc, else ppl): mean ± std over seeds."""
     ws = sorted({r["window"] for r in results if r["attn"] != "full"})
-    cell = lambda r: "-" if r is None else fmt(r["value"]) + ("" if r["seed_std"] is None else f" ± {fmt(r['seed_std'])}")
+    def cell(r):
+        return "-" if r is None else fmt(r["value"]) + ("" if r["seed_std"] is None else " ± " + fmt(r["seed_std"]))
     out = []
     for task, metric, cells in sweep_cells(results):
         lines = [f"\n{task} {metric}", "attn".ljust(8) + "".join(f"{w:>18}" for w in ws)]
@@ -531,7 +500,8 @@ def plot_sweep(results, path):
                 ax.axhline(by_w[None]["value"], color="gray", ls="--", lw=1, label="full")
                 continue
             ws = sorted(by_w)
-            ax.errorbar(ws, [by_w[w]["value"] for w in ws], yerr=[by_w[w]["seed_std"] or 0 for w in ws], marker="o", label=kind)
+            ax.errorbar(ws, [by_w[w]["value"] for w in ws], yerr=[by_w[w]["seed_std"] or 0 for w in ws],
+                        marker="o", label=kind)
         window_ticks(ax, sorted({w for by_w in cells.values() for w in by_w if w is not None}))
         ax.set(xlabel="window", title=f"{task} {metric}")
     axes[0][0].legend(fontsize=7)

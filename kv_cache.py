@@ -1,17 +1,14 @@
 """
-The KV cache of GPT.generate (model.py): what each layer keeps of the tokens seen so far, and the
-attention of one new token over it, by its kind's rule in attention.py's docstring. Exact: a step's
-output is the last row of one forward over all the tokens so far (tests/test_generate.py checks every kind).
+The KV cache of GPT.generate (model.py): what each layer keeps of the tokens seen so far, and the attention
+of one new token over it by its kind's rule (attention.py's docstring). It is exact: a step's output is the
+last row of one forward over all the tokens so far, which tests/test_generate.py checks for every kind.
 
-A layer's dict holds k, v (B, nh, S, hs), the token at absolute position p in slot p % S:
-  swa:   S = window, so a key is overwritten exactly when it leaves every later query's window;
-  other: S >= block_size (moba rounds it up to whole blocks), nothing is overwritten.
-  moba also keeps kmean (B, nh, S // moba_block, hs), the key mean of each complete block, in fp32.
-  value-rule SA also keeps the tokens' numbers r SORTED: rs (R, n) ascending and ps (R, n), the position
-  each belongs to (R = 1, or B * nh for sa_perm="head"). A step's visible keys are one contiguous run
-  of rs, found by two searchsorted calls: about 2 * window keys at T = block_size, not all T.
-Rank-rule SA cannot be cached: whether key j is visible to query i depends on the slots of the
-tokens after i (GPTConfig.cacheable).
+A layer keeps k and v (B, nh, S, hs), the token at absolute position p in slot p % S. SWA keeps S = window
+slots, so a key is overwritten exactly when it leaves every later query's window; the other kinds keep the
+whole block (MoBA rounded up to whole blocks), and MoBA also keeps the fp32 key mean of each complete block.
+Value-rule SA keeps its tokens' numbers r sorted, with the position of each, so that a step's visible keys
+are one contiguous run found by two binary searches: about 2 * window keys at T = block_size, not all T.
+Rank-rule SA has no cache (GPTConfig.cacheable says why).
 """
 import math
 
@@ -35,11 +32,13 @@ class KVCache:
     def store(self, i, k, v, draw=None):
         """Write layer i's k, v (B, nh, T, hs) of positions start..start+T-1, allocating its buffers on
         the first call (in k's dtype: what autocast produced); value-rule SA also files the tokens'
-        numbers r (the layer's draw, (T,) or (B, nh, T)) into the sorted rs, ps."""
+        numbers r (the layer's draw, (T,) or (B, nh, T)) into the sorted rs (R, n) with their positions
+        ps (R, n), R = 1, or B * nh for sa_perm="head"."""
         cfg, cache, start, (B, nh, T, hs) = self.config, self.layers[i], self.start, k.shape
         if not cache:
             bs = cfg.moba_block
-            S = {"swa": min(cfg.window, cfg.block_size), "moba": math.ceil(cfg.block_size / bs) * bs}.get(cfg.attn, cfg.block_size)
+            S = {"swa": min(cfg.window, cfg.block_size),
+                 "moba": math.ceil(cfg.block_size / bs) * bs}.get(cfg.attn, cfg.block_size)
             cache.update(k=k.new_zeros(B, nh, S, hs), v=v.new_zeros(B, nh, S, hs))
             if cfg.attn == "moba":
                 cache["kmean"] = k.new_zeros(B, nh, S // bs, hs, dtype=torch.float32)
@@ -73,7 +72,8 @@ class KVCache:
         cfg, cache, start, (B, nh, _, hs) = self.config, self.layers[i], self.start, q.shape
         S = cache["k"].shape[2]
         if kind in ("full", "swa"):  # full: every position so far; swa: the last `window` of them
-            slots = torch.arange(0 if kind == "full" else max(0, start + 1 - cfg.window), start + 1, device=q.device) % S
+            first = 0 if kind == "full" else max(0, start + 1 - cfg.window)
+            slots = torch.arange(first, start + 1, device=q.device) % S
             keys, vals = cache["k"][:, :, slots], cache["v"][:, :, slots]                # (B, nh, n, hs)
             mask = torch.ones(len(slots), dtype=torch.bool, device=q.device)
         elif kind == "sa":  # value rule: the run of rs within delta (and a margin) of the query's r

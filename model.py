@@ -1,23 +1,19 @@
 """
 A GPT language model with a switchable attention, after nanoGPT.
 
-  config: GPTConfig.attn picks the attention of every layer:
-    "full"   causal softmax attention, O(T^2)
-    "swa"    sliding-window attention, each token sees the previous `window` tokens
-    "sa"     stochastic attention: a fresh random permutation per layer and per
-             forward pass, SWA in permuted order, causal on original positions
-             (sa_rule="rank", the paper's); sa_rule="value" draws a random number r per
-             token instead: tokens see each other iff |r_a - r_b| < window / block_size
-    "sa+swa" the paper's gated dual path: Y = sigmoid(x W_sa) * Y_sa + sigmoid(x W_swa) * Y_swa
-    "moba"   mixture of block attention (block top-k routing), the baseline
-  The exact visibility rules live in attention.py's docstring.
-  GPT.generate decodes from a KV cache (kv_cache.py), exactly, every kind but rank-rule SA.
+GPTConfig.attn picks the attention of every layer: "full" (causal softmax), "swa" (each token sees the
+previous `window` tokens), "sa" (stochastic attention: SWA over a fresh random permutation per layer and
+forward pass, so that a few layers reach far), "sa+swa" (the paper's gated dual path, both kinds side by
+side) or "moba" (mixture of block attention, the baseline). The rules themselves live in attention.py's
+docstring; GPTConfig's comments say what each field means.
+
+GPT.generate decodes from a KV cache (kv_cache.py) where the rule allows it exactly (GPTConfig.cacheable).
 """
 import inspect
 import math
 import sys
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 
 import torch
 import torch.nn as nn
@@ -32,10 +28,14 @@ SA_RULES = ("rank", "value")
 POS_EMBS = ("rope", "learned")
 GPT2_SIZES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# The fields that shape the weights. Every other field carries none: a training-free swap (swap_attention)
+# may change it, and from_pretrained may set it on GPT-2's weights.
+WEIGHT_FIELDS = ("vocab_size", "n_layer", "n_head", "n_embd", "bias", "pos_emb", "block_size")
 
 
 @dataclass
 class GPTConfig:
+    # The defaults are the model's: GPT-2 small's shape (124M) with SA+SWA. train.py's globals set every field.
     block_size: int = 1024     # maximum sequence length
     vocab_size: int = 50304    # GPT-2's 50257 padded up to a multiple of 64
     n_layer: int = 12
@@ -47,36 +47,38 @@ class GPTConfig:
     window: int = 256          # the SWA/SA window: keys per query, itself included
     moba_block: int = 64       # MoBA key block size
     moba_topk: int = 4         # MoBA blocks per query, its own included
-    sa_perm: str = "layer"     # "layer": one permutation per layer (the paper); "head": one per (batch row, head)
-    sa_rule: str = "rank"      # "rank": the window over permuted slots (the paper); "value": over random numbers r,
-                               # which a KV cache can decode exactly (attention.py's docstring has both rules)
+    sa_perm: str = "layer"     # "layer": one permutation per layer (the paper); "head": one per batch row and head
+    # "rank": the window over permuted slots (the paper); "value": over a random number r per token, which a KV
+    # cache can decode exactly. attention.py's docstring states both rules.
+    sa_rule: str = "rank"
     # RoPE, the default, rotates q and k BEFORE the permutation, so SA scores keep their true relative
     # positions, as in the paper. "learned" is GPT-2's absolute embedding, needed to load GPT-2 weights.
     pos_emb: str = "rope"
     rope_base: float = 10000.0
 
     def __post_init__(self):
-        def bad(field, allowed):
+        def invalid(field, allowed):
             raise ValueError(f"GPTConfig.{field}={getattr(self, field)!r} is invalid: must be {allowed}")
 
         def real(x):
             return isinstance(x, (int, float)) and not isinstance(x, bool)
 
-        for field, allowed in (("attn", ATTN_KINDS), ("sa_perm", SA_PERM_MODES), ("sa_rule", SA_RULES), ("pos_emb", POS_EMBS)):
+        for field, allowed in (("attn", ATTN_KINDS), ("sa_perm", SA_PERM_MODES), ("sa_rule", SA_RULES),
+                               ("pos_emb", POS_EMBS)):
             if getattr(self, field) not in allowed:
-                bad(field, f"one of {allowed}")
+                invalid(field, f"one of {allowed}")
         for field in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd", "window", "moba_block", "moba_topk"):
             attention.check_positive(getattr(self, field), f"GPTConfig.{field}")
         if self.n_embd % self.n_head:
-            bad("n_embd", f"divisible by n_head={self.n_head}")
+            invalid("n_embd", f"divisible by n_head={self.n_head}")
         if self.pos_emb == "rope" and (self.n_embd // self.n_head) % 2:
-            bad("n_embd", "such that the head size n_embd // n_head is even (RoPE rotates pairs)")
+            invalid("n_embd", "such that the head size n_embd // n_head is even (RoPE rotates pairs)")
         if not (real(self.dropout) and 0 <= self.dropout < 1):
-            bad("dropout", "a number in [0, 1)")
+            invalid("dropout", "a number in [0, 1)")
         if not (real(self.rope_base) and 0 < self.rope_base < math.inf):  # 0 gives inf frequencies, NaN logits
-            bad("rope_base", "a finite number > 0 (RoPE's wavelengths are its powers; 10000 is usual)")
+            invalid("rope_base", "a finite number > 0 (RoPE's wavelengths are its powers; 10000 is usual)")
         if not isinstance(self.bias, bool):
-            bad("bias", "True or False")
+            invalid("bias", "True or False")
 
     @property
     def sa_delta(self):
@@ -85,8 +87,36 @@ class GPTConfig:
 
     @property
     def cacheable(self):
-        """Whether GPT.generate can decode this model from a KV cache (kv_cache.py) exactly: not rank-rule SA."""
+        """Whether GPT.generate can decode this model from a KV cache (kv_cache.py) exactly. Rank-rule SA cannot:
+        whether key j is visible to query i depends on the permuted slots of the tokens after i."""
         return self.attn not in ("sa", "sa+swa") or self.sa_rule == "value"
+
+
+def use_kv_cache(config, use_cache):
+    """use_cache where config.cacheable. Asked for on rank-rule SA, it is False, and stderr says so."""
+    if use_cache and not config.cacheable:
+        print(f"attn={config.attn!r} with sa_rule='rank' cannot be decoded from a KV cache exactly: "
+              "every token recomputes the whole prefix", file=sys.stderr)
+    return use_cache and config.cacheable
+
+
+def check_temperature(temperature):
+    if not temperature >= 0:  # NaN too
+        raise ValueError(f"temperature={temperature}: use a value > 0, or 0 for greedy decoding")
+
+
+def swapped(config, **changes):
+    """config with changes, for a training-free swap (GPT.swap_attention): a ValueError for a change that
+    the weights cannot take."""
+    new = replace(config, **changes)
+    for field in WEIGHT_FIELDS:
+        if getattr(new, field) != getattr(config, field):
+            raise ValueError(f"swap_attention cannot change {field}: it changes the weights")
+    if (new.attn == "sa+swa") != (config.attn == "sa+swa"):
+        raise ValueError(f"cannot swap attn={config.attn!r} -> {new.attn!r} without training: the gates of sa+swa are "
+                         "learned with both of its paths, so only an sa+swa model has them, and it keeps both "
+                         "(a swap may change their window)")
+    return new
 
 
 def rope_tables(config):
@@ -155,7 +185,7 @@ class CausalSelfAttention(nn.Module):
                 return attention.stochastic_value_attention(q, k, v, cfg.sa_delta, draw)
             return attention.stochastic_attention(q, k, v, cfg.window, draw)
 
-        if cfg.attn == "sa+swa":  # both paths share q, k, v
+        if cfg.attn == "sa+swa":  # Y = sigmoid(x W_sa) * Y_sa + sigmoid(x W_swa) * Y_swa; both paths share q, k, v
             g = torch.sigmoid(self.gate(x)).transpose(1, 2).unsqueeze(-1)        # (B, 2*nh, T, 1)
             y = g[:, :nh] * attend("sa") + g[:, nh:] * attend("swa")
         else:
@@ -266,7 +296,8 @@ class GPT(nn.Module):
         if start + T > cfg.block_size:
             raise ValueError(f"sequence length {start + T} exceeds block_size {cfg.block_size}")
         if cache is not None and (lengths is not None or (start and T > 1)):
-            raise ValueError(f"a KV cache takes no lengths, and one token at a time after the prompt; got {T} at {start}")
+            raise ValueError(f"a KV cache takes no lengths, and one token at a time after the prompt; "
+                             f"got {T} at {start}")
         if draws is not None and len(draws) != cfg.n_layer:  # zip would run only the first len(draws) layers
             raise ValueError(f"draws must hold one draw per layer, {cfg.n_layer}, got {len(draws)}")
         x = self.transformer.wte(idx)                                            # (B, T, C)
@@ -286,19 +317,10 @@ class GPT(nn.Module):
         return logits, loss
 
     def swap_attention(self, **changes):
-        """Training-free swap: evaluate these weights with another attention kind or budget."""
-        new = replace(self.config, **changes)
-        if new.attn == "sa+swa" and self.config.attn != "sa+swa":
-            raise ValueError(f"cannot swap attn={self.config.attn!r} -> 'sa+swa' without training: "
-                             "its gates are learned parameters; choose full, swa, sa or moba")
-        if self.config.attn == "sa+swa" and new.attn != "sa+swa":
-            raise ValueError("an 'sa+swa' model's gates only make sense with both paths; keep attn='sa+swa'")
-        for fld in ("vocab_size", "n_layer", "n_head", "n_embd", "bias", "pos_emb", "block_size"):
-            if getattr(new, fld) != getattr(self.config, fld):
-                raise ValueError(f"swap_attention cannot change {fld}: it changes the weights")
-        self.config = new
+        """Training-free swap: evaluate these weights with another attention kind or budget (see swapped)."""
+        self.config = swapped(self.config, **changes)
         for block in self.transformer.h:
-            block.attn.config = new
+            block.attn.config = self.config
         return self
 
     def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
@@ -323,24 +345,20 @@ class GPT(nn.Module):
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True):
         """Append max_new_tokens sampled tokens to idx (B, T). temperature=0: greedy, the most likely token.
-        use_cache: decode from a KVCache (kv_cache.py), one token per step, exactly where config.cacheable;
-        rank-rule SA recomputes the whole prefix at every step instead, and says so on stderr. Past block_size,
+        use_cache: decode from a KVCache (kv_cache.py), one token per step, where use_kv_cache allows it; else
+        every step recomputes the whole prefix. Past block_size,
         without the cache every step crops the context to its last block_size tokens (nanoGPT); with it,
         a full cache is refilled from the last block_size // 2 tokens by one forward."""
         cfg = self.config
-        if not temperature >= 0:
-            raise ValueError(f"temperature={temperature}: use a value > 0, or 0 for greedy decoding")
+        check_temperature(temperature)
         if top_k is not None and (not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1):
             raise ValueError(f"top_k={top_k}: use a value >= 1, or None to sample among all tokens")
         if idx.dim() != 2 or idx.size(1) == 0:
             raise ValueError(f"idx of shape {tuple(idx.shape)}: use a prompt (B, T) of at least one token")
-        if use_cache and not cfg.cacheable:
-            print(f"use_cache: attn={cfg.attn!r} with sa_rule='rank' cannot be decoded from a KV cache exactly; "
-                  "recomputing the whole prefix for every token", file=sys.stderr)
-            use_cache = False
+        use_cache = use_kv_cache(cfg, use_cache)
         cache = None
         for _ in range(max_new_tokens):
-            if use_cache and (cache is None or cache.start == cfg.block_size):  # the prompt, or a full cache: (re)fill it
+            if use_cache and (cache is None or cache.start == cfg.block_size):  # the prompt, or a full cache: fill it
                 keep = cfg.block_size if cache is None else max(1, cfg.block_size // 2)
                 cache = KVCache(cfg)
                 logits, _ = self(idx[:, -keep:], cache=cache)
@@ -361,11 +379,11 @@ class GPT(nn.Module):
     @classmethod
     def from_pretrained(cls, model_type, override_args=None):
         """GPT-2's weights in our GPT, as nanoGPT does it. model_type is a size name (GPT2_SIZES, downloaded
-        through transformers) or a transformers GPT2LMHeadModel already built. override_args may set dropout
-        and the attention fields that carry no weights; attn="sa+swa" adds gates at their init."""
+        through transformers) or a transformers GPT2LMHeadModel already built. override_args may set the
+        fields that carry no weights (not WEIGHT_FIELDS); attn="sa+swa" adds gates at their init."""
         override_args = override_args or {}
-        allowed = {"dropout", "attn", "window", "moba_block", "moba_topk", "sa_perm", "sa_rule"}
-        if set(override_args) - allowed:
+        allowed = [f.name for f in fields(GPTConfig) if f.name not in WEIGHT_FIELDS]
+        if set(override_args) - set(allowed):
             raise ValueError(f"from_pretrained can override only {sorted(allowed)}, got {sorted(override_args)}")
         if isinstance(model_type, nn.Module):
             hf = model_type
@@ -379,11 +397,11 @@ class GPT(nn.Module):
             hf = GPT2LMHeadModel.from_pretrained(model_type)
         c = hf.config
         # our Block must compute exactly what GPT-2's does
-        for field, value, ours in (("activation_function", c.activation_function, ("gelu_new", "gelu_pytorch_tanh")),
-                                   ("layer_norm_epsilon", c.layer_norm_epsilon, (1e-5,)),
-                                   ("n_inner", c.n_inner, (None, 4 * c.n_embd))):
-            if value not in ours:
-                raise ValueError(f"GPT-2 config {field}={value!r} is not supported: our GPT needs one of {ours}")
+        for field, value, supported in (
+                ("activation_function", c.activation_function, ("gelu_new", "gelu_pytorch_tanh")),
+                ("layer_norm_epsilon", c.layer_norm_epsilon, (1e-5,)), ("n_inner", c.n_inner, (None, 4 * c.n_embd))):
+            if value not in supported:
+                raise ValueError(f"GPT-2 config {field}={value!r} is not supported: our GPT needs one of {supported}")
         config = GPTConfig(**{"block_size": c.n_positions, "vocab_size": c.vocab_size, "n_layer": c.n_layer,
                               "n_head": c.n_head, "n_embd": c.n_embd, "bias": True, "pos_emb": "learned",
                               "attn": "full", "dropout": 0.0, **override_args})

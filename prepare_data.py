@@ -1,44 +1,17 @@
 """
-Prepare a dataset: text -> tokens -> data/<dataset>/{train,val}.bin + meta.json
+Prepare a dataset: text -> tokens -> data_root/<dataset>/{train,val}.bin and meta.json.
 
-  python prepare_data.py                                # pystdlib: the embedded default, offline
+  python prepare_data.py                                # pystdlib: the Python standard library, offline
   python prepare_data.py --dataset=mqar                 # synthetic associative recall, offline
   python prepare_data.py --dataset=shakespeare_char     # downloads (~1 MB)
   python prepare_data.py --dataset=fineweb-edu          # downloads via `datasets`; GPT-2 BPE
-  python prepare_data.py --dataset=wikitext-103         # downloads via `datasets`; GPT-2 BPE
+  python prepare_data.py --dataset=wikitext-103         # downloads via `datasets`; GPT-2 BPE, with a test split
   python prepare_data.py --input_file=notes.txt [--tokenizer=gpt2] [--dataset=notes]
 
-Sources: pystdlib = the *.py files under sysconfig's stdlib path (no test packages, no
-site-packages), sorted and split by file, bytes; mqar = synthetic multi-query associative
-recall (prepare_mqar); shakespeare_char = tiny shakespeare, chars; fineweb-edu = FineWeb-Edu
-sample-10BT through `datasets`, streamed (--hf_max_docs for a part); wikitext-103 = WikiText-103
-raw through `datasets`, with a test split for eval.py; --input_file = any text file, the last
-val_fraction held out. Downloads show a tqdm bar if tqdm is installed.
-
-Format, nanoGPT's: {train,val}.bin are flat arrays of token ids, uint16, or
-uint32 when the vocabulary is larger than 65535 (wikitext-103 also has test.bin).
-Documents are concatenated; BPE datasets put the end-of-text token after each
-document. meta.json is written last, so a dataset without it is incomplete:
-
-  {"vocab_size": 256, "tokenizer": "bytes", "dtype": "uint16", "source": "...",
-   "tokens": {"train": 10969872, "val": 1148769}, "eot": null, ...}
-
-  tokenizer "bytes": UTF-8 bytes, vocab 256; "chars": meta["chars"][i] is token i;
-  "ids": token ids written as decimal numbers (mqar); any other name is a
-  tiktoken encoding ("gpt2", vocab 50257). mqar adds meta["mqar"], below.
-  nanoGPT's data (train.bin/val.bin, uint16) is reused by writing a meta.json
-  for it: --adopt=True --dataset=NAME --tokenizer=gpt2.
-
-Helpers for train.py, sample.py and eval.py (import prepare_data; no side effects):
-  load_meta(data_dir) -> dict                   meta.json, checked
-  load_tokens(data_dir, split, meta) -> memmap  one split's tokens, checked against meta
-  get_tokenizer(meta) -> (encode, decode)       str -> list[int], list[int] -> str
-  mqar_targets(x, meta) -> y                    MQAR targets: the answers, -1 elsewhere
-  mqar_batch(rng, n, meta) -> (x, y)            n fresh MQAR sequences and their targets
-  check_writable(directory)                     a one-line ValueError if no file can be made there
-Bad data raises a one-line ValueError naming the file and the fix. A dataset is replaced only
-once every split of the new one is written and none is empty; a failed write (a full disk)
-leaves no partial file behind.
+The format is nanoGPT's, so that its data can be reused by writing a meta.json for it (--adopt=True). meta.json
+is written last, so a dataset without it is incomplete, and a failed write (a full disk) leaves the old dataset
+whole. The loaders that train.py, sample.py and eval.py import (load_meta, load_tokens, get_tokenizer, mqar_batch)
+check what they read, and raise a one-line ValueError that names the file and the fix.
 """
 import contextlib
 import json
@@ -51,7 +24,7 @@ import tempfile
 import numpy as np
 
 # -----------------------------------------------------------------------------
-dataset = ""             # pystdlib | mqar | shakespeare_char | fineweb-edu | wikitext-103; "" = pystdlib, or the --input_file's name
+dataset = ""             # pystdlib, mqar, shakespeare_char, fineweb-edu or wikitext-103 ("": pystdlib or --input_file)
 input_file = ""          # a local text file to turn into a dataset instead
 tokenizer = "bytes"      # for --input_file: bytes | chars | gpt2 (or another tiktoken encoding)
 data_root = "data"       # datasets go to data_root/<dataset>/
@@ -61,13 +34,13 @@ adopt = False            # write a meta.json for existing nanoGPT train.bin/val.
 # half. The defaults are config/mqar.py's recipe
 mqar_seq_len = 64        # tokens per sequence
 mqar_num_pairs = 4       # key-value pairs at the start of each sequence
-mqar_num_queries = 4     # scored queries per sequence, each asking a different pair (random ones if more than the pairs)
+mqar_num_queries = 4     # scored queries per sequence, each asking another pair (random ones if more than the pairs)
 mqar_vocab = 32          # token 0 is filler, then keys, then values, half and half
 mqar_train_seqs = 1000   # sequences in train.bin, a sample: train.py draws fresh ones every batch
 mqar_val_seqs = 1000     # sequences in val.bin
 mqar_seed = 0            # the generator's seed (val uses its own stream)
 mqar_ordered = False     # ask every pair once, in order, at a fixed distance (a copy task: position finds the answer)
-mqar_offset = 0          # the pairs start at this token (1: no block of 2 tokens holds a whole pair, as MoBA's blocks would)
+mqar_offset = 0          # the pairs start at this token (1: no MoBA block of 2 tokens holds a whole pair)
 hf_max_docs = 0          # fineweb-edu: stop after this many documents (0: all of sample-10BT, ~10B tokens, ~20 GB)
 hf_val_docs = 5000       # fineweb-edu: the first documents of the stream are held out as val
 # -----------------------------------------------------------------------------
@@ -89,6 +62,7 @@ def prepare_command(data_dir):
 
 
 def load_meta(data_dir):
+    """data_dir's meta.json (write_dataset lists its entries), after checking that it is whole."""
     path = os.path.join(data_dir, "meta.json")
     if not os.path.isfile(path):
         if os.path.isfile(os.path.join(data_dir, "train.bin")):
@@ -129,8 +103,9 @@ def load_tokens(data_dir, split, meta):
 
 
 def get_tokenizer(meta):
-    """(encode, decode) for meta's tokenizer. decode drops ids past the vocabulary: models
-    pad vocab_size up to a multiple of 64, and those extra ids have no text."""
+    """(encode, decode) for meta's tokenizer: "bytes" (UTF-8, vocab 256), "chars" (token i is meta["chars"][i]),
+    "ids" (token ids written as decimal numbers: mqar) or a tiktoken encoding ("gpt2", vocab 50257). decode
+    drops ids past the vocabulary: models pad vocab_size up to a multiple of 64, and those extra ids have no text."""
     name, n = meta["tokenizer"], meta["vocab_size"]
     if name == "bytes":
         return (lambda s: list(s.encode("utf-8")),
@@ -279,7 +254,8 @@ def removed_on_failure(paths):
 def commit_dataset(data_dir, meta):
     """Move each split's <split>.bin.tmp into place, then write meta.json; an empty split
     stops it first, so an existing dataset is never replaced by an empty one. The old
-    meta.json goes first: until the new one is written, the dataset reads as incomplete."""
+    meta.json goes first: until the new one is written, the dataset reads as incomplete.
+    A failed write never gets here: removed_on_failure deletes the .tmp files."""
     tmps = [os.path.join(data_dir, f"{split}.bin.tmp") for split in meta["tokens"]]
     empty = [split for split, n in meta["tokens"].items() if n == 0]
     if empty:
@@ -304,8 +280,10 @@ def write_meta(data_dir, meta):
 
 
 def write_dataset(data_dir, splits, tok, source, batch_docs=1024, **extra):
-    """Tokenise each split's documents (an iterable of str or bytes) in batches
-    with tok = text_tokenizer(...), append them to <split>.bin, then write meta.json."""
+    """Tokenise each split's documents (an iterable of str or bytes) in batches with tok = text_tokenizer(...),
+    append them to <split>.bin, a flat array of token ids (uint16, or uint32 past 65535 ids) with the end-of-text
+    token after each document where the tokenizer has one, then write meta.json: {"vocab_size", "tokenizer",
+    "dtype", "source", "tokens": {split: count}, "eot", ...}, mqar's adding "mqar"."""
     fields, encode_batch, eot = tok
     dtype = token_dtype(fields["vocab_size"])
     os.makedirs(data_dir, exist_ok=True)
@@ -378,7 +356,8 @@ def prepare_pystdlib(data_dir, frac, root=None):
     root = root or sysconfig.get_paths()["stdlib"]
     files = pystdlib_files(root)
     if not files:
-        raise ValueError(f"no *.py files found under {root}: build pystdlib on a Python with its standard library sources")
+        raise ValueError(f"no *.py files found under {root}: build pystdlib on a Python with its standard library "
+                         "sources")
     is_val = [int((i + 1) * frac) > int(i * frac) for i in range(len(files))]
     splits = {s: [p.read_bytes() for p, v in zip(files, is_val) if v == (s == "val")] for s in ("train", "val")}
     return write_dataset(data_dir, splits, text_tokenizer("bytes"), batch_docs=64,
@@ -408,7 +387,8 @@ def prepare_mqar(data_dir, seq_len, num_pairs, num_queries, vocab, train_seqs, v
     min_gap = seq_len // 2 - (2 * num_pairs - 1) - offset
     if not (1 <= num_pairs <= K and 1 <= num_queries <= seq_len - seq_len // 2 and min_gap + offset >= 1):
         raise ValueError(f"mqar needs 1 <= num_pairs ({num_pairs}) <= (vocab-1)//2 ({K}), "
-                         f"1 <= num_queries ({num_queries}) <= seq_len - seq_len // 2 and seq_len ({seq_len}) > 4 * num_pairs")
+                         f"1 <= num_queries ({num_queries}) <= seq_len - seq_len // 2 and "
+                         f"seq_len ({seq_len}) > 4 * num_pairs")
     if not 0 <= offset <= seq_len // 2 - 2 * num_pairs:  # the pairs end before the queries' half
         raise ValueError(f"mqar needs 0 <= mqar_offset ({offset}) <= seq_len // 2 - 2 * num_pairs "
                          f"({seq_len // 2 - 2 * num_pairs})")
@@ -479,14 +459,16 @@ def prepare_wikitext_103(data_dir):
     splits = {ours: (row["text"] for row in hf_dataset("Salesforce/wikitext", "wikitext-103-raw-v1", theirs))
               for ours, theirs in (("train", "train"), ("val", "validation"), ("test", "test"))}
     fields, encode_batch, _ = text_tokenizer("gpt2")
-    return write_dataset(data_dir, splits, (fields, encode_batch, None), source="Salesforce/wikitext wikitext-103-raw-v1")
+    return write_dataset(data_dir, splits, (fields, encode_batch, None),
+                         source="Salesforce/wikitext wikitext-103-raw-v1")
 
 
 def adopt_nanogpt(data_dir, tokenizer_name):
     """meta.json for nanoGPT's train.bin/val.bin (uint16 token ids) already in data_dir."""
     fields, _, eot = text_tokenizer(tokenizer_name)
     if fields["tokenizer"] == "chars":
-        raise ValueError("--adopt needs a tokenizer with a fixed vocabulary (bytes or a tiktoken encoding such as gpt2)")
+        raise ValueError("--adopt needs a tokenizer with a fixed vocabulary (bytes or a tiktoken encoding such as "
+                         "gpt2)")
     counts = {}
     for split in ("train", "val"):
         path = os.path.join(data_dir, f"{split}.bin")

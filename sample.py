@@ -5,14 +5,11 @@ Sample from a checkpoint trained by train.py:
   python sample.py --out_dir=out-quick --start="def main(" --num_samples=3 --max_new_tokens=300
   python sample.py --out_dir=out-quick --start=FILE:prompt.txt --temperature=0.8 --top_k=50 --seed=1
 
-Text is encoded and decoded with the tokenizer the training data was prepared
-with (its meta.json, which the checkpoint carries). SA draws fresh permutations
-at every forward pass; --seed fixes them, together with the sampling itself.
-
-Which models decode from the KV cache (kv_cache.py, exact, one token per step): full, swa, moba,
-and sa or sa+swa with sa_rule="value". Rank-rule sa and sa+swa (the paper's rule, and the
-README's out-quick model) cannot be cached exactly, so every token recomputes the whole prefix;
-sample.py says so once. Speed with and without the cache: bench.benchmark_generation.
+Text is encoded and decoded with the tokenizer the training data was prepared with, whose meta.json the
+checkpoint carries. SA draws fresh permutations at every forward pass, so --seed fixes them together with
+the sampling itself. Where the model allows it (GPTConfig.cacheable), tokens are decoded from a KV cache,
+one step each; otherwise every token recomputes the whole prefix, which sample.py says once.
+bench.benchmark_generation measures the speed with and without the cache.
 """
 import os
 import sys
@@ -21,7 +18,7 @@ import torch
 
 from attention import engine
 from checkpoint import check_device, load_checkpoint
-from model import DTYPES, autocast
+from model import DTYPES, autocast, check_temperature, use_kv_cache
 from prepare_data import get_tokenizer
 
 # -----------------------------------------------------------------------------
@@ -40,13 +37,12 @@ exec(open("configurator.py").read())
 # -----------------------------------------------------------------------------
 
 # each bad setting stops here, with one line, before any model is loaded
-for bad, message in [(not temperature >= 0, f"temperature={temperature}: use a value > 0, or 0 for greedy decoding"),
-                     (top_k < 0, f"top_k={top_k}: use a value >= 1, or 0 to sample among all tokens"),
-                     (max_new_tokens < 0 or num_samples < 1, f"max_new_tokens={max_new_tokens}, num_samples="
-                      f"{num_samples}: use max_new_tokens >= 0, num_samples >= 1")]:
-    if bad:
-        sys.exit(message)
+if top_k < 0:
+    sys.exit(f"top_k={top_k}: use a value >= 1, or 0 to sample among all tokens")
+if max_new_tokens < 0 or num_samples < 1:
+    sys.exit(f"max_new_tokens={max_new_tokens}, num_samples={num_samples}: use max_new_tokens >= 0, num_samples >= 1")
 try:
+    check_temperature(temperature)
     check_device(device, dtype)
 except ValueError as e:
     sys.exit(str(e))
@@ -61,7 +57,7 @@ if start.startswith("FILE:"):
         sys.exit(f"--start={start} is not UTF-8 text")
 try:
     ctx = autocast(device, dtype)
-    model, ckpt = load_checkpoint(os.path.join(out_dir, "ckpt.pt"), device, need=("meta",))  # meta: its tokenizer
+    model, ckpt = load_checkpoint(os.path.join(out_dir, "ckpt.pt"), device, require=("meta",))  # meta: its tokenizer
 except ValueError as e:
     sys.exit(str(e))
 encode, decode = get_tokenizer(ckpt["meta"])  # the training data's tokenizer
@@ -71,10 +67,7 @@ except ValueError as e:
     sys.exit(f"--start: {e}")
 if not start_ids or max(start_ids) >= model.config.vocab_size:
     sys.exit(f"--start must encode to at least one token, each < the model's vocab_size {model.config.vocab_size}")
-cached = use_cache and model.config.cacheable
-if use_cache and not cached:
-    print(f"attn={model.config.attn!r} with sa_rule='rank' cannot be decoded from a KV cache exactly: "
-          "every token recomputes the whole prefix", file=sys.stderr)
+use_cache = use_kv_cache(model.config, use_cache)  # says so once here, not once per sample
 
 c = model.config  # the line saying what runs the attention (on a GPU: the kernel's self-check)
 print(engine(device, DTYPES[dtype], c.n_embd // c.n_head, [c.attn], c.sa_rule), file=sys.stderr)
@@ -84,6 +77,6 @@ model.seed_sa(seed)
 x = torch.tensor(start_ids, dtype=torch.long, device=device)[None, :]  # (1, T)
 with ctx:
     for _ in range(num_samples):
-        y = model.generate(x, max_new_tokens, temperature=temperature, top_k=top_k or None, use_cache=cached)
+        y = model.generate(x, max_new_tokens, temperature=temperature, top_k=top_k or None, use_cache=use_cache)
         print(decode(y[0].tolist()))
         print("---------------")

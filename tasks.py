@@ -1,6 +1,6 @@
 """
 Zero-shot tasks for eval.py: loading them and scoring them the way EleutherAI's
-lm-evaluation-harness 0.4.13 does (the scoring spec is eval.py's docstring).
+lm-evaluation-harness 0.4.13 does (each scoring function says which part of lm-eval it follows).
 
 A task is (name, kind, docs), kind one of
   "choice"   {"context": str, "choices": [str, ...], "label": int}
@@ -25,7 +25,8 @@ from prepare_data import progress
 # token an empty context is scored after (BOS, else EOS, for a Hugging Face tokenizer: lm-eval's prefix token)
 Tokenizer = namedtuple("Tokenizer", "name encode decode eot encode_default")
 
-FIELDS = {"choice": ("context", "choices", "label"), "partial": ("contexts", "continuation", "label"), "lambada": ("text",)}
+FIELDS = {"choice": ("context", "choices", "label"), "partial": ("contexts", "continuation", "label"),
+          "lambada": ("text",)}
 
 
 def hellaswag_clean(text):
@@ -57,7 +58,8 @@ TASKS = {
     "lambada": ("EleutherAI/lambada_openai", "default", "test", lambda d: {"text": d["text"]}),
     "hellaswag": ("Rowan/hellaswag", None, "validation", hellaswag_doc),
     "piqa": ("baber/piqa", None, "validation",
-             lambda d: {"context": f"Question: {d['goal']}\nAnswer:", "choices": [d["sol1"], d["sol2"]], "label": int(d["label"])}),
+             lambda d: {"context": f"Question: {d['goal']}\nAnswer:", "choices": [d["sol1"], d["sol2"]],
+                        "label": int(d["label"])}),
     "arc_easy": ("allenai/ai2_arc", "ARC-Easy", "test", arc_doc),
     "arc_challenge": ("allenai/ai2_arc", "ARC-Challenge", "test", arc_doc),
     "winogrande": ("allenai/winogrande", "winogrande_xl", "validation", winogrande_doc),
@@ -82,7 +84,8 @@ def doc_kind(doc):
         return kind
     options, text = (doc["choices"], doc["context"]) if kind == "choice" else (doc["contexts"], doc["continuation"])
     if not (isinstance(options, list) and len(options) >= 2 and all(isinstance(o, str) and o for o in options)):
-        raise ValueError(f'"{"choices" if kind == "choice" else "contexts"}" must be a list of at least two non-empty strings')
+        raise ValueError(f'"{"choices" if kind == "choice" else "contexts"}" must be a list of at least two '
+                         'non-empty strings')
     if not isinstance(text, str):
         raise ValueError(f'"{"context" if kind == "choice" else "continuation"}" must be a string')
     label = doc["label"]
@@ -144,7 +147,8 @@ def encode_pair(tok, context, continuation):
         context, continuation = context[:-n], context[-n:] + continuation
     if not context:
         if tok.eot is None:
-            raise ValueError(f"an empty context is scored after the end-of-text token, which the {tok.name} tokenizer lacks")
+            raise ValueError(f"an empty context is scored after the end-of-text token, "
+                             f"which the {tok.name} tokenizer lacks")
         cont = tok.encode(continuation)
         return ([tok.eot], cont) if cont[:1] != [tok.eot] else (cont[:1], cont[1:])
     whole, ctx = tok.encode_default(context + continuation), tok.encode_default(context)
@@ -159,11 +163,13 @@ def loglikelihoods(lm, requests, batch_size, desc="score"):
     for context, continuation in requests:
         ctx, cont = encode_pair(lm.tok, context, continuation)
         if not 1 <= len(cont) <= lm.block_size:
-            raise ValueError(f"continuation {continuation!r} is {len(cont)} tokens: it must fit in 1..block_size={lm.block_size}")
+            raise ValueError(f"continuation {continuation!r} is {len(cont)} tokens: "
+                             f"it must fit in 1..block_size={lm.block_size}")
         items.append(((ctx + cont)[-(lm.block_size + 1):-1], cont))  # the input, left-truncated to block_size
     order = sorted(range(len(items)), key=lambda i: -len(items[i][0]))  # longest first: little padding
     out = [None] * len(items)
-    for b in progress(range(0, len(order), batch_size), desc=desc, total=math.ceil(len(order) / batch_size), leave=False):
+    batches = range(0, len(order), batch_size)
+    for b in progress(batches, desc=desc, total=len(batches), leave=False):
         batch = order[b:b + batch_size]
         lengths = torch.tensor([len(items[i][0]) for i in batch])
         x = torch.zeros(len(batch), int(lengths[0]), dtype=torch.long)           # (B, T), right-padded
@@ -211,7 +217,10 @@ def requests_of(kind, doc):
 
 
 def evaluate_task(lm, name, kind, docs, batch_size, bootstrap_iters=100000):
-    """{metric: (value, stderr)} of one task."""
+    """{metric: (value, stderr)} of one task. Multiple choice: acc is the argmax of the log-likelihoods of
+    " " + choice after the context, acc_norm the argmax of each over len(choice) in characters; partial scoring
+    (WinoGrande) fills the blank with each option and scores the rest of the sentence, acc only. LAMBADA: acc
+    counts a document whose every target token is the greedy argmax, ppl = exp(-mean target log-likelihood)."""
     reqs = [requests_of(kind, d) for d in docs]
     flat = loglikelihoods(lm, [r for rs in reqs for r in rs], batch_size, desc=name)
     if kind == "lambada":

@@ -1,36 +1,18 @@
 """
-Train a GPT with full / SWA / SA / SA+SWA / MoBA attention, after nanoGPT.
+Train a GPT with full, SWA, SA, SA+SWA or MoBA attention, after nanoGPT.
 
-One process (a CPU, or one GPU):
+One process (a CPU, or one GPU); then a resume from the last checkpoint, with the same config and a later max_iters:
   python prepare_data.py && python train.py config/quick.py
   python train.py config/quick.py --attn=swa --window=64 --out_dir=out-swa
-Resume a run exactly where its last checkpoint left it (same config, a later max_iters):
   python train.py config/quick.py --init_from=resume --max_iters=2000
-DDP, one node with 8 GPUs / two nodes:
+DDP, on one node with 8 GPUs, or on two nodes:
   torchrun --standalone --nproc_per_node=8 train.py config/paper_360m.py
   torchrun --nproc_per_node=8 --nnodes=2 --node_rank=0 --master_addr=IP --master_port=1234 train.py ...
 
-Every eval after iteration 0 writes out_dir/ckpt.pt (atomically) holding the weights,
-the optimizer, the config and every RNG state of every rank, and appends to
-out_dir/log.jsonl. A run from scratch refuses an out_dir that holds a ckpt.pt; with
---overwrite=True the old ckpt.pt and log.jsonl stay until its own first checkpoint replaces
-them. A resumed run first cuts log.jsonl back to its checkpoint. While a run lives, it holds
-out_dir/.lock, so a second run into the same out_dir is refused. A NaN or inf loss (training or
-eval) stops the run with one line naming the iteration, before anything of it is saved, so the
-last checkpoint stays. --dtype=float16 (GPUs without bf16, such as a T4) scales the loss with a
-GradScaler, whose state the checkpoint keeps.
-Each eval uses the same batches and SA permutations every time (from their own generators,
-so evaluating never changes training). log.jsonl has eval records {iter, train_loss, val_loss,
-lr, elapsed_s} (+ train_acc, val_acc on MQAR) and training records {iter, loss, lr, ms_per_iter,
-tok_per_s, mfu (CUDA only), elapsed_s}. A checkpoint holds model, optimizer, model_args,
-iter_num, best_val_loss, config (+ data_dir), meta (the dataset's meta.json), scaler (fp16) and rng (per rank:
-torch, CUDA, numpy, python, the sampler's generator and model.sa_state), so a resumed run
-is bitwise the run that was never stopped (tested on the CPU); keep lr_decay_iters the same.
-Under DDP, gradient_accumulation_steps is the total over ranks, and each rank draws its own
-batches and SA permutations.
-The defaults below are a one-A100 run: a GPT-2-small-sized (124M) SA+SWA model
-on FineWeb-Edu, 5000 iterations of 0.5M tokens (2.6B tokens). Its peak, about 20.5 GiB per GPU in eager bf16
-(gpu_check.memory_estimate), fits a 40 GB A100.
+Every eval after iteration 0 writes out_dir/ckpt.pt and appends to out_dir/log.jsonl. The checkpoint holds every
+RNG state of every rank, so that a resumed run is bitwise the run that was never stopped. Nothing is lost on the
+way: a second run into the same out_dir is refused, a diverged (NaN) loss stops the run before anything of it is
+saved, and a run from scratch replaces an old checkpoint only when told to, with --overwrite=True.
 """
 import fcntl
 import json
@@ -39,6 +21,7 @@ import os
 import random
 import sys
 import time
+from dataclasses import fields
 
 import numpy as np
 import torch
@@ -46,12 +29,14 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from attention import check_positive, engine
+import attention
 from checkpoint import check_device, load_checkpoint, save_checkpoint
 from model import DTYPES, GPT, GPTConfig, autocast
 from prepare_data import check_writable, load_meta, load_tokens, mqar_batch, mqar_targets
 
 # -----------------------------------------------------------------------------
+# The defaults are one run on one A100: a GPT-2-small-sized (124M) SA+SWA model on FineWeb-Edu, 5000 iterations of
+# 0.5M tokens (2.6B tokens). Its peak, about 20.5 GiB in eager bf16 (gpu_check.memory_estimate), fits 40 GB.
 # I/O
 out_dir = "out"                 # ckpt.pt and log.jsonl go here
 eval_interval = 250             # evaluate, log and checkpoint every this many iterations (and at the end)
@@ -60,15 +45,16 @@ eval_iters = 50                 # batches per split per evaluation (the same bat
 eval_only = False               # evaluate once and exit
 always_save_checkpoint = True   # save at every eval; False: only when val loss improves
 init_from = "scratch"           # "scratch" or "resume" (from out_dir/ckpt.pt)
-overwrite = False               # scratch: replace a ckpt.pt already in out_dir (at the first checkpoint) instead of refusing
+overwrite = False               # scratch: replace a ckpt.pt already in out_dir (at the first checkpoint), not refuse
 # data
 dataset = "fineweb-edu"         # data_root/<dataset>/ from prepare_data.py
 data_root = "data"
-gradient_accumulation_steps = 32  # micro-steps per iteration, summed over DDP ranks
+gradient_accumulation_steps = 32  # micro-steps per iteration, the total over DDP ranks
 batch_size = 8                  # sequences per micro-step per rank
 block_size = 2048               # tokens per sequence (mqar: the data's seq_len)
-copy_task = False               # far copying: each sequence is a random block_size/2-token chunk, then the same chunk again
-# model (GPTConfig)
+copy_task = False               # far copying: each sequence is a random block_size/2-token chunk, then that chunk again
+# model: one global per GPTConfig field (model.py; block_size is above), passed to it by name. These are the run's
+# values; GPTConfig's defaults are the model's, GPT-2 small's (block_size 1024, where this run trains on 2048).
 n_layer = 12
 n_head = 12
 n_embd = 768
@@ -96,17 +82,18 @@ lr_decay_iters: int | None = None  # None: max_iters
 min_lr = 6e-5
 # system
 device = "cuda" if torch.cuda.is_available() else "cpu"
-# autocast: float32 | bfloat16 | float16 (with loss scaling); on a CPU, bf16 trains about 10x slower than float32
+# autocast: float32 | bfloat16 | float16 (with loss scaling: GPUs without bf16, a T4); on a CPU bf16 is ~10x slower
 dtype = "bfloat16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "float32"
 compile: bool | None = None     # torch.compile the model; None: on CUDA (as nanoGPT), not on the CPU (slow to compile)
-backend = ""                    # DDP backend; "": nccl on CUDA, gloo on the CPU
+backend = "auto"                # attention.BACKEND: auto (the Triton kernel where it runs), torch, triton or reference
+ddp_backend = ""                # torch.distributed's: "" = nccl on CUDA, gloo on the CPU
 seed = 1337
 # -----------------------------------------------------------------------------
-exec(open("configurator.py").read())  # overrides from config files and --key=value; sets `config`, logged in every checkpoint
+exec(open("configurator.py").read())  # overrides from config files and --key=value; sets `config` (in checkpoints)
 # -----------------------------------------------------------------------------
 
 
-def need(key, ok, rule):
+def check(key, ok, rule):
     """A one-line ValueError naming key and its value unless ok."""
     if not ok:
         raise ValueError(f"{key}={config[key]!r}: {rule}")
@@ -115,19 +102,20 @@ def need(key, ok, rule):
 # bad settings stop here with one line, before any data is read or anything written
 try:
     for key in ("eval_interval", "log_interval", "eval_iters", "batch_size", "gradient_accumulation_steps"):
-        check_positive(config[key], key)
+        check(key, config[key] >= 1, "use an integer >= 1")
     for key in ("max_iters", "warmup_iters", "seed") + (("lr_decay_iters",) if lr_decay_iters is not None else ()):
-        need(key, config[key] >= 0, "use an integer >= 0")
-    need("learning_rate", learning_rate > 0, "use a value > 0 (a negative one is gradient ascent)")
+        check(key, config[key] >= 0, "use an integer >= 0")
+    check("learning_rate", learning_rate > 0, "use a value > 0 (a negative one is gradient ascent)")
     for key in ("min_lr", "weight_decay", "grad_clip"):
-        need(key, config[key] >= 0, "use a value >= 0")
+        check(key, config[key] >= 0, "use a value >= 0")
     for key in ("beta1", "beta2"):
-        need(key, 0 <= config[key] < 1, "AdamW's betas lie in [0, 1)")
-    need("rope_base", rope_base > 0, "use a value > 0 (RoPE's wavelengths are its powers; 10000 is usual)")
-    need("copy_task", not copy_task or block_size % 2 == 0, "it needs an even block_size (two equal halves)")
-    need("init_from", init_from in ("scratch", "resume"), "use scratch or resume")
+        check(key, 0 <= config[key] < 1, "AdamW's betas lie in [0, 1)")
+    check("rope_base", rope_base > 0, "use a value > 0 (RoPE's wavelengths are its powers; 10000 is usual)")
+    check("copy_task", not copy_task or block_size % 2 == 0, "it needs an even block_size (two equal halves)")
+    check("init_from", init_from in ("scratch", "resume"), "use scratch or resume")
+    check("backend", backend in attention.BACKENDS, f"use one of {', '.join(attention.BACKENDS)}")
     check_device(device, dtype)
-    need("out_dir", not os.path.exists(out_dir) or os.path.isdir(out_dir), "it is a file, not a directory: choose another")
+    check("out_dir", not os.path.exists(out_dir) or os.path.isdir(out_dir), "it is a file, not a directory")
     check_writable(out_dir)
 except ValueError as e:
     sys.exit(str(e))
@@ -149,9 +137,10 @@ if ddp:
     if device.startswith("cuda"):
         device = f"cuda:{local_rank}"
         torch.cuda.set_device(device)
-    dist.init_process_group(backend=backend or ("nccl" if device.startswith("cuda") else "gloo"))
+    dist.init_process_group(backend=ddp_backend or ("nccl" if device.startswith("cuda") else "gloo"))
     if gradient_accumulation_steps % world_size:
-        sys.exit(f"gradient_accumulation_steps={gradient_accumulation_steps} must be divisible by the {world_size} ranks")
+        sys.exit(f"gradient_accumulation_steps={gradient_accumulation_steps} must be divisible by "
+                 f"the {world_size} ranks")
     gradient_accumulation_steps //= world_size
 master = rank == 0
 device_type = "cuda" if device.startswith("cuda") else "cpu"
@@ -215,9 +204,7 @@ def get_batch(split, gen):
 
 # model: all ranks build identical weights from `seed`; then each rank gets its own
 # streams for dropout, data sampling and SA permutations
-model_args = dict(n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=block_size, bias=bias,
-                  vocab_size=vocab_size, dropout=dropout, attn=attn, window=window, moba_block=moba_block,
-                  moba_topk=moba_topk, sa_perm=sa_perm, sa_rule=sa_rule, pos_emb=pos_emb, rope_base=rope_base)
+model_args = {f.name: globals()[f.name] for f in fields(GPTConfig)}
 try:
     gptconf = GPTConfig(**model_args)
 except ValueError as e:
@@ -236,12 +223,14 @@ raw_model = GPT(gptconf, sa_seed=sa_seed).to(device)
 torch.manual_seed(dropout_seed)
 sampler = torch.Generator().manual_seed(sampler_seed)
 optimizer = raw_model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type)
-scaler = torch.amp.GradScaler(device_type, enabled=dtype == "float16")  # fp16 gradients underflow unless the loss is scaled
+# fp16 gradients underflow unless the loss is scaled; the checkpoint keeps the scaler's state
+scaler = torch.amp.GradScaler(device_type, enabled=dtype == "float16")
 iter_num, best_val_loss = 0, float("inf")
 
 if init_from == "resume":
     try:
-        _, ckpt = load_checkpoint(ckpt_path, need=("optimizer", "iter_num", "best_val_loss", "config", "meta", "rng"))
+        _, ckpt = load_checkpoint(ckpt_path, require=("optimizer", "iter_num", "best_val_loss", "config", "meta",
+                                                      "rng"))
     except ValueError as e:  # checks the file, which holds every entry read below; its weights then go into our model
         sys.exit(str(e))
     old = ckpt["meta"]  # the data must mean what it meant: the same tokenizer, the same vocabulary
@@ -249,10 +238,10 @@ if init_from == "resume":
         sys.exit(f"{ckpt_path} was trained on {ckpt['config'].get('data_dir')} ({old.get('tokenizer')} tokens, "
                  f"vocabulary {old.get('vocab_size')}), but {data_dir} has another vocabulary ({meta['tokenizer']} "
                  f"tokens, {meta['vocab_size']}): resume on the data it was trained on, or start a new out_dir")
-    theirs = ckpt["model_args"]
-    diff = [k for k in model_args if k != "dropout" and theirs.get(k) != model_args[k]]
+    saved_args = ckpt["model_args"]
+    diff = [k for k in model_args if k != "dropout" and saved_args.get(k) != model_args[k]]
     if diff:
-        sys.exit(f"{ckpt_path} was trained with {', '.join(f'{k}={theirs.get(k)!r}' for k in diff)}, but this run "
+        sys.exit(f"{ckpt_path} was trained with {', '.join(f'{k}={saved_args.get(k)!r}' for k in diff)}, but this run "
                  f"asks for {', '.join(f'{k}={model_args[k]!r}' for k in diff)}: resume with the original config, "
                  "or train from scratch in another out_dir")
     raw_model.load_state_dict(ckpt["model"])
@@ -401,15 +390,20 @@ if master:
                  "end, or train in another --out_dir")
     except OSError as e:
         sys.exit(f"cannot write to out_dir={out_dir}: {e.strerror or e}")
-    print(f"{dataset}: {len(data['train']):,} train / {len(data['val']):,} val tokens; {raw_model.get_num_params() / 1e6:.2f}M "
+    print(f"{dataset}: {len(data['train']):,} train / {len(data['val']):,} val tokens; "
+          f"{raw_model.get_num_params() / 1e6:.2f}M "
           f"parameters, attn={attn}, window={window}; {tokens_per_iter:,} tokens per iteration "
           f"({world_size} x {gradient_accumulation_steps} x {batch_size} x {T}) on {device}")
-attention_line = engine(device, DTYPES[dtype], n_embd // n_head, [attn], sa_rule)  # each rank self-checks its own GPU
+attention.BACKEND = backend
+attention_line = attention.engine(device, DTYPES[dtype], n_embd // n_head, [attn], sa_rule)  # each rank checks its GPU
 if master:
     print(attention_line)
 
 
 def log(record):
+    """Append a record to log.jsonl: an eval's {iter, train_loss, val_loss, lr, elapsed_s} (+ train_acc, val_acc on
+    MQAR; the loss of each half on the copy task), or training's {iter, loss, lr, ms_per_iter, tok_per_s, mfu
+    (CUDA only), elapsed_s}."""
     try:
         print(json.dumps(record), file=log_file, flush=True)
     except OSError as e:
@@ -418,7 +412,10 @@ def log(record):
 
 
 def save(states):
-    """Write ckpt.pt atomically; the first save of an --overwrite run then moves its log into place."""
+    """Write ckpt.pt atomically; the first save of an --overwrite run then moves its log into place. Besides the
+    weights, the optimizer, the scaler (fp16), the config and the data's meta.json, it holds `states`, every RNG
+    of every rank (rng_states), so that a resumed run is bitwise the run that was never stopped (tested on the
+    CPU) as long as lr_decay_iters stays the same."""
     global new_log, log_file
     try:
         save_checkpoint({"model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),

@@ -253,4 +253,4 @@ def benchmark_generation(lengths=(256, 1024, 4096), new_tokens=(5, 33), vocab_si
             row = f"{attn:>7} {rule if attn in ('sa', 'sa+swa') else '':>7} {T:>6} {ms[False]:>9.2f}"
             row += f" {ms[True]:>9.2f} {ms[False] / ms[True]:>7.1f}x" if True in ms else f" {'n/a':>9}"
             print(row, flush=True)
-    print("n/a: rank-rule SA cannot be decoded from a cache exactly (see GPT.generate)")
+    print("n/a: rank-rule SA has no exact KV cache (GPTConfig.cacheable says why)")

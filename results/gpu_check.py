@@ -1,25 +1,16 @@
 """
 The prepared GPU check: one command for a CUDA machine, at most about 8 minutes on an H100-class GPU
-(the stages' time limits: 100 + 200 + 2 x 80 s).
+(the stages' time limits: 100 + 200 + 2 x 80 s). Without a GPU it stops at once with one line.
 
     python results/gpu_check.py                          # writes results/gpu_check.json
     python results/gpu_check.py --train_iters=20 --out=/tmp/check.json
 
-Stages, each with its own time limit; a failing or timed-out stage is recorded with its output,
-and the next stage still runs:
-  0. self-check and memory, in this process: attention.engine's line for the default model's rules in bf16
-     and fp32 (the kernel's self-check, as train.py runs it); one eager micro-step of train.py's default
-     model (batch 8 x 2048, bf16): torch.cuda.max_memory_allocated() beside memory_estimate's bytes;
-  1. kernel: `python kernel.py --check`: the Triton kernel against attention.py's torch path and
-     FlexAttention (then its own speed table, cut off by the time limit if need be);
-  2. speed:  `python results/bench.py` on the GPU, bf16, T = 2k, 8k and 32k, window 256: SDPA ("full"),
-     the kernel's SWA and SA (attention.BACKEND="triton") and the fair FlexAttention peers
-     (flex-swa, flex-sa: see bench.py), forward and forward+backward;
-  3. train:  train.py, GPT-2 small (124M: its defaults) for train_iters iterations with attn=full
-     and attn=sa+swa, on random tokens written to a temporary folder (no download): tok/s and MFU.
-The results file names the GPU, torch and Triton, and sets our full/SA ratios beside the paper's
-A100 ratios (1.5x at 2k, 6.6x at 8k, 28x at 32k; the paper does not say forward or training).
-Without a GPU it stops at once with one line.
+It runs four stages, each under its own time limit, so that a failing or timed-out stage is recorded with its
+output and the next one still runs: the kernel's self-check and a training micro-step's memory beside
+memory_estimate, in this process; kernel.py --check; bench.py's speed table on the GPU; and short train.py runs
+of the full and the SA+SWA model, for tok/s and MFU. The results file names the GPU, torch and Triton, and sets
+our full/SA speed ratios beside the paper's A100 ones (1.5x at 2k, 6.6x at 8k, 28x at 32k tokens; the paper
+does not say whether they are forward or training).
 """
 import json
 import os
@@ -108,6 +99,8 @@ def run(cmd, timeout):
 
 
 def kernel_stage():
+    """`python kernel.py --check`: the Triton kernel against attention.py's torch path and FlexAttention, then
+    its own speed table, which the time limit may cut off."""
     record = run([sys.executable, "kernel.py", "--check"], check_timeout)
     if record["status"] == "timeout" and "all checks PASS" in record["output"]:
         record["status"] = "pass"  # the correctness checks finished; the speed table after them was cut off
@@ -115,10 +108,11 @@ def kernel_stage():
 
 
 def bench_stage(device="cuda", extra=()):
-    """bench.py's table, as rows (read from its printed lines, so that a run cut off by the time limit
-    keeps the rows it measured), and full/sa, full/flex-sa per mode and T beside the paper's full/sa."""
-    record = run([sys.executable, "results/bench.py", f"--device={device}", f"--sizes={sizes}", *bench_args.split(), *extra],
-                 bench_timeout)
+    """bench.py's table (in __main__: bf16, SDPA's "full", the kernel's SWA and SA and the fair FlexAttention
+    peers, forward and forward+backward), as rows read from its printed lines, so that a run cut off by the time
+    limit keeps the rows it measured; and full/sa, full/flex-sa per mode and T beside the paper's full/sa."""
+    record = run([sys.executable, "results/bench.py", f"--device={device}", f"--sizes={sizes}", *bench_args.split(),
+                  *extra], bench_timeout)
     rows = [dict(mode=m[1], T=int(m[2]), kind=m[3], ms=float(m[4]), peak_mib=float(m[5])) for m in
             re.finditer(r"^ *(fwd|fwd\+bwd) +(\d+) +(\S+) +([\d.]+) +(\d+)", record["output"], re.M)]
     ms = {(r["mode"], r["T"], r["kind"]): r["ms"] for r in rows}
@@ -141,8 +135,9 @@ def random_tokens(data_dir, vocab=50257, n=2**22):
 
 
 def train_stage(attn, gpu, iters=None, extra=()):
-    """train.py for iters iterations with this attention on random tokens: tok/s and MFU, the median of
-    its logged speeds after the first (which holds the warm-up)."""
+    """train.py's default model (GPT-2 small, 124M) for iters iterations with this attention, on random tokens
+    written to a temporary folder (no download): tok/s and MFU, the median of its logged speeds after the
+    first (which holds the warm-up)."""
     iters = iters or train_iters
     with tempfile.TemporaryDirectory() as tmp:
         random_tokens(os.path.join(tmp, "random"))

@@ -1,44 +1,15 @@
 """
-Receptive-field coverage of an L-layer attention stack: how many layers until
-information from every token can reach every query that may see it?
-
-The information-flow graph is exact (no sampled tokens): R[i] is the set of
-tokens whose information has reached token i, one bitset per token (row i of
-an (n, ceil(n/64)) uint64 array, token j is bit j % 64 of word j // 64).
-Layer L reads keys(i) in that layer, so R_L[i] = OR of R_{L-1}[j] over them,
-which costs O(n * w * n/64) word operations per layer and no n x n product.
-
-Kinds (the union of all paths is a layer's graph):
-  swa     attention.py's sliding window: slot = token
-  sa      attention.py's stochastic attention with a fresh uniform permutation
-          per layer; --heads=H takes the union of H independent permutations;
-          --sa_rule=value: its value rule instead, fresh uniform keys r per layer,
-          tokens a, b interact iff |r_a - r_b| < window / n
-  sa+swa  both paths in every layer, as in the gated SA + SWA model
-
-Settings:
-  causal         exactly the rules in attention.py's docstring. Every pair j <= i
-                 must get connected.
-  bidirectional  the paper's theorem setting: the same band with the causal rule
-                 dropped (up to 2 * window - 1 keys around the query, the band not
-                 wrapping around the ends). Every pair (i, j) must get connected.
-
-Reported per run: layers until every allowed pair is connected, layers until
-the last token sees every token (its whole past when causal), the covered
-fraction after each layer; median [min-max] over seeds. swa is deterministic
-(one run), needs exactly ceil((n-1)/(w-1)) layers in both settings, and is
-only simulated up to --max_layers (the table quotes the formula beside it).
-
-Memory: two layers' bitsets, 2 * n * ceil(n/64) * 8 bytes (n = 16384: 64 MiB; n = 200000:
-9.3 GiB). The script says it up front, refuses an n that does not fit in the available
-memory, and prints each layer's progress when a layer's bitsets pass PROGRESS_BYTES.
+Receptive-field coverage of an L-layer attention stack: how many layers until information from every token
+can reach every query that may see it? SWA needs exactly ceil((n-1)/(w-1)) layers; the paper's claim is that
+SA's fresh permutations need about log_w n. This measures it exactly, with no sampled tokens.
 
   python results/receptive_field.py --n=16384 --window=16 --kind=sa+swa
   python results/receptive_field.py --setting=bidirectional --kind=sa --heads=4
   python results/receptive_field.py --n=16384 --window=16 --kind=sa+swa --sa_rule=value
   python results/receptive_field.py --grid=True --json_out=results/coverage.json --plot=results/coverage.png
 
-The hyperparameters are the globals below, overridden as --key=value by configurator.py.
+Each token keeps, as a bitset, the set of tokens whose information has reached it, and a layer ORs together
+the sets of the keys that each query reads: O(n * w * n/64) word operations per layer, never an n x n product.
 """
 import json
 import math
@@ -55,12 +26,14 @@ from prepare_data import check_writable, pyplot  # noqa: E402
 # -----------------------------------------------------------------------------
 n = 4096                # sequence length
 window = 16             # w, attention.py's `window`
-kind = "sa+swa"         # swa | sa | sa+swa
+kind = "sa+swa"         # swa | sa | sa+swa (both paths in every layer, as in the gated model)
 heads = 1               # SA permutations per layer (one per head); the layer's graph is their union
-sa_rule = "rank"        # rank (permuted slots, the paper) | value (random keys r: attention.py's docstring)
-setting = "causal"      # causal (attention.py's rules) | bidirectional (the paper's theorem)
+sa_rule = "rank"        # rank (permuted slots, the paper) | value (fresh keys r: a, b interact iff |r_a - r_b| < w / n)
+# causal: attention.py's rules, and every pair j <= i must get connected. bidirectional: the paper's theorem, the
+# same band without the causal rule (up to 2w - 1 keys, not wrapping around the ends), and every pair must.
+setting = "causal"
 seeds = 5               # runs with seeds 0..seeds-1, reported as median [min-max]
-max_layers = 64         # give up after this many layers; reported as ">max_layers"
+max_layers = 64         # give up after this many layers, reported as ">max_layers" (swa too: the table has its formula)
 grid = False            # run every grid_runs entry for every n in grid_n and w in grid_window, print a table
 grid_n = "256,1024,4096,16384"  # comma list of n
 grid_window = "16,64"           # comma list of w
@@ -124,7 +97,8 @@ def layer_graph(n, window, kind, setting, draws, sa_rule="rank"):
     causal = setting == "causal"
     parts = [rank_band(np.arange(n), window, causal)] if kind != "sa" else []
     if kind != "swa":
-        parts += [rank_band(p, window, causal) if sa_rule == "rank" else value_band(p, window / n, causal) for p in draws]
+        parts += [rank_band(p, window, causal) if sa_rule == "rank" else value_band(p, window / n, causal)
+                  for p in draws]
     key = np.concatenate([np.where(ok, k, n) for k, ok in parts], 1)  # (n, paths*(2w-1)), n = not allowed
     key.sort(1)
     key[:, 1:][key[:, 1:] == key[:, :-1]] = n                  # a key reached by two paths counts once
@@ -135,6 +109,8 @@ def layer_graph(n, window, kind, setting, draws, sa_rule="rank"):
 
 
 def identity_bits(n):
+    """R[i] is the set of tokens whose information has reached token i, one bitset per token: row i of an
+    (n, ceil(n/64)) uint64 array, token j is bit j % 64 of word j // 64. Before any layer, i itself."""
     R = np.zeros((n, -(-n // 64)), np.uint64)                  # (n, W)
     t = np.arange(n)
     R[t, t >> 6] = np.left_shift(np.uint64(1), (t & 63).astype(np.uint64))
@@ -166,7 +142,8 @@ def bitset_bytes(n):
 
 
 def check_memory(n):
-    """The memory n needs (two layers' bitsets), said up front; a one-line ValueError if it cannot fit."""
+    """The memory n needs, said up front: two layers' bitsets, 2 * n * ceil(n/64) * 8 bytes (n = 16384: 64 MiB;
+    n = 200000: 9.3 GiB). A one-line ValueError if it cannot fit."""
     need, gib = 2 * bitset_bytes(n), lambda b: f"{b / 2**30:.1f} GiB" if b >= 2**30 else f"{b / 2**20:.2f} MiB"
     try:
         with open("/proc/meminfo") as f:
@@ -175,8 +152,8 @@ def check_memory(n):
         avail = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     if need > avail:
         fits = int(math.sqrt(0.8 * avail / 2 * 8)) // 1000 * 1000  # a margin for the key tables
-        raise ValueError(f"n={n} needs {gib(need)} (two layers' bitsets of n * n/8 bytes), but {gib(avail)} is available: "
-                         f"use n <= {fits}")
+        raise ValueError(f"n={n} needs {gib(need)} (two layers' bitsets of n * n/8 bytes), but {gib(avail)} is "
+                         f"available: use n <= {fits}")
     print(f"n={n}: {gib(need)} of bitsets (of {gib(avail)} available)", file=sys.stderr, flush=True)
 
 
@@ -192,7 +169,8 @@ def simulate(n, window, kind, setting, heads, max_layers, seed, sa_rule="rank"):
     covered, all_pairs, last = [n], None, None
     t0, verbose = time.perf_counter(), bitset_bytes(n) >= PROGRESS_BYTES
     for layer in range(1, max_layers + 1):
-        draws = [rng.permutation(n) if sa_rule == "rank" else rng.random(n) for _ in range(heads if kind != "swa" else 0)]
+        draws = [rng.permutation(n) if sa_rule == "rank" else rng.random(n)
+                 for _ in range(heads if kind != "swa" else 0)]
         R = apply_layer(R, *layer_graph(n, window, kind, setting, draws, sa_rule), causal)
         covered.append(int(np.bitwise_count(R).sum(dtype=np.int64)))
         if verbose:
@@ -207,10 +185,13 @@ def simulate(n, window, kind, setting, heads, max_layers, seed, sa_rule="rank"):
 
 
 def measure(n, window, kind, setting, heads=1, seeds=5, max_layers=64, sa_rule="rank"):
-    """Every seed of one configuration (swa is deterministic: one run)."""
+    """Every seed of one configuration (swa is deterministic: one run): layers until every allowed pair is
+    connected, layers until the last token sees every token (its whole past when causal), and the covered
+    pairs after each layer, which table() and make_plot() report as median [min-max] over seeds."""
     check(n, window, kind, setting, heads, seeds, max_layers, sa_rule)
     t0 = time.perf_counter()
-    runs = [simulate(n, window, kind, setting, heads, max_layers, s, sa_rule) for s in range(1 if kind == "swa" else seeds)]
+    runs = [simulate(n, window, kind, setting, heads, max_layers, s, sa_rule)
+            for s in range(1 if kind == "swa" else seeds)]
     return dict(setting=setting, kind=kind, sa_rule=sa_rule, n=n, window=window, heads=heads, max_layers=max_layers,
                 log_w_n=math.log(n) / math.log(window), swa_exact=math.ceil((n - 1) / (window - 1)),
                 all_pairs=[r[0] for r in runs], last_token=[r[1] for r in runs],
@@ -233,11 +214,12 @@ def median_curve(res):
 
 
 def table(results):
-    lines = ["| setting | kind | SA rule | heads | n | w | log_w n | SWA ⌈(n-1)/(w-1)⌉ | layers: all pairs | layers: last token "
-             "| covered at end | seconds |", "|" + " --- |" * 12]
+    lines = ["| setting | kind | SA rule | heads | n | w | log_w n | SWA ⌈(n-1)/(w-1)⌉ | layers: all pairs "
+             "| layers: last token | covered at end | seconds |", "|" + " --- |" * 12]
     for r in results:
-        lines.append(f"| {r['setting']} | {r['kind']} | {r.get('sa_rule', 'rank') if r['kind'] != 'swa' else ''} | {r['heads']} | {r['n']} | {r['window']} | {r['log_w_n']:.2f} "
-                     f"| {r['swa_exact']} | {spread(r['all_pairs'], r['max_layers'])} "
+        rule = r.get("sa_rule", "rank") if r["kind"] != "swa" else ""
+        lines.append(f"| {r['setting']} | {r['kind']} | {rule} | {r['heads']} | {r['n']} | {r['window']} "
+                     f"| {r['log_w_n']:.2f} | {r['swa_exact']} | {spread(r['all_pairs'], r['max_layers'])} "
                      f"| {spread(r['last_token'], r['max_layers'])} | {median_curve(r)[-1]:.4f} | {r['seconds']:.1f} |")
     return "\n".join(lines)
 
@@ -253,7 +235,8 @@ def make_plot(results, path):
     for r in results:
         ax, bottom = axes[ws.index(r["window"])][ns.index(r["n"])], 0.3 / r["pairs"]
         missing = np.maximum(1 - median_curve(r), bottom)[1:]    # layers 1..L; 0 drawn at the bottom edge
-        label = f"{r['setting']} {r['kind']}" + (f" x{r['heads']} heads" if r["heads"] > 1 and r["kind"] != "swa" else "")
+        suffix = f" x{r['heads']} heads" if r["heads"] > 1 and r["kind"] != "swa" else ""
+        label = f"{r['setting']} {r['kind']}{suffix}"
         line, = ax.plot(np.arange(1, len(missing) + 1), missing, label=label)
         if missing[-1] == bottom:
             ax.plot(len(missing), bottom, "v", color=line.get_color(), clip_on=False)
@@ -313,7 +296,8 @@ def main():
                 os.makedirs(os.path.dirname(path), exist_ok=True)
         if json_out:
             with open(json_out, "w") as f:
-                json.dump(dict(command="python results/receptive_field.py " + " ".join(sys.argv[1:]), results=results), f)
+                command = "python results/receptive_field.py " + " ".join(sys.argv[1:])
+                json.dump(dict(command=command, results=results), f)
         if plot:
             make_plot(results, plot)
     except OSError as e:  # a full disk

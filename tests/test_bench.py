@@ -24,8 +24,9 @@ from test_attention import qkv
                                           ("--json_out=/sys/b/r.json", "cannot write to /sys/b (Permission denied")])
 def test_bad_settings_stop_with_one_line(arg, problem):
     out = subprocess.run([sys.executable, "results/bench.py", arg], capture_output=True, text=True, timeout=120)
-    lines = [line for line in (out.stdout + out.stderr).splitlines() if not line.startswith("overriding")]
-    assert out.returncode == 1 and len(lines) == 1 and lines[0].startswith(f"bench.py: {problem}"), out.stdout + out.stderr
+    text = out.stdout + out.stderr
+    lines = [line for line in text.splitlines() if not line.startswith("overriding")]
+    assert out.returncode == 1 and len(lines) == 1 and lines[0].startswith(f"bench.py: {problem}"), text
 
 
 def test_json_out_is_written_whole(tmp_path):

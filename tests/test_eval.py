@@ -86,7 +86,8 @@ def test_multiple_choice_acc_and_acc_norm(tmp_path):
 
 
 def test_partial_scoring_shares_the_continuation(tmp_path):
-    docs = [{"contexts": ["xyz", "hello"], "continuation": "abc", "label": 0},   # " abc" after z: 4 HIT; after o: MISS + 3 HIT
+    # " abc" after z: 4 HIT; after o: MISS + 3 HIT
+    docs = [{"contexts": ["xyz", "hello"], "continuation": "abc", "label": 0},
             {"contexts": ["xyz", "hello"], "continuation": "abc", "label": 1}]
     name, kind, loaded = tasks.load_task_file(write_jsonl(tmp_path / "wino.jsonl", docs))
     assert kind == "partial"
@@ -122,8 +123,10 @@ def test_tokens_split_and_left_truncation():
 def test_harness_prompt_formats():
     hs = tasks.hellaswag_doc({"activity_label": "Baking", "ctx_a": "A man [header] mixes flour.", "ctx_b": "then he",
                            "endings": ["bakes it [title] well.", "eats it."], "label": "1"})
-    assert hs == {"context": "Baking: A man mixes flour. Then he", "choices": ["bakes it. well.", "eats it."], "label": 1}
-    arc = tasks.arc_doc({"question": "Why?", "choices": {"text": ["a", "b", "c"], "label": ["A", "B", "C"]}, "answerKey": "C"})
+    assert hs == {"context": "Baking: A man mixes flour. Then he", "choices": ["bakes it. well.", "eats it."],
+                  "label": 1}
+    arc = tasks.arc_doc({"question": "Why?", "choices": {"text": ["a", "b", "c"], "label": ["A", "B", "C"]},
+                         "answerKey": "C"})
     assert arc == {"context": "Question: Why?\nAnswer:", "choices": ["a", "b", "c"], "label": 2}
     piqa = tasks.TASKS["piqa"][3]({"goal": "Open a jar", "sol1": "twist", "sol2": "pull", "label": 0})
     assert piqa == {"context": "Question: Open a jar\nAnswer:", "choices": ["twist", "pull"], "label": 0}
@@ -196,7 +199,7 @@ def test_perplexity_on_a_prepared_dataset(tiny_run, tmp_path):
     assert saved["results"][0]["attn"] == "swa" and saved["results"][0]["window"] == 4
     with pytest.raises(ValueError, match="window must be an integer >= 1"):
         ev.run({**base, "attn": "sa", "window": 0})
-    with pytest.raises(ValueError, match="without training: its gates"):
+    with pytest.raises(ValueError, match="-> 'sa\\+swa' without training: the gates"):
         ev.run({**base, "attn": "sa+swa"})
 
 
@@ -215,7 +218,8 @@ def test_window_sweep(tiny_run, tmp_path, capsys, monkeypatch):
     assert ppl["swa", 2]["seeds"] == 1 and ppl["swa", 2]["seed_std"] is None
     out = capsys.readouterr().out
     assert "tiny/val ppl" in out and out.count("± ") >= 2
-    assert (tmp_path / "res" / "sweep.png").stat().st_size > 0 and not (tmp_path / "sweep.png").exists()  # next to --json
+    # the plot goes next to --json_out
+    assert (tmp_path / "res" / "sweep.png").stat().st_size > 0 and not (tmp_path / "sweep.png").exists()
     assert len(json.loads((tmp_path / "res" / "s.json").read_text())["per_seed"]) == 3 * (1 + 2 + 2 * 2 + 2)
 
 
@@ -235,9 +239,10 @@ def test_sa_swa_model_sweeps_both_windows(tiny_run, tmp_path):
     torch.manual_seed(0)
     model = GPT(GPTConfig(block_size=16, vocab_size=256, n_layer=2, n_head=2, n_embd=32, attn="sa+swa", window=4))
     save_checkpoint({"model": model.state_dict(), "model_args": model.model_args(), "config": {"dataset": "tiny"},
-                     "meta": prepare_data.load_meta(os.path.join(tiny_run["data_root"], "tiny"))}, str(tmp_path / "ckpt.pt"))
+                     "meta": prepare_data.load_meta(os.path.join(tiny_run["data_root"], "tiny"))},
+                    str(tmp_path / "ckpt.pt"))
     base = {"out_dir": str(tmp_path), "data_root": tiny_run["data_root"], "device": "cpu", "dtype": "float32"}
-    with pytest.raises(ValueError, match=r"an sa\+swa model's gates were trained with both paths, so --attn can only"):
+    with pytest.raises(ValueError, match=r"'sa\+swa' -> 'sa' without training: the gates of sa\+swa"):
         ev.run({**base, "attn": "sa", "window": 4})
     res = ev.run({**base, "windows": "1,16", "limit": 4, "plot": ""})
     assert {(r["attn"], r["window"]) for r in res} == {("sa+swa", 1), ("sa+swa", 16)}
@@ -292,11 +297,12 @@ def test_bad_devices_checkpoints_and_directories_are_one_line(tiny_run, tmp_path
 def test_hub_model_offline_is_one_line_without_retries(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}
     env.update(HF_ENDPOINT="http://127.0.0.1:9", HF_HOME=str(tmp_path), OMP_NUM_THREADS="1")  # no hub, an empty cache
-    r = subprocess.run([sys.executable, "eval.py", "--init_from=gpt2", "--dataset=tiny"], capture_output=True, text=True,
-                       env=env, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), timeout=300)
+    r = subprocess.run([sys.executable, "eval.py", "--init_from=gpt2", "--dataset=tiny"], capture_output=True,
+                       text=True, env=env, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), timeout=300)
     assert r.returncode != 0 and "Traceback" not in r.stderr and "Retrying" not in r.stderr, r.stderr[-2000:]
-    assert r.stderr.strip().splitlines()[-1] == ("eval.py: --init_from=gpt2: cannot load it (the Hugging Face hub is "
-                                                 "unreachable and it is not in the local cache); go online once, or give a local path")
+    assert r.stderr.strip().splitlines()[-1] == (
+        "eval.py: --init_from=gpt2: cannot load it (the Hugging Face hub is unreachable and it is not in the local "
+        "cache); go online once, or give a local path")
 
 
 # -----------------------------------------------------------------------------
@@ -355,7 +361,8 @@ def qwen():
     import transformers
     torch.manual_seed(0)
     cfg = transformers.Qwen3Config(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=64)
+                                   num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                   max_position_embeddings=64)
     model = transformers.Qwen3ForCausalLM(cfg).eval()
     for layer in model.model.layers:  # not 1/sqrt(head_dim): the registered functions must honour the model's scaling
         layer.self_attn.scaling = 0.4
@@ -375,7 +382,8 @@ def test_hf_attention_window_covering_T_is_sdpa(qwen):
     x = torch.randint(0, 97, (2, 20))
     want = hf_logits(qwen, "sdpa", x)
     g = torch.Generator()
-    for setting in ({"attn": "swa", "window": 20}, {"attn": "sa", "window": 32}, {"attn": "moba", "moba_block": 8, "moba_topk": 3}):
+    for setting in ({"attn": "swa", "window": 20}, {"attn": "sa", "window": 32},
+                    {"attn": "moba", "moba_block": 8, "moba_topk": 3}):
         got = hf_logits(qwen, ev.register_hf_attention(**setting, generator=g), x, g)
         assert (got - want).abs().max() < 1e-5, setting
 
@@ -387,7 +395,8 @@ def test_hf_attention_small_window_is_causal_and_sparse(qwen):
     x2[:, 13:] = torch.randint(0, 97, (1, 11))  # new future from position 13 on
     full = hf_logits(qwen, "sdpa", x)
     g = torch.Generator()
-    for setting in ({"attn": "swa", "window": 3}, {"attn": "sa", "window": 3}, {"attn": "moba", "moba_block": 4, "moba_topk": 2}):
+    for setting in ({"attn": "swa", "window": 3}, {"attn": "sa", "window": 3},
+                    {"attn": "moba", "moba_block": 4, "moba_topk": 2}):
         name = ev.register_hf_attention(**setting, generator=g)
         a, b = hf_logits(qwen, name, x, g), hf_logits(qwen, name, x2, g)
         assert (a[:, :13] - b[:, :13]).abs().max() < 1e-6, setting   # the past does not see the future
@@ -418,7 +427,8 @@ def test_hf_model_end_to_end(qwen, tiny_run, tmp_path):
     """--init_from=<a Hugging Face model dir>: its own tokenizer (byte-level here) re-reads the dataset's text."""
     import transformers
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    tok = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}, merges=[]))
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    tok = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
     tok.pre_tokenizer, tok.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
     transformers.PreTrainedTokenizerFast(tokenizer_object=tok).save_pretrained(tmp_path)
     torch.manual_seed(0)
@@ -590,9 +600,9 @@ def tiny_hf(arch, **extra):
     """A tiny random transformers model of `arch` ("Gemma2", "Mistral", ...), built from its config."""
     import transformers
     torch.manual_seed(0)
-    cfg = getattr(transformers, f"{arch}Config")(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                                 num_attention_heads=4, num_key_value_heads=2, head_dim=8,
-                                                 max_position_embeddings=64, **extra)
+    cfg = getattr(transformers, f"{arch}Config")(vocab_size=50, hidden_size=32, intermediate_size=64,
+                                                 num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                                 head_dim=8, max_position_embeddings=64, **extra)
     return getattr(transformers, f"{arch}ForCausalLM")(cfg).eval()
 
 

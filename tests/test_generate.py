@@ -43,9 +43,9 @@ def cached_draws(model, cache, B, T):
 @pytest.mark.parametrize("attn,kw", [("full", {}), ("full", dict(pos_emb="learned")), ("swa", {}),
                                      ("swa", dict(pos_emb="learned")), ("swa", dict(window=200)),
                                      ("moba", {}), ("moba", dict(pos_emb="learned")), ("moba", dict(moba_topk=1)),
-                                     ("sa", VALUE), ("sa", dict(VALUE, pos_emb="learned")), ("sa", dict(VALUE, window=200)),
-                                     ("sa", dict(VALUE, sa_perm="head")), ("sa+swa", VALUE),
-                                     ("sa+swa", dict(VALUE, sa_perm="head"))])
+                                     ("sa", VALUE), ("sa", dict(VALUE, pos_emb="learned")),
+                                     ("sa", dict(VALUE, window=200)), ("sa", dict(VALUE, sa_perm="head")),
+                                     ("sa+swa", VALUE), ("sa+swa", dict(VALUE, sa_perm="head"))])
 def test_cached_logits_equal_one_full_forward(attn, kw):
     """Teacher forcing: a prefill, then one token at a time across many windows and MoBA blocks,
     gives at every step the logits of one forward over all the tokens (value-rule SA: with the
@@ -125,7 +125,8 @@ def test_value_sa_decode_reads_o_window_keys(attn, monkeypatch):
     kw = dict(block_size=2048, vocab_size=61, n_layer=2, n_head=2, n_embd=32, window=8, sa_rule="value")
     read = []
     masked_attention = attention.masked_attention
-    monkeypatch.setattr(attention, "masked_attention", lambda q, k, v, m: read.append(k.shape[2]) or masked_attention(q, k, v, m))
+    monkeypatch.setattr(attention, "masked_attention",
+                        lambda q, k, v, m: read.append(k.shape[2]) or masked_attention(q, k, v, m))
     for kind in (attn, "full"):
         torch.manual_seed(0)
         model = GPT(GPTConfig(attn=kind, **kw)).eval()
@@ -158,7 +159,8 @@ def test_sa_cannot_be_cached_says_so_and_recomputes(attn, capsys):
 # mixed precision (issue 21 section 1): every kind, both SA rules and both sa_perm modes
 
 EVERY_KIND = [("full", {}), ("swa", {}), ("moba", {})] + [
-    (attn, dict(sa_rule=rule, sa_perm=perm)) for attn in ("sa", "sa+swa") for rule in ("rank", "value") for perm in ("layer", "head")]
+    (attn, dict(sa_rule=rule, sa_perm=perm))
+    for attn in ("sa", "sa+swa") for rule in ("rank", "value") for perm in ("layer", "head")]
 CACHEABLE = [(attn, kw) for attn, kw in EVERY_KIND if kw.get("sa_rule") != "rank"]
 
 
@@ -220,15 +222,16 @@ def test_bad_top_k_and_an_empty_prompt_are_refused():
 
 def sample(ckpt_dir, *args):
     cmd = [sys.executable, "sample.py", f"--out_dir={ckpt_dir}", "--device=cpu", *args]
-    r = subprocess.run(cmd, capture_output=True, text=True, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                       env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300)
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                       cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     assert r.returncode == 0, r.stderr[-3000:]
     return r
 
 
 def checkpoint(tmp_path, meta, **kw):
     model = tiny(**kw)
-    save_checkpoint({"model": model.state_dict(), "model_args": model.model_args(), "meta": meta}, str(tmp_path / "ckpt.pt"))
+    save_checkpoint({"model": model.state_dict(), "model_args": model.model_args(), "meta": meta},
+                    str(tmp_path / "ckpt.pt"))
     return tmp_path
 
 

@@ -30,7 +30,8 @@ def attention_mask(n, window, kind, setting, draws, sa_rule):
     if kind != "sa":
         m |= A.swa_mask(n, window)
     for d in draws if kind != "swa" else []:
-        m |= A.sa_mask(window, torch.from_numpy(d)) if sa_rule == "rank" else A.sa_value_mask(window / n, torch.from_numpy(d))
+        d = torch.from_numpy(d)
+        m |= A.sa_mask(window, d) if sa_rule == "rank" else A.sa_value_mask(window / n, d)
     m = m.numpy()
     return m | m.T if setting == "bidirectional" else m
 
@@ -101,7 +102,8 @@ def test_bad_input_is_a_clear_error(kwargs, match):
 
 
 @pytest.mark.parametrize("arg,match", [("--kind=bogus", "kind must be one of"), ("--windw=3", "windw"),
-                                       ("--window=x", "window"), ("--grid=True --grid_n=1k", "--grid_n is a comma list"),
+                                       ("--window=x", "window"),
+                                       ("--grid=True --grid_n=1k", "--grid_n is a comma list"),
                                        ("--grid=True --grid_runs=sa", "--grid_runs is a comma list of setting:kind")])
 def test_cli_bad_input_is_one_line(arg, match):
     p = subprocess.run([sys.executable, "results/receptive_field.py", *arg.split()], capture_output=True, text=True)
@@ -111,8 +113,8 @@ def test_cli_bad_input_is_one_line(arg, match):
 def test_cli_grid_writes_table_json_and_plot(tmp_path):
     pytest.importorskip("matplotlib")
     out = tmp_path / "cov.json"
-    p = subprocess.run([sys.executable, "results/receptive_field.py", "--grid=True", "--grid_n=64,128", "--grid_window=4,8",
-                        "--seeds=2", f"--json_out={out}", f"--plot={tmp_path / 'cov.png'}"],
+    p = subprocess.run([sys.executable, "results/receptive_field.py", "--grid=True", "--grid_n=64,128",
+                        "--grid_window=4,8", "--seeds=2", f"--json_out={out}", f"--plot={tmp_path / 'cov.png'}"],
                        capture_output=True, text=True, check=True)
     assert p.stdout.count("| causal | sa+swa |") == 4 and "| bidirectional | sa |" in p.stdout
     res = json.loads(out.read_text())["results"]
@@ -121,7 +123,8 @@ def test_cli_grid_writes_table_json_and_plot(tmp_path):
 
 
 def cli(*args):
-    return subprocess.run([sys.executable, "results/receptive_field.py", *args], capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "results/receptive_field.py", *args], capture_output=True, text=True,
+                          timeout=120)
 
 
 def test_cli_says_memory_up_front_and_refuses_what_cannot_fit(tmp_path):

@@ -120,8 +120,8 @@ def load(out_dir):
 def read_log(out_dir, timing=False):
     """log.jsonl's records; without the timing fields unless timing=True."""
     with open(os.path.join(out_dir, "log.jsonl")) as f:
-        return [{k: v for k, v in json.loads(line).items() if timing or k not in ("elapsed_s", "ms_per_iter", "tok_per_s")}
-                for line in f]
+        timings = () if timing else ("elapsed_s", "ms_per_iter", "tok_per_s")
+        return [{k: v for k, v in json.loads(line).items() if k not in timings} for line in f]
 
 
 def files(out_dir):
@@ -172,7 +172,8 @@ def test_downloadable_datasets_offline(tmp_path, monkeypatch, eot, dtype):
 
 
 def test_pystdlib_selection_and_split(tmp_path):
-    for f in ("b/a.py", "a.py", "test/t.py", "b/tests/t.py", "idlelib/idle_test/t.py", "site-packages/x/s.py", "b/n.txt"):
+    for f in ("b/a.py", "a.py", "test/t.py", "b/tests/t.py", "idlelib/idle_test/t.py", "site-packages/x/s.py",
+              "b/n.txt"):
         (tmp_path / "lib" / f).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / "lib" / f).write_text(f"# {f}\n")
     files = [p.relative_to(tmp_path / "lib").as_posix() for p in P.pystdlib_files(tmp_path / "lib")]
@@ -226,7 +227,8 @@ def test_resume_is_bitwise_exact(trained, train_args, tmp_path):
     half = load(tmp_path)
     assert [r["iter"] for r in read_log(tmp_path) if "val_loss" in r] == [0, 3]  # the other run's log is gone
     with open(tmp_path / "log.jsonl", "a") as f:
-        f.write('\n{"iter": 4, "loss": 9.0, "lr": 0.1}\n{"iter": 4, "train_loss": 9.0, "val_loss": 9.0}\n\n{"iter": 5, "lo')
+        f.write('\n{"iter": 4, "loss": 9.0, "lr": 0.1}\n{"iter": 4, "train_loss": 9.0, "val_loss": 9.0}\n\n'
+                '{"iter": 5, "lo')
     (tmp_path / "ckpt.pt.tmp").write_bytes(b"half a checkpoint")
     r = run("train.py", *train_args, "--max_iters=6", f"--out_dir={tmp_path}", "--init_from=resume")
     assert read_log(tmp_path) == read_log(trained) and not (tmp_path / "ckpt.pt.tmp").exists()
@@ -286,7 +288,8 @@ def test_rerunning_the_main_job_loses_nothing(root, tmp_path):
     before = files(tmp_path)
     for extra in ([], ["--eval_only=True"]):
         assert_clean_error(run(*job, "--max_iters=2", "--eval_interval=2", *extra, check=False),
-                           "ckpt.pt exists: continue it with --init_from=resume, train in a new --out_dir, or replace it")
+                           "ckpt.pt exists: continue it with --init_from=resume, train in a new --out_dir, "
+                           "or replace it")
     assert files(tmp_path) == before
 
 
@@ -417,14 +420,15 @@ def test_mqar_config_without_data_names_its_prepare_line(tmp_path):
 @pytest.mark.parametrize("args, message", [
     (["--out_dir=README.md"], "out_dir='README.md': it is a file"),
     (["--out_dir=/sys/out"], "cannot write to /sys/out (Permission denied in /sys)"),
-    (["--eval_interval=0"], "eval_interval must be an integer >= 1, got 0"),
-    (["--log_interval=0"], "log_interval must be an integer >= 1, got 0"),
-    (["--eval_iters=0"], "eval_iters must be an integer >= 1, got 0"),
-    (["--batch_size=0"], "batch_size must be an integer >= 1, got 0"),
-    (["--gradient_accumulation_steps=0"], "gradient_accumulation_steps must be an integer >= 1, got 0"),
+    (["--eval_interval=0"], "eval_interval=0: use an integer >= 1"),
+    (["--log_interval=0"], "log_interval=0: use an integer >= 1"),
+    (["--eval_iters=0"], "eval_iters=0: use an integer >= 1"),
+    (["--batch_size=0"], "batch_size=0: use an integer >= 1"),
+    (["--gradient_accumulation_steps=0"], "gradient_accumulation_steps=0: use an integer >= 1"),
     pytest.param(["--device=cuda"], "device='cuda': CUDA is not available here",
                  marks=pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is available")),
     (["--init_from=pretrained"], "init_from='pretrained': use scratch or resume"),
+    (["--backend=cuda"], "backend='cuda': use one of auto, torch, triton, reference"),
     (["--rope_base=0"], "rope_base=0.0: use a value > 0"),
     (["--rope_base=-10000"], "rope_base=-10000.0: use a value > 0"),
     (["--learning_rate=-1e-3"], "learning_rate=-0.001: use a value > 0"),
@@ -584,7 +588,7 @@ def test_load_checkpoint_errors(trained, tmp_path):
             load_checkpoint(path)
     torch.save({k: v for k, v in good.items() if k != "meta"}, path)
     with pytest.raises(ValueError, match="has no 'meta' entry: it was written by train.py at iteration 6"):
-        load_checkpoint(path, need=("meta",))
+        load_checkpoint(path, require=("meta",))
     assert_clean_error(run("sample.py", f"--out_dir={tmp_path}", check=False), "has no 'meta' entry")  # its tokenizer
     model, ckpt = load_checkpoint(os.path.join(trained, "ckpt.pt"))
     assert all(torch.equal(v, good["model"][k]) for k, v in model.state_dict().items())
@@ -601,7 +605,8 @@ def test_save_checkpoint_is_atomic(tmp_path):
 def configure(monkeypatch, *argv):
     """Run configurator.py as a script would, on a few globals."""
     monkeypatch.setattr(sys, "argv", ["script.py", *argv])
-    g = dict(n=1, lr=0.1, flag=False, name="a", opt=None, iters=None, CONSTANT="x", __annotations__={"iters": int | None})
+    g = dict(n=1, lr=0.1, flag=False, name="a", opt=None, iters=None, CONSTANT="x",
+             __annotations__={"iters": int | None})
     exec(open(os.path.join(REPO, "configurator.py")).read(), g)
     return g
 
@@ -609,14 +614,16 @@ def configure(monkeypatch, *argv):
 def test_configurator(monkeypatch, tmp_path):
     cfg = tmp_path / "c.py"
     cfg.write_text("import math\nn = 5\nname = 'b'\n_scratch = math.pi\n")
-    g = configure(monkeypatch, str(cfg), "--n=7", "--lr=1", "--flag=True", "--name=hello world", "--opt=(1, 2)", "--iters=9")
+    g = configure(monkeypatch, str(cfg), "--n=7", "--lr=1", "--flag=True", "--name=hello world", "--opt=(1, 2)",
+                  "--iters=9")
     assert g["config"] == dict(n=7, lr=1.0, flag=True, name="hello world", opt=(1, 2), iters=9)
     assert configure(monkeypatch, "--iters=9", "--iters=None")["iters"] is None
     assert type(g["lr"]) is float and configure(monkeypatch, str(cfg))["n"] == 5
     for argv, message in [(["--m=1"], "unknown config key 'm'"), (["--CONSTANT=y"], "unknown config key"),
                           (["--n=abc"], "n must be of type int"), (["--n=1.5"], "n must be of type int"),
                           (["--flag=1"], "flag must be of type bool"), (["--lr=True"], "lr must be of type float"),
-                          (["--iters=abc"], "iters must be of type int or None"), (["--iters=1.5"], "iters must be of type int"),
+                          (["--iters=abc"], "iters must be of type int or None"),
+                          (["--iters=1.5"], "iters must be of type int"),
                           (["--lr=-1e999"], "lr must be a finite number, got -inf"),
                           (["--opt=abc"], "opt takes a Python literal .*, got the bare word 'abc'"),
                           (["nope.py"], "config file nope.py not found"), (["n=1"], "unexpected argument")]:
@@ -638,7 +645,8 @@ def test_prepare_errors_are_one_line(tmp_path):
                           ([readme, "--tokenizer=bogus"], "unknown tokenizer 'bogus': use bytes, chars"),
                           ([f"--input_file={tmp_path / 'image.bin'}", "--tokenizer=chars"],
                            "image.bin is not UTF-8 text (byte 128: b'\\x80\\x81\\x82\\x83'): use --tokenizer=bytes"),
-                          (["--dataset=mqar", "--mqar_train_seqs=0"], "mqar needs mqar_train_seqs >= 1 and mqar_val_seqs >= 1"),
+                          (["--dataset=mqar", "--mqar_train_seqs=0"],
+                           "mqar needs mqar_train_seqs >= 1 and mqar_val_seqs >= 1"),
                           (["--dataset=mqar", "--mqar_offset=100"], "mqar needs 0 <= mqar_offset (100) <="),
                           (["--dataset=../x"], "dataset='../x': use a plain name, no path"),
                           ([readme, "--dataset=../x"], "dataset='../x': use a plain name, no path"),
@@ -686,7 +694,8 @@ def test_a_dataset_is_never_replaced_by_an_empty_one(root, tmp_path):
     for args in (["--dataset=mqar", "--mqar_val_seqs=0"], ["--dataset=mqar", "--mqar_num_pairs=0"]):
         assert_clean_error(run("prepare_data.py", f"--data_root={tmp_path}", *args, check=False), "mqar needs")
     with pytest.raises(ValueError, match="the val split of .* would be empty: nothing written"):
-        P.write_dataset(str(tmp_path / "text"), {"train": ["some text"], "val": []}, P.text_tokenizer("bytes"), source="x")
+        P.write_dataset(str(tmp_path / "text"), {"train": ["some text"], "val": []}, P.text_tokenizer("bytes"),
+                        source="x")
     assert {name: files(tmp_path / name) for name in ("mqar", "text")} == before
 
 
