@@ -1,23 +1,14 @@
 """
-The configurator, after nanoGPT's: a script defines its hyperparameters as plain
-globals, then runs (from the repo root, as every command here does)
-
-    exec(open("configurator.py").read())
-
-so that
+The configurator, after nanoGPT's. A script defines its hyperparameters as plain globals, then runs
+`exec(open("configurator.py").read())`, so that
 
     python train.py config/quick.py --max_iters=100 --attn=swa
 
-execs each config file and applies each --key=value, left to right. The
-hyperparameters are the script's lowercase globals holding an int, float, bool,
-str or None. A value must fit its default's type: an int takes an integer, a
-float takes 3e-4 or 1, a bool takes True or False, a str takes the raw text
-(no quotes needed). A None default takes None or its annotation's type
-(`lr_decay_iters: int | None = None` takes an int), or, unannotated, any Python
-literal. A float must be finite (1e999 is inf). An unknown key, a wrong type, a
-non-finite float or a missing config file stops the script with a one-line
-message; --help lists the keys. Afterwards the global `config` holds every
-hyperparameter's final value, for logs and checkpoints.
+execs each config file and applies each --key=value, left to right. A value must fit its default's type
+(an int takes an integer, a float 3e-4 or 1, a bool True or False, a str the raw text; a None default takes
+its annotation's type or any literal), and a float must be finite. Anything else stops the script with one
+line, so that a typo never trains with a default silently. --help lists the keys. Afterwards the global
+`config` holds every hyperparameter's final value, for logs and checkpoints.
 """
 import ast
 import builtins  # scripts may shadow builtins with hyperparameters: train.py's `compile`

@@ -143,7 +143,8 @@ def draw_from(state: torch.Tensor, n: int, shape: list[int], value: bool) -> tor
     return draws                                                                 # (n, *shape)
 
 
-draw_from.register_fake(lambda state, n, shape, value: state.new_empty(n, *shape, dtype=torch.float if value else torch.long))
+draw_from.register_fake(lambda state, n, shape, value:
+                         state.new_empty(n, *shape, dtype=torch.float if value else torch.long))
 
 
 class CausalSelfAttention(nn.Module):

@@ -1,26 +1,17 @@
 """
-Reproduce the paper in miniature on a CPU: every table and plot in the README's Results.
+Reproduce the paper in miniature on a CPU: every table and plot in the README's Results. Each experiment runs the
+repo's own scripts as subprocesses, printing every command, and writes its JSON and plots into --out (default
+results/); summary.md collects the tables that the README quotes.
 
-    python results/reproduce.py                 # the paper's claims: about 3 h on 2 quiet CPU cores (estimated, below)
-    python results/reproduce.py --only=mqar --seeds=1   # a first pass of the depth-2 MQAR grid (about 35 min)
-    python results/reproduce.py --only=mqar --seeds=0   # the MQAR tables from the finished (or committed) runs, no training
-    python results/reproduce.py --only=mqar_decisive --arms=1   # the pre-registered experiment's P=1 arm
-    python results/reproduce.py --only=swap --swap_T=256,1024   # the LM swap at T=256 and 1024 (trains a T=1024 model)
-    python results/reproduce.py --only=lm1024   # issue 33: plain LM and far copying at T=1024 (19 runs, ~10 CPU-hours)
-    python results/reproduce.py --fast=True     # a tiny version of everything, about 4 minutes (tested in CI)
-    python results/reproduce.py --only=mqar,lm  # some experiments: figure, lm, swap, mqar, mqar_decisive, recall_swap,
-                                                # coverage, speed; mqar_search and sa_rules (47 min with --jobs=1) only when named
+    python results/reproduce.py                       # the paper's claims: about 3 h on 2 quiet cores (estimated)
+    python results/reproduce.py --only=mqar --seeds=0 # the MQAR tables from the finished (or committed) runs
+    python results/reproduce.py --only=lm1024         # issue 33: plain LM and far copying at T=1024 (~10 CPU-hours)
+    python results/reproduce.py --fast=True           # a tiny version of everything, about 4 minutes (tested in CI)
+    python results/reproduce.py --only=mqar,lm        # some of: figure, lm, swap, mqar, mqar_decisive, recall_swap,
+                                                      # coverage, speed, lm1024; mqar_search and sa_rules when named
 
-The default run's time, estimated from measured steps (never run as one invocation): the depth-2
-MQAR grid about 1.6 h (21 runs, two at a time), mqar_decisive about 1.3 h (12 runs at depth 3; per
-iteration, SA+SWA with 4 permuted heads costs about 2.3 times full attention), lm 11 minutes, swap 7,
-coverage 6, the rest a few. Depth 4 (--depths=2,4) adds about an hour.
-
-Each experiment runs the repo's own scripts (train.py, eval.py, receptive_field.py,
-bench.py) as subprocesses, printing every command, and writes one JSON (and its
-PNG plots) into --out (default results/). summary.md collects the tables that the
-README quotes. swap evaluates the full-attention model that lm trained, recall_swap the
-full-attention model that mqar trained (depth 2, first seed).
+The default run's time is estimated from measured steps (never run as one invocation): the depth-2 MQAR grid
+about 1.6 h, mqar_decisive 1.3 h, lm 11 minutes, swap 7, coverage 6, the rest a few.
 """
 import functools
 import json
