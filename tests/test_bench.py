@@ -62,3 +62,13 @@ def test_fair_flex_peers_match_the_references(monkeypatch, kind):
     mask = bench.band_block_mask(T, *band)
     listed = mask.kv_num_blocks + (mask.full_kv_num_blocks if mask.full_kv_num_blocks is not None else 0)
     assert listed.flatten().tolist() == ([1, 2, 2] if kind == "flex-swa" else [2, 3, 2])
+
+
+def test_same_ops_finds_no_difference_against_itself_and_refuses_a_bad_base(tmp_path):
+    """results/same_ops.py, the refactor check: this checkout against itself runs the same ops for every kind."""
+    r = subprocess.run([sys.executable, "results/same_ops.py", "--base=."], capture_output=True, text=True, timeout=300)
+    lines = r.stdout.splitlines()
+    rows = [line.split() for line in lines[[line.split()[0] for line in lines].index("kind") + 1:]]
+    assert r.returncode == 0 and len(rows) == 6 and all(row[-1] == "0" and row[-2] == row[-3] for row in rows), r
+    r = subprocess.run([sys.executable, "results/same_ops.py", f"--base={tmp_path}"], capture_output=True, text=True)
+    assert r.returncode == 1 and "holds no attention.py" in r.stderr.strip().splitlines()[-1]
