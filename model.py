@@ -1,12 +1,7 @@
 """
-A GPT language model with a switchable attention, after nanoGPT.
-
-GPTConfig.attn picks the attention of every layer: "full" (causal softmax), "swa" (each token sees the
-previous `window` tokens), "sa" (stochastic attention: SWA over a fresh random permutation per layer and
-forward pass, so that a few layers reach far), "sa+swa" (the paper's gated dual path, both kinds side by
-side) or "moba" (mixture of block attention, the baseline). The rules themselves live in attention.py's
-docstring; GPTConfig's comments say what each field means.
-
+A GPT language model with a switchable attention, after nanoGPT. GPTConfig.attn picks every layer's attention:
+"full", "swa", "sa" (SWA over a fresh random permutation per layer and forward pass, so that a few layers reach
+far), "sa+swa" (the paper's gated dual path) or "moba" (the baseline); the rules live in attention.py's docstring.
 GPT.generate decodes from a KV cache (kv_cache.py) where the rule allows it exactly (GPTConfig.cacheable).
 """
 import inspect
@@ -48,9 +43,7 @@ class GPTConfig:
     moba_block: int = 64       # MoBA key block size
     moba_topk: int = 4         # MoBA blocks per query, its own included
     sa_perm: str = "layer"     # "layer": one permutation per layer (the paper); "head": one per batch row and head
-    # "rank": the window over permuted slots (the paper); "value": over a random number r per token, which a KV
-    # cache can decode exactly. attention.py's docstring states both rules.
-    sa_rule: str = "rank"
+    sa_rule: str = "rank"      # "rank": the window over permuted slots (the paper); "value": a KV cache decodes it
     # RoPE, the default, rotates q and k BEFORE the permutation, so SA scores keep their true relative
     # positions, as in the paper. "learned" is GPT-2's absolute embedding, needed to load GPT-2 weights.
     pos_emb: str = "rope"
@@ -60,9 +53,7 @@ class GPTConfig:
         def invalid(field, allowed):
             raise ValueError(f"GPTConfig.{field}={getattr(self, field)!r} is invalid: must be {allowed}")
 
-        def real(x):
-            return isinstance(x, (int, float)) and not isinstance(x, bool)
-
+        real = lambda x: isinstance(x, (int, float)) and not isinstance(x, bool)  # noqa: E731
         for field, allowed in (("attn", ATTN_KINDS), ("sa_perm", SA_PERM_MODES), ("sa_rule", SA_RULES),
                                ("pos_emb", POS_EMBS)):
             if getattr(self, field) not in allowed:
@@ -106,16 +97,13 @@ def check_temperature(temperature):
 
 
 def swapped(config, **changes):
-    """config with changes, for a training-free swap (GPT.swap_attention): a ValueError for a change that
-    the weights cannot take."""
+    """config with changes, for a training-free swap (GPT.swap_attention); a ValueError where the weights cannot."""
     new = replace(config, **changes)
-    for field in WEIGHT_FIELDS:
-        if getattr(new, field) != getattr(config, field):
-            raise ValueError(f"swap_attention cannot change {field}: it changes the weights")
+    if field := next((f for f in WEIGHT_FIELDS if getattr(new, f) != getattr(config, f)), None):
+        raise ValueError(f"swap_attention cannot change {field}: it changes the weights")
     if (new.attn == "sa+swa") != (config.attn == "sa+swa"):
         raise ValueError(f"cannot swap attn={config.attn!r} -> {new.attn!r} without training: the gates of sa+swa are "
-                         "learned with both of its paths, so only an sa+swa model has them, and it keeps both "
-                         "(a swap may change their window)")
+                         "learned with both paths, so only an sa+swa model has them (a swap may change the window)")
     return new
 
 
