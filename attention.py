@@ -31,8 +31,6 @@ BACKEND = "auto"
 BACKENDS = ("auto", "torch", "triton", "reference")
 TRITON_VERSIONS = ((3, 2), (3, 9))  # Triton minors tested: results/kernel_triton_versions.txt
 VALUE_MARGIN = 1e-6  # the value rule's key spans reach this much past delta: fp32 rounding of |r_i - r_j| (r < 1)
-KERNEL_SELF_CHECK = True  # before the kernel first runs a rule on a device, dtype and head dim: kernel.self_check
-SELF_CHECKS = {}  # (device, dtype, head dim, rule) -> (max error, seconds, passed): this process's self-checks
 
 
 def check_positive(value, name="window"):
@@ -109,36 +107,10 @@ def _triton_supported():
 def _backend(q):
     if BACKEND not in BACKENDS:
         raise ValueError(f"attention.BACKEND must be one of {BACKENDS}, got {BACKEND!r}")
-    if BACKEND != "auto":
-        return BACKEND
-    if not q.is_cuda or not _triton_supported():
-        return "torch"
-    import kernel
-    return "triton" if q.shape[-1] in kernel.HEAD_DIMS and q.dtype in kernel.SUPPORTED_DTYPES else "torch"
-
-
-def _self_checked(q, rule):
-    """Whether the kernel passed its self-check of `rule` on q's device, dtype and head dim, run at the first call
-    (under torch.compile only looked up). A failure raises under "triton"; under "auto" it warns, once."""
-    import kernel
-    key = (q.device, q.dtype, q.shape[-1], rule)
-    if KERNEL_SELF_CHECK and not torch.compiler.is_compiling() and key not in SELF_CHECKS:
-        start = time.perf_counter()
-        with torch.enable_grad(), torch.autocast(q.device.type, enabled=False):
-            err = kernel.self_check(q.device, q.dtype, q.shape[-1], rule, margin=VALUE_MARGIN)
-        passed = err <= kernel.TOLERANCE[q.dtype]  # NaN fails too
-        if not passed:
-            failure = (f"the Triton kernel failed its self-check on {_where(q)} for {rule} (head dim {q.shape[-1]}): "
-                       f"max error {err:.1e} against the dense fp32 reference")
-            if BACKEND == "triton":
-                raise RuntimeError(failure)
-            warnings.warn(failure + "; the torch path runs from now on for this case")
-        SELF_CHECKS[key] = err, time.perf_counter() - start, passed
-    return SELF_CHECKS.get(key, (0.0, 0.0, True))[2]
-
-
-def _where(q):
-    return f"{torch.cuda.get_device_name(q.device) if q.is_cuda else 'the CPU interpreter'} {str(q.dtype)[6:]}"
+    if BACKEND == "auto" and q.is_cuda and _triton_supported():
+        import kernel
+        return "triton" if q.shape[-1] in kernel.HEAD_DIMS and q.dtype in kernel.SUPPORTED_DTYPES else "torch"
+    return "torch" if BACKEND == "auto" else BACKEND
 
 
 def _why(e):
@@ -153,20 +125,22 @@ def engine(device, dtype, head_dim, kinds, sa_rule="rank"):
     rules = [r for r, users in (("swa", {"swa", "sa+swa"}), ("sa " + sa_rule, {"sa", "sa+swa"})) if users & set(kinds)]
     if not rules or _backend(q) != "triton":
         return f"attention: {'the ' + _backend(q) + ' path' if rules else 'no SWA or SA'} on {q.device}"
-    if not KERNEL_SELF_CHECK:
-        return f"attention: Triton kernel on {_where(q)}, self-check off"
     import kernel
-    try:
-        passed = [_self_checked(q, rule) for rule in rules]
-    except kernel.CANNOT_RUN as e:  # as at the first call: "triton" raises, "auto" takes the torch path
-        if BACKEND == "triton":
-            raise
-        return f"attention: the torch path: the Triton kernel cannot run on {_where(q)}: {_why(e)}"
-    err, seconds, _ = zip(*(SELF_CHECKS[q.device, dtype, head_dim, rule] for rule in rules))
-    failed = ", ".join(rule for rule, ok in zip(rules, passed) if not ok)
-    verdict = f"the torch path for {failed}: the Triton kernel failed its self-check" if failed else \
-        "Triton kernel, self-check passed"
-    return f"attention: {verdict} on {_where(q)} (max err {max(err):.1e}, {sum(seconds):.1f} s)"
+    failed, start, where = {}, time.perf_counter(), f"{kernel.where(q.device)} {str(dtype)[6:]}"
+    for rule in rules:
+        try:
+            kernel.check_once(q.device, dtype, head_dim, rule, VALUE_MARGIN)
+        except kernel.CANNOT_RUN as e:  # as at the first call: "triton" raises, "auto" takes the torch path
+            if BACKEND == "triton":
+                raise
+            failed[rule] = _why(e)
+    if failed:
+        return f"attention: the torch path for {', '.join(failed)} on {where}: " + "; ".join(set(failed.values()))
+    if not kernel.SELF_CHECK:
+        return f"attention: Triton kernel on {where}, self-check off"
+    err = max(kernel.SELF_CHECKS[q.device, dtype, head_dim, rule] for rule in rules)
+    return (f"attention: Triton kernel, self-check passed on {where} (max err {err:.1e}, "
+            f"{time.perf_counter() - start:.1f} s)")
 
 
 # -----------------------------------------------------------------------------
@@ -216,13 +190,12 @@ def _band(q, k, v, width, pos, val=None):
                                 swa_mask(q.shape[2], width, pos, q.device))
     if backend == "triton":
         import kernel
-        try:
-            if _self_checked(q, "swa" if pos is None else "sa rank" if val is None else "sa value"):
-                return kernel.triton_swa(q, k, v, width, pos, val, VALUE_MARGIN)
+        try:  # the kernel checks itself at each rule's first use (kernel.check_once)
+            return kernel.triton_swa(q, k, v, width, pos, val, VALUE_MARGIN)
         except kernel.CANNOT_RUN as e:
             if BACKEND == "triton":
                 raise
-            warnings.warn(f"the Triton kernel failed, using the torch path instead: {_why(e)}")
+            warnings.warn(f"the Triton kernel cannot run, using the torch path instead: {_why(e)}")
     return blocked.band(q, k, v, pos, val, width, VALUE_MARGIN)[0]
 
 
@@ -297,40 +270,11 @@ def stochastic_value_attention(q, k, v, delta, r):
 
 
 # -----------------------------------------------------------------------------
-# MoBA: each query's own block plus the past blocks its router picks.
-
-def block_means(k, moba_block):
-    """(B, H, ceil(T / moba_block), D) fp32: each block's mean key (the last's over its keys), MoBA's routing keys."""
-    B, H, T, D = k.shape
-    nblk = math.ceil(T / moba_block)
-    kpad = F.pad(k.float(), (0, 0, 0, nblk * moba_block - T)).view(B, H, nblk, moba_block, D)
-    counts = (T - torch.arange(nblk, device=k.device) * moba_block).clamp(max=moba_block)  # (nblk,): keys
-    return kpad.sum(3) / counts[:, None]                                # (B, H, nblk, D)
-
-
-@torch.no_grad()  # routing is a hard choice: no gradient flows through it, as in MoBA
-def moba_select(q, k, moba_block, top_k):
-    """MoBA's routing, in fp32 as MoBA's own code, for both MoBA paths: (B, H, T, top_k-1) indices of the chosen
-    strictly-past blocks, and which are valid (early queries have fewer past blocks)."""
-    B, H, T, D = q.shape
-    nblk = math.ceil(T / moba_block)
-    kmean = block_means(k, moba_block)                                  # (B, H, nblk, D)
-    idx, ok = [], []
-    step = max(1, blocked.CHUNK // (B * H * nblk))  # query rows per step: the scores are O(T^2 / moba_block)
-    for s in range(0, T, step):
-        rows = torch.arange(s, min(s + step, T), device=q.device)
-        with torch.autocast(q.device.type, enabled=False):
-            scores = q[:, :, rows].float() @ kmean.transpose(-1, -2)    # (B, H, rows, nblk)
-        past = torch.arange(nblk, device=q.device) < (rows // moba_block)[:, None]  # (rows, nblk)
-        top, i = scores.masked_fill(~past, float("-inf")).topk(min(top_k - 1, nblk), dim=-1)  # (B, H, rows, n)
-        idx.append(i)
-        ok.append(top > float("-inf"))
-    return torch.cat(idx, 2), torch.cat(ok, 2)
-
+# MoBA: each query's own block plus the past blocks its router (blocked.moba_select) picks.
 
 def moba_mask(q, k, moba_block, top_k):
     """MoBA's rule: (B, H, T, T) bool, True where query i sees key j: j <= i, in i's block or one moba_select picked."""
-    T, (idx, ok) = q.shape[2], moba_select(q, k, moba_block, top_k)
+    T, (idx, ok) = q.shape[2], blocked.moba_select(q, k, moba_block, top_k)
     chosen = torch.zeros(*idx.shape[:3], math.ceil(T / moba_block), dtype=torch.bool, device=q.device)
     chosen.scatter_(-1, idx, ok)                                         # (B, H, T, nblk)
     blk = torch.arange(T, device=q.device) // moba_block
@@ -349,5 +293,5 @@ def moba_attention(q, k, v, moba_block, top_k):
     moba_block, top_k = check_positive(moba_block, "moba_block"), check_positive(top_k, "top_k")
     if _backend(q) == "reference":
         return moba_reference(q, k, v, moba_block, top_k)
-    idx, ok = moba_select(q, k, moba_block, top_k)                     # routed once, on the true q, k
+    idx, ok = blocked.moba_select(q, k, moba_block, top_k)             # routed once, on the true q, k
     return _v_seen_only(lambda q, k, v: blocked.moba(q, k, v, idx, ok, moba_block)[0])(q, k, v)

@@ -142,10 +142,39 @@ class Band:
                 yield qrows, self.spans(self.rows, hs, s, e), mask if shared else self.mask(hs, s, e)
 
 
+def block_means(k, moba_block):
+    """(B, H, ceil(T / moba_block), D) fp32: each block's mean key (the last's over its keys), MoBA's routing keys."""
+    B, H, T, D = k.shape
+    nblk = math.ceil(T / moba_block)
+    kpad = F.pad(k.float(), (0, 0, 0, nblk * moba_block - T)).view(B, H, nblk, moba_block, D)
+    counts = (T - torch.arange(nblk, device=k.device) * moba_block).clamp(max=moba_block)  # (nblk,): keys
+    return kpad.sum(3) / counts[:, None]                                # (B, H, nblk, D)
+
+
+@torch.no_grad()  # routing is a hard choice: no gradient flows through it, as in MoBA
+def moba_select(q, k, moba_block, top_k):
+    """MoBA's routing, in fp32 as MoBA's own code, for attention.py's two MoBA paths: (B, H, T, top_k-1) indices
+    of the chosen strictly-past blocks, and which are valid (early queries have fewer past blocks)."""
+    B, H, T, D = q.shape
+    nblk = math.ceil(T / moba_block)
+    kmean = block_means(k, moba_block)                                  # (B, H, nblk, D)
+    idx, ok = [], []
+    step = max(1, CHUNK // (B * H * nblk))  # query rows per step: the scores are O(T^2 / moba_block)
+    for s in range(0, T, step):
+        rows = torch.arange(s, min(s + step, T), device=q.device)
+        with torch.autocast(q.device.type, enabled=False):
+            scores = q[:, :, rows].float() @ kmean.transpose(-1, -2)    # (B, H, rows, nblk)
+        past = torch.arange(nblk, device=q.device) < (rows // moba_block)[:, None]  # (rows, nblk)
+        top, i = scores.masked_fill(~past, float("-inf")).topk(min(top_k - 1, nblk), dim=-1)  # (B, H, rows, n)
+        idx.append(i)
+        ok.append(top > float("-inf"))
+    return torch.cat(idx, 2), torch.cat(ok, 2)
+
+
 class Moba:
     """MoBA's groups, each a block of moba_block keys and the queries that see it:
     - own: query block b and key block b, causal;
-    - picked: the (query, block) pairs the router chose (idx, ok: attention.moba_select's), sorted
+    - picked: the (query, block) pairs the router chose (idx, ok: moba_select's), sorted
       by key block and cut into tiles of C queries, so that each tile is one small matmul.
     Rows index q, k, v flattened to (B*H*T + 1, D), the extra last row zeros (what pads read)."""
     merge, wide = True, False  # a query is in 1 + (top_k - 1) groups; groups of moba_block keys

@@ -1,14 +1,11 @@
 """Sliding-window attention in Triton, forward and backward: triton_swa(q, k, v, width, pos, val).
 
-The rule is stated once, in attention.py's docstring. This file makes it fast, and imports nothing from the repo so
-that it can be read, compiled and checked alone: where it needs a formula of blocked.py it keeps a copy, which
-tests/test_kernel.py holds equal. It is shaped like Triton's fused-attention tutorial (06-fused-attention.py): in
-the forward, program (i, b*h) owns BLOCK_M query rows and streams the key blocks its band reaches with an online
-softmax in fp32, O(T * w); the backward computes dK, dV per key block, then dQ per query block, the probabilities
-recomputed from the forward's log-sum-exp. Masked scores are -inf before anything is summed, so a NaN in a masked
-key never reaches a query (attention.py guards v). Where the kernel declines a GPU, dtype or shape it raises
-Unsupported, and attention.py's "auto" takes the torch path. self_check (run by attention.py at first use) and
-python kernel.py --check hold it to its own dense rule; CPU: TRITON_INTERPRET=1; compiled: results/kernel_compile.txt.
+The rule is stated once, in attention.py's docstring; this file imports nothing from the repo, so that it can be
+read, compiled and checked alone. As in Triton's fused-attention tutorial, forward program (i, b*h) owns BLOCK_M
+query rows and streams the key blocks its band reaches with an online softmax in fp32, O(T * w); the backward computes
+dK, dV per key block, then dQ per query block. Masked scores are -inf before any sum: a masked NaN reaches no query.
+It checks itself: before it first runs a rule on a device, dtype and head dim, self_check holds it to its dense rule.
+If that fails, or it has no configuration for the GPU, dtype or shape, it raises Unsupported ("auto": the torch path).
 """
 import math
 from typing import NamedTuple, Optional
@@ -18,6 +15,7 @@ from torch import Tensor
 import triton
 import triton.language as tl
 
+SELF_CHECK = True  # check_once runs self_check before the kernel first runs a rule (False: unchecked)
 HEAD_DIMS = (16, 32, 64, 128)  # power-of-two head dims the kernels compile for
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 LOG2E = 1.4426950408889634     # the kernels use exp2; scores are pre-scaled by log2(e)
@@ -27,9 +25,8 @@ class Unsupported(ValueError):
     """This GPU, dtype or shape is not supported: the kernel declines it (attention.py's "auto": the torch path)."""
 
 
-# "the kernel cannot run here": "auto" takes the torch path; any other error raises, a ValueError too (a kernel bug)
-CANNOT_RUN = (Unsupported, triton.compiler.errors.CompilationError, triton.runtime.errors.OutOfResources,
-              getattr(triton.runtime.errors, "PTXASError", triton.runtime.errors.OutOfResources))
+CANNOT_RUN = (Unsupported, triton.compiler.errors.CompilationError, triton.runtime.errors.OutOfResources,  # "auto":
+              getattr(triton.runtime.errors, "PTXASError", triton.runtime.errors.OutOfResources))  # the torch path
 
 
 # -----------------------------------------------------------------------------
@@ -37,9 +34,8 @@ CANNOT_RUN = (Unsupported, triton.compiler.errors.CompilationError, triton.runti
 
 @triton.jit
 def _span(start, BLOCK_FIXED: tl.constexpr, BLOCK_LOOP: tl.constexpr, before, after, T, Spans, HAS_VAL: tl.constexpr):
-    """Moving rows x meet fixed rows y iff y - before <= x <= y + after and x < T. Returns [lo, hi)
-    on the BLOCK_LOOP grid, split at mid_lo <= mid_hi: the blocks in [mid_lo, mid_hi) are inside the band
-    for every row of the fixed block. With val, the block's span from the host, all one edge."""
+    """Moving rows x meet fixed rows y iff y - before <= x <= y + after and x < T: [lo, hi) on the BLOCK_LOOP grid,
+    split at mid_lo <= mid_hi, [mid_lo, mid_hi) inside the band for every fixed row. With val, the host's span."""
     if HAS_VAL:
         lo = tl.load(Spans) // BLOCK_LOOP * BLOCK_LOOP
         hi = tl.load(Spans + 1)
@@ -55,9 +51,8 @@ def _span(start, BLOCK_FIXED: tl.constexpr, BLOCK_LOOP: tl.constexpr, before, af
 @triton.jit
 def _mask(s, Pos, Val, pos_stride_t, qi, kj, left, right, width, T,
           EDGE: tl.constexpr, HAS_POS: tl.constexpr, HAS_VAL: tl.constexpr):
-    """s where key kj is visible to query qi (broadcast to s's shape), -inf elsewhere. Inside the band (EDGE
-    False) only the pos rule is left; with val the band is |val[qi] - val[kj]| < width. Query rows past T
-    need no mask: they load zeros (q, dO, rowdot), add nothing to dK, dV and are never stored."""
+    """s where key kj is visible to query qi, else -inf. Inside the band (EDGE False) only the pos rule is left;
+    with val the band is |val[qi] - val[kj]| < width. Query rows past T load zeros and are never stored."""
     if HAS_VAL:
         val_q = tl.load(Val + qi * pos_stride_t, mask=qi < T, other=0.0)
         val_k = tl.load(Val + kj * pos_stride_t, mask=kj < T, other=0.0)
@@ -201,8 +196,7 @@ def _attn_bwd(Q, K, V, DO, DQ, DK, DV, LSE, RowDot, Pos, Val, Spans, pos_stride_
                                  width, T, qk_scale, D, BLOCK_LOOP, region != 1, HAS_POS, HAS_VAL, PRECISION)
     tl.store(DK + tile, (dk * sm_scale).to(DK.dtype.element_ty), mask=rows[:, None] < T)
     tl.store(DV + tile, dv.to(DV.dtype.element_ty), mask=rows[:, None] < T)
-
-    # dQ
+    # dQ: the same block's queries, moving key blocks
     q, do = _load(Q, rows, T, D, True), _load(DO, rows, T, D, True)
     lse, rowdot = tl.load(LSE + rows, mask=rows < T, other=0.0), tl.load(RowDot + rows, mask=rows < T, other=0.0)
     dq = tl.zeros([BLOCK_FIXED, D], dtype=tl.float32)
@@ -244,15 +238,13 @@ def device_target(device):
         return INTERPRETER
     with torch.cuda.device(device):
         driver = triton.runtime.driver.active
-        target = driver.get_current_target()
-        shared = driver.utils.get_device_properties(torch.cuda.current_device())["max_shared_mem"]
-    return Target(target.backend, target.arch, shared)
+        target, props = driver.get_current_target(), driver.utils.get_device_properties(torch.cuda.current_device())
+    return Target(target.backend, target.arch, props["max_shared_mem"])
 
 
 def choose_config(dtype, D, target):
-    """Block sizes, warps, stages and fp32 dot precision for this dtype, head dim and device: the largest
-    blocks found to compile without fp16/bf16 register spills on sm_80 to sm_90, and shared_kb the most
-    they need there (tests/test_kernel.py asserts both). Raises Unsupported where the kernel should not run."""
+    """The largest blocks found to compile without fp16/bf16 spills on sm_80 to sm_90, shared_kb the most they need
+    there (tests/test_kernel.py asserts both), for this dtype, head dim and device; else Unsupported."""
     if target.backend == "cuda" and target.arch < 80:
         raise Unsupported(f"sm_{target.arch}: Triton {triton.__version__} has no tensor-core dot below sm_80, "
                          "so the kernel would spill registers and lose to the torch path")
@@ -278,15 +270,13 @@ def choose_config(dtype, D, target):
 # The launches, as registered ops, and the public function
 
 def band_edges(window, T, two_sided):
-    """The slot band [i - left, i + right] of a window, one-sided (right = 0) without pos; |i - j| < T always holds.
-    The kernel's copy of blocked.band_edges (kernel.py imports nothing from the repo; tests/test_kernel.py)."""
+    """The slot band [i - left, i + right]: kernel.py's copy of blocked.band_edges (tests/test_kernel.py)."""
     left = min(int(window), T) - 1
     return left, left if two_sided else 0
 
 
 def value_spans(val, width, margin, block):
-    """The kernel's copy of blocked.value_spans, held equal by tests/test_kernel.py: [lo, hi) of the key slots that
-    each block of `block` query slots may meet, (R, nblocks) each, for val (R, T) ascending along T."""
+    """Each query block's key slots [lo, hi): kernel.py's copy of blocked.value_spans (tests/test_kernel.py)."""
     first = torch.arange(0, val.shape[-1], block, device=val.device)                  # (nblocks,)
     last = (first + block).clamp(max=val.shape[-1]) - 1
     hi = torch.searchsorted(val, val[:, last] + width + margin).maximum(last + 1)    # (R, nblocks): its own slots in
@@ -294,8 +284,7 @@ def value_spans(val, width, margin, block):
 
 
 def _launch_args(q, pos, val, width, margin, config, block):
-    """What the kernels take besides q, k, v: pos and val as (B, H, T) views, with val each block's key span
-    (R, nblocks, 2) and R's stride (0: one row serves every head), the scalars up to the scale, the options."""
+    """The kernels' arguments after q, k, v up to the scale (pos, val, with val each block's key span), and options."""
     B, H, T, D = q.shape
     Pos = q if pos is None else pos.expand(B, H, T)    # (B, H, T) view with 0 strides: no copy; q is a dummy
     Val = q if val is None else val.expand(B, H, T)    # val has pos's shape, so pos's strides
@@ -307,8 +296,8 @@ def _launch_args(q, pos, val, width, margin, config, block):
         left, right, span_stride = 0, 0, 0 if len(rows) == 1 else spans[0].numel()
     options = dict(D=D, HAS_POS=pos is not None, HAS_VAL=val is not None, PRECISION=config.precision,
                    num_warps=config.num_warps, num_stages=config.num_stages)
-    strides = (0, 0, 0) if pos is None else Pos.stride()
-    return (Pos, Val, spans, *strides, span_stride, H, T, left, right, width), options
+    return (Pos, Val, spans, *(Pos.stride() if pos is not None else (0, 0, 0)), span_stride, H, T, left, right,
+            width), options
 
 
 # The tutorial's autograd.Function, as registered ops: torch.compile traces nothing inside, breaks no graph.
@@ -361,12 +350,11 @@ _forward.register_autograd(lambda ctx, dout, _: (*_backward(dout, *ctx.saved_ten
                                                  *[None] * (2 + len(ctx.scalars))), setup_context=_save)
 
 
-def triton_swa(q, k, v, width, pos=None, val=None, margin=0.0):
-    """Sliding-window attention, (B, H, T, D) -> (B, H, T, D), by the rule in attention.py's docstring: key j is
-    visible to query i iff |i - j| < width (an int >= 1, the window, checked by the caller) and pos[j] <= pos[i];
-    with val (fp32, pos's shape, ascending along T), iff |val[i] - val[j]| < width (a float: delta) and
-    pos[j] <= pos[i], each block's key span reaching `margin` past width. Unsupported for a head dim or dtype it
-    has no kernel for ("auto" then takes the torch path), ValueError for input that breaks its contract."""
+def triton_swa(q, k, v, width, pos=None, val=None, margin=0.0, check=True):
+    """Sliding-window attention (B, H, T, D) -> (B, H, T, D) by attention.py's rule: key j is visible to query i iff
+    |i - j| < width (the window, an int >= 1) and pos[j] <= pos[i]; with val (fp32, pos's shape, ascending along T),
+    iff |val[i] - val[j]| < width (delta) and pos[j] <= pos[i], each block's key span reaching `margin` further.
+    Unsupported where it has no kernel or failed check_once; ValueError for input that breaks its contract."""
     B, H, T, D = q.shape
     if D not in HEAD_DIMS or q.dtype not in SUPPORTED_DTYPES:
         raise Unsupported(f"triton_swa supports head dims {HEAD_DIMS} in {SUPPORTED_DTYPES}, got {D} in {q.dtype}; "
@@ -378,20 +366,22 @@ def triton_swa(q, k, v, width, pos=None, val=None, margin=0.0):
                                 and all(a in (1, b) for a, b in zip(reversed(pos.shape), (T, H, B)))):
         raise ValueError(f"pos must be a LongTensor on {q.device} broadcastable to (B, H, T)=({B}, {H}, {T}), "
                          f"got {pos.dtype} {tuple(pos.shape)} on {pos.device}")
-    if val is not None and (pos is None or val.dtype != torch.float32 or val.shape != pos.shape
-                            or val.device != q.device or not width > 0
-                            or not (torch.compiler.is_compiling() or bool((val[..., 1:] >= val[..., :-1]).all()))):
+    if val is not None and (pos is None or (val.dtype, val.shape, val.device) != (torch.float32, pos.shape, q.device)
+                            or not width > 0 or not (torch.compiler.is_compiling() or bool((val.diff() >= 0).all()))):
         raise ValueError(f"val must be fp32 with pos's shape, ascending along T, and the width > 0; got {val.dtype} "
                          f"{tuple(val.shape)}, pos {None if pos is None else tuple(pos.shape)}, width {width!r}")
+    if check:
+        check_once(q.device, q.dtype, D, RULES[(pos is not None) + (val is not None)], margin)
     pos, val = (pos, val) if val is None else (pos.contiguous(), val.contiguous())  # one set of strides for both
     return _forward(q, k, v, pos, val, width, margin)[0]
 
 
 # -----------------------------------------------------------------------------
-# self_check (attention.py runs it at each rule's first use) and python kernel.py --check: against the dense rule.
+# The self-check, at each rule's first use and in python kernel.py --check: against the dense rule.
 
 RULES = ("swa", "sa rank", "sa value")  # the kernel's variants: no pos (causal SWA), pos, pos and val
 TOLERANCE = {torch.bfloat16: 5e-2, torch.float16: 5e-2, torch.float32: 1e-3}  # of self_check's max error
+SELF_CHECKS = {}  # (device, dtype, head dim, rule) -> self_check's max error, in this process
 
 
 def dense(q, k, v, width, pos=None, val=None):
@@ -412,10 +402,26 @@ def self_check(device, dtype, D, rule, T=300, window=100, B=1, H=2, margin=0.0, 
     width, pos, val = {"swa": (window, None, None), "sa rank": (window, perm, None),
                        "sa value": (window / T, perm, r[perm])}[rule]
     inputs = [[t.detach().requires_grad_() for t in x] for x in ((q, k, v), (q.float(), k.float(), v.float()))]
-    outs = triton_swa(*inputs[0], width, pos, val, margin), dense(*inputs[1], width, pos, val)
+    outs = triton_swa(*inputs[0], width, pos, val, margin, check=False), dense(*inputs[1], width, pos, val)
     got, want = ([o, *torch.autograd.grad(o, x, do.to(o.dtype))] for o, x in zip(outs, inputs))
     return max(((a.float() - b).abs().nan_to_num(math.inf).max() / b.abs().max().clamp(min=1)).item()
                for a, b in zip(got, want))
+
+
+def where(device):
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "the CPU interpreter"
+
+
+def check_once(device, dtype, D, rule, margin=0.0):
+    """self_check of rule on device, dtype and head dim D, run at its first use if SELF_CHECK (under torch.compile
+    only looked up); if it failed, Unsupported now and at every later use: the kernel declines to be wrong."""
+    key = (device, dtype, D, rule)
+    if SELF_CHECK and key not in SELF_CHECKS and not torch.compiler.is_compiling():
+        with torch.enable_grad(), torch.autocast(device.type, enabled=False):
+            SELF_CHECKS[key] = self_check(*key, margin=margin)
+    if not SELF_CHECKS.get(key, 0.0) <= TOLERANCE[dtype]:  # NaN fails too
+        raise Unsupported(f"the Triton kernel failed its self-check on {where(device)} {str(dtype)[6:]} for {rule} "
+                          f"(head dim {D}): max error {SELF_CHECKS[key]:.1e} against the dense fp32 reference")
 
 
 if __name__ == "__main__":
@@ -430,7 +436,7 @@ if __name__ == "__main__":
     globals().update({key: int(value) if key in ("B", "H", "D") else value for key, value in args.items()})
     device, failed = "cuda" if cuda else "cpu", 0
     __import__("numpy").seterr(all="ignore")  # the interpreter computes rows past T too (0 / 0), never stored
-    print(f"B={B} H={H} D={D} on {torch.cuda.get_device_name() if cuda else 'the CPU interpreter'}: max |error| of "
+    print(f"B={B} H={H} D={D} on {where(torch.device(device))}: max |error| of "
           "out, dq, dk, dv relative to max(1, |dense reference|), which runs in fp32")
     # the interpreter multiplies bf16 bit patterns in tl.dot (triton-lang/triton#11584): fp32 only there
     for dtype, T, window, rule in ((dtype, int(T), int(w), rule) for dtype in (torch.bfloat16, torch.float32)[not cuda:]

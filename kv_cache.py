@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 import attention
+import blocked
 
 
 class KVCache:
@@ -51,7 +52,7 @@ class KVCache:
             bs = cfg.moba_block
             lo, hi = start // bs, (start + T) // bs
             if hi > lo:
-                cache["kmean"][:, :, lo:hi] = attention.block_means(cache["k"][:, :, lo * bs:hi * bs], bs)
+                cache["kmean"][:, :, lo:hi] = blocked.block_means(cache["k"][:, :, lo * bs:hi * bs], bs)
         if self.value_sa:
             r = draw.expand(B, nh, T).reshape(-1, T) if draw.dim() == 3 else draw[None]  # (R, T)
             cache["rq"] = r[:, -1:]                                 # (R, 1): the newest token's r, a step's query

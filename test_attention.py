@@ -241,8 +241,8 @@ def test_moba_routes_in_fp32():
     """bf16 inputs are routed by fp32 scores, as MoBA's own code does: the same blocks as for the
     same (rounded) values in fp32. Scoring in bf16 picks other blocks on some rows."""
     q, k = (x.detach().to(torch.bfloat16) for x in qkv(2, 4, 2048, 64)[:2])
-    idx16, ok16 = A.moba_select(q, k, 16, 4)
-    idx32, ok32 = A.moba_select(q.float(), k.float(), 16, 4)
+    idx16, ok16 = blocked.moba_select(q, k, 16, 4)
+    idx32, ok32 = blocked.moba_select(q.float(), k.float(), 16, 4)
     assert torch.equal(ok16, ok32)
     assert torch.equal(idx16.sort(-1).values, idx32.sort(-1).values)
 

@@ -58,9 +58,10 @@ def test_memory_estimate_of_the_saved_activations(monkeypatch):
     """What the forward saves for the backward (SA+SWA through the kernel, here its interpreter; bf16 autocast),
     measured with saved-tensor hooks, within 5% of memory_estimate's saved activations."""
     import attention
+    import kernel
     from model import GPT, GPTConfig
     monkeypatch.setattr(attention, "BACKEND", "triton")
-    monkeypatch.setattr(attention, "KERNEL_SELF_CHECK", False)  # the interpreter's bf16 dot is wrong; bytes are not
+    monkeypatch.setattr(kernel, "SELF_CHECK", False)  # the interpreter's bf16 dot is wrong; bytes are not
     L, C, T, B, V = 3, 128, 256, 2, 1024
     model = GPT(GPTConfig(n_layer=L, n_head=2, n_embd=C, block_size=T, vocab_size=V))
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
