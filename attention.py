@@ -135,7 +135,8 @@ def engine(device, dtype, head_dim, kinds, sa_rule="rank"):
                 raise
             failed[rule] = _why(e)
     if failed:
-        return f"attention: the torch path for {', '.join(failed)} on {where}: " + "; ".join(set(failed.values()))
+        reasons = "; ".join(dict.fromkeys(failed.values()))  # each once, in order
+        return f"attention: the torch path for {', '.join(failed)} on {where}: {reasons}"
     if not kernel.SELF_CHECK:
         return f"attention: Triton kernel on {where}, self-check off"
     err = max(kernel.SELF_CHECKS[q.device, dtype, head_dim, rule] for rule in rules)
