@@ -1,13 +1,13 @@
 """The blocked torch engine: attention in O(T * w) time and memory, forward and backward, on any device.
 
-attention.py runs its fast paths here (SWA with pos, so both SA rules, and MoBA) when it does not run the Triton
-kernel; the rules themselves are stated in attention.py's docstring. A layout (Band, Moba) cuts the (query, key)
-pairs a rule allows into groups: C query rows, the L key rows they may see, and an additive mask (C, L), 0 where the
-rule allows and -inf where it hides. A chunk of groups is one batched call: on the CPU PyTorch's fused
-flash-attention kernel for the band, else four matmul-sized ops. The backward is explicit because autograd would keep
-every chunk's (C, L) probabilities until backward, O(T * L) memory per layer; here the forward keeps only the output
-and each row's logsumexp, and the backward recomputes each chunk's probabilities from them. forward and backward are
-registered ops (band, moba, at the bottom), so that torch.compile sees one node each.
+attention.py runs its fast paths here (SWA with pos, so both SA rules, and MoBA, routed by moba_select) when it does
+not run the Triton kernel; the rules themselves are stated in attention.py's docstring. A layout (Band, Moba) cuts
+the (query, key) pairs a rule allows into groups: C query rows, the L key rows they may see, and an additive mask
+(C, L), 0 where the rule allows and -inf where it hides. A chunk of groups is one batched call: on the CPU PyTorch's
+fused flash-attention kernel for the band, else four matmul-sized ops. The backward is explicit because autograd
+would keep every chunk's (C, L) probabilities until backward, O(T * L) memory per layer; here the forward keeps only
+the output and each row's logsumexp, and the backward recomputes each chunk's probabilities from them. forward and
+backward are registered ops (band, moba, at the bottom), so that torch.compile sees one node each.
 """
 import math
 
