@@ -5,7 +5,7 @@ results/); summary.md collects the tables that the README quotes.
 
     python results/reproduce.py                       # the paper's claims: about 3 h on 2 quiet cores (estimated)
     python results/reproduce.py --only=mqar --seeds=0 # the MQAR tables from the finished (or committed) runs
-    python results/reproduce.py --only=lm1024         # issue 33: plain LM and far copying at T=1024 (~10 CPU-hours)
+    python results/reproduce.py --only=lm1024         # issues 33, 38: plain LM, far copying at T=1024 (~22 CPU-hours)
     python results/reproduce.py --fast=True           # a tiny version of everything, about 4 minutes (tested in CI)
     python results/reproduce.py --only=mqar,lm        # some of: figure, lm, swap, mqar, mqar_decisive, recall_swap,
                                                       # coverage, speed, lm1024; mqar_search and sa_rules when named
@@ -39,6 +39,7 @@ kinds = ""              # MQAR: train these cells (CELLS), comma list ("" = the 
 arms = ""               # mqar_decisive: train these arms, comma list of P ("" = both); tables report every finished run
 swap_T = "256"          # swap: the LM contexts, comma list; 256 swaps lm's model, another T trains its own (swap_T<T>.json)
 train = True            # lm1024: False builds its tables from the finished runs only
+names = ""              # lm1024: train only these runs, comma list of run names in this order ("" = every run)
 # -----------------------------------------------------------------------------
 exec(open(os.path.join(ROOT, "configurator.py")).read())
 
@@ -52,7 +53,7 @@ if fast:
     SWAP = dict(fractions=[32, 8], seeds=2, tokens=2048)
     COVER = ["--grid_n=256,1024", "--seeds=2"]
     SPEED = ["--sizes=256", "--kinds=full,swa,sa,moba", "--reps=1"]
-    LM1024 = dict(T=64, window=4, wide=8, seeds=[0], plain_iters=6, copy_iters=6, val_windows=4, copy_val=4,
+    LM1024 = dict(T=64, window=4, wide=8, windows=[4, 8], seeds=[0], plain_iters=6, copy_iters=6, val_windows=4, copy_val=4,
                   swap_windows=[4, 8, 32], draws=2, extra=dict(eval_interval=3, eval_iters=2))
 else:
     MQAR = dict(iters=12000, seeds=[0, 1, 2], depths=[2, 4], T=64, window=4,
@@ -62,7 +63,7 @@ else:
     SWAP = dict(fractions=[32, 16, 8, 4, 2], seeds=3, tokens=131072)  # windows T / fractions, tokens // T val windows
     COVER = []
     SPEED = []
-    LM1024 = dict(T=1024, window=32, wide=128, seeds=[0, 1, 2], plain_iters=4500, copy_iters=4000, val_windows=48,
+    LM1024 = dict(T=1024, window=32, wide=128, windows=[32, 64, 128], seeds=[0, 1, 2], plain_iters=4500, copy_iters=4000, val_windows=48,
                   copy_val=32, swap_windows=[16, 32, 64, 128, 256, 512], draws=3,
                   extra=dict(eval_interval=250, eval_iters=16))
 
@@ -843,21 +844,34 @@ def swap_at(T):
 
 
 def lm1024_runs(data):
-    """{name: (out_dir, train.py args)} in training order: the copy task's three kinds seed by seed, then
-    the plain LM, then the runs beside the rule."""
+    """{name: (out_dir, train.py args)} in training order: issue 33's copy task seed by seed, its plain LM and its
+    runs beside the rule; then issue 38's windows (c["windows"], every one past the first) and its per-layer arm.
+    Full attention reads no window: its runs at c["window"] serve every window (full_window_check)."""
     c, w = LM1024, LM1024["window"]
     cells = [("copy", kind, w, s) for s in c["seeds"] for kind in ("full", "sa+swa", "swa")]
     cells += [("plain", kind, w, s) for s in c["seeds"] for kind in ("full", "swa")]
     cells += [("copy", "sa+swa", c["wide"], s) for s in c["seeds"]] + [("copy", "moba", w, c["seeds"][0])]
-    return {f"{task}-{kind}-w{window}-s{seed}": (os.path.join(work, "lm1024", f"{task}-{kind}-w{window}-s{seed}"), dict(
-        config=["config/quick.py"], data_root=data, attn=kind, window=window, **moba_budget(window), sa_perm="head",
-        block_size=c["T"], batch_size=2, seed=seed, copy_task=task == "copy", max_iters=c[f"{task}_iters"],
-        **c["extra"])) for task, kind, window, seed in cells}
+    cells += [("copy", kind, wi, s) for wi in c["windows"][1:] for s in c["seeds"] for kind in ("swa", "sa+swa")]
+    cells += [("copy", "sa+swa", c["wide"], c["seeds"][0], "layer")]
+    runs = {}
+    for task, kind, window, seed, *perm in cells:  # a repeated cell (issue 33's w=128 arm) keeps its first place
+        name = f"{task}-{kind}-w{window}-s{seed}" + "".join(f"-{p}" for p in perm)
+        runs.setdefault(name, (os.path.join(work, "lm1024", name), dict(
+            config=["config/quick.py"], data_root=data, attn=kind, window=window, **moba_budget(window),
+            sa_perm=(perm or ["head"])[0], block_size=c["T"], batch_size=2, seed=seed, copy_task=task == "copy",
+            max_iters=c[f"{task}_iters"], **c["extra"])))
+    return runs
+
+
+def lm1024_cell(name):
+    """A run name's task, attn, window, seed and sa_perm: copy-sa+swa-w128-s0-layer -> copy, sa+swa, 128, 0, layer."""
+    task, kind, window, seed, *perm = name.split("-")
+    return task, kind, int(window[1:]), int(seed[1:]), (perm or ["head"])[0]
 
 
 def copy_verdict(rows, seeds):
-    """The pre-registered rule on the copy runs {(kind, seed): (first-half loss, second-half loss)}:
-    (verdict, R per seed)."""
+    """The pre-registered rule on the copy runs {(kind, seed): (first-half loss, second-half loss)} of one window
+    (full attention's from any window): (verdict, R per seed)."""
     if any((kind, s) not in rows for kind in ("full", "swa", "sa+swa") for s in seeds):
         return "not decidable (not run)", []
     if not all(rows["full", s][1] <= 0.3 and rows["swa", s][1] >= 0.9 * rows["swa", s][0] for s in seeds):
@@ -866,6 +880,14 @@ def copy_verdict(rows, seeds):
     if all(r >= 0.5 for r in R) and all(abs(rows["sa+swa", s][0] - rows["swa", s][0]) <= 0.02 for s in seeds):
         return "confirms", R
     return ("refutes" if all(r <= 0.1 for r in R) else "partial"), R
+
+
+def copy_r_prime(rows, seeds):
+    """R' (issue 38's secondary measure, no verdict): R on D = second - first half of each run, per seed."""
+    if any((kind, s) not in rows for kind in ("full", "swa", "sa+swa") for s in seeds):
+        return []
+    D = {key: second - first for key, (first, second) in rows.items()}
+    return [(D["swa", s] - D["sa+swa", s]) / (D["swa", s] - D["full", s]) for s in seeds]
 
 
 def swap_verdict(sa, swa):
@@ -925,6 +947,24 @@ def source_in_window(window, T, draws=64):
                for _ in range(draws)) / draws
 
 
+def full_window_check(data, iters=None):
+    """Whether full attention's copy runs serve every window: the first iterations of full attention at the
+    smallest and the widest window, same seed, log the same training losses."""
+    c = LM1024
+    iters = iters or (3 if fast else 20)
+    losses = {}
+    for w in (c["window"], c["windows"][-1]):
+        out_dir = os.path.join(work, "lm1024", f"full-window-check-w{w}")
+        run("train.py", "config/quick.py", f"--out_dir={out_dir}", f"--data_root={data}", "--attn=full",
+            f"--window={w}", f"--block_size={c['T']}", "--batch_size=2", f"--seed={c['seeds'][0]}", "--copy_task=True",
+            f"--max_iters={iters}", f"--eval_interval={iters}", "--eval_iters=1", "--log_interval=1", "--overwrite=True",
+            threads=1)
+        with open(os.path.join(out_dir, "log.jsonl")) as f:
+            losses[w] = [r["loss"] for r in map(json.loads, f) if "loss" in r]
+    a, b = losses.values()
+    return dict(windows=list(losses), iters=iters, identical=a == b, losses=a)
+
+
 def lm1024():
     """Trains the runs of lm1024_runs (unless --train=False), then builds lm1024.json, lm1024.png and the
     tables from every finished run: the plain LM's val loss split by copy distance, the copy task's
@@ -936,8 +976,10 @@ def lm1024():
     data = os.path.join(work, "data")
     run("prepare_data.py", "--dataset=pystdlib", f"--data_root={data}")
     runs = lm1024_runs(data)
+    if unknown := [n for n in names.split(",") if n and n not in runs]:
+        sys.exit(f"--names: unknown run(s) {unknown}; the runs are {list(runs)}")
     if train:
-        train_all(list(runs.values()))
+        train_all([runs[n] for n in names.split(",")] if names else list(runs.values()))
     done = {n: od for n, (od, args) in runs.items()
             if os.path.exists(os.path.join(od, "log.jsonl")) and finished(od, args["max_iters"])}
 
@@ -946,11 +988,13 @@ def lm1024():
     reach = 4 * (w0 - 1)  # SWA's reach at config/quick.py's 4 layers
     parts = dict(all=np.ones(x.shape, bool), far=dist >= reach, near=(dist >= 0) & (dist < reach))
     parts["far_unseen"] = parts["far"] & unseen_in_train(x.numpy(), y.numpy())
-    rows = []
+    # a run finished here is read from its log; one finished on a machine whose checkpoints are gone keeps its
+    # committed row (committed: True)
+    rows = [dict(r, committed=True) for r in committed("lm1024.json").get("runs", []) if r["name"] not in done]
     for name, od in done.items():
-        task, kind, window, seed = name.split("-")
+        task, kind, window, seed, sa_perm = lm1024_cell(name)
         log = evals(od)
-        row = dict(name=name, task=task, attn=kind, window=int(window[1:]), seed=int(seed[1:]), n_layer=4, T=T,
+        row = dict(name=name, task=task, attn=kind, window=window, seed=seed, sa_perm=sa_perm, n_layer=4, T=T,
                    iters=log[-1]["iter"], val_loss=log[-1]["val_loss"], wall_s=log[-1]["elapsed_s"])
         if task == "copy":
             row.update(first=log[-1]["val_first"], second=log[-1]["val_second"],
@@ -960,8 +1004,14 @@ def lm1024():
             row.update(split={p: float(loss[m].mean()) if m.any() else None for p, m in parts.items()},
                        curve=[(r["iter"], r["val_loss"]) for r in log])
         rows.append(row)
-    verdict, R = copy_verdict({(r["attn"], r["seed"]): (r["first"], r["second"]) for r in rows
-                               if r["task"] == "copy" and r["window"] == w0}, c["seeds"])
+    rows.sort(key=lambda r: list(runs).index(r["name"]) if r["name"] in runs else len(runs))
+    verdicts = {}  # the rule per window; full attention's runs at w0 serve every window
+    for w in c["windows"]:
+        halves = {(r["attn"], r["seed"]): (r["first"], r["second"]) for r in rows if r["task"] == "copy"
+                  and r.get("sa_perm", "head") == "head" and (r["window"] == w or (r["attn"], r["window"]) == ("full", w0))}
+        verdict, R = copy_verdict(halves, c["seeds"])
+        verdicts[w] = dict(verdict=verdict, R=R, R_prime=copy_r_prime(halves, c["seeds"]))
+    verdict, R = verdicts[w0]["verdict"], verdicts[w0]["R"]
 
     swaps, swap_v, source, unswapped = [], "not decidable (not run)", f"copy-full-w{w0}-s{c['seeds'][0]}", None
     if source in done:
@@ -980,9 +1030,14 @@ def lm1024():
                                   **({"source_in_window": source_in_window(w, T)} if kind == "sa" else {})))
         mean = lambda kind: {r["window"]: statistics.mean(r["second"]) for r in swaps if r["attn"] == kind}
         swap_v = swap_verdict(mean("sa"), mean("swa"))
+    elif committed("lm1024.json").get("swap_source") == source:  # its checkpoint is gone: keep the committed swap
+        old = committed("lm1024.json")
+        swaps, swap_v, unswapped = old["swap"], old["swap_verdict"], old["swap_full"]
+    check = full_window_check(data) if train or "full_window_check" not in committed("lm1024.json") else \
+        committed("lm1024.json")["full_window_check"]
     save("lm1024.json", dict(setup={k: v for k, v in c.items()}, reach=reach, context=CONTEXT,
                              split_tokens={p: int(m.sum()) for p, m in parts.items()}, runs=rows,
-                             copy_verdict=verdict, R=R, swap_source=source, swap_full=unswapped, swap=swaps,
+                             copy_verdict=verdict, R=R, verdicts=verdicts, full_window_check=check, swap_source=source, swap_full=unswapped, swap=swaps,
                              swap_verdict=swap_v,
                              halves="first: targets 0..T/2-2 (plain LM); second: targets T/2-1..T-2 (copies)"))
 
