@@ -4,11 +4,16 @@ The configurator, after nanoGPT's. A script defines its hyperparameters as plain
 
     python train.py config/quick.py --max_iters=100 --attn=swa
 
-execs each config file and applies each --key=value, left to right. A value must fit its default's type
-(an int takes an integer, a float 3e-4 or 1, a bool True or False, a str the raw text; a None default takes
-its annotation's type or any literal), and a float must be finite. Anything else stops the script with one
-line, so that a typo never trains with a default silently. --help lists the keys. Afterwards the global
-`config` holds every hyperparameter's final value, for logs and checkpoints.
+execs each config file and applies each --key=value, left to right, printing every key it sets. A value must
+fit its default's type (an int takes an integer within 64 bits, a float 3e-4 or 1, a bool True or False, a str
+the raw text; a None default takes its annotation's type or any literal), and a float must be finite. Anything
+else stops the script with one line, so that a typo never trains with a default silently. --help lists the keys.
+Afterwards the global `config` holds every hyperparameter's final value, for logs and checkpoints, and
+`check(key, ok, rule)` is the scripts' one range check: a ValueError naming the key and its value.
+
+A script that runs this also gets one line, not a traceback, for what its user can fix: a ValueError raised by
+this repo's code (a setting, an input, a file; library code raises nothing else for those) and Ctrl-C. Any
+other exception is a bug, and keeps its traceback.
 """
 import ast
 import builtins  # scripts may shadow builtins with hyperparameters: train.py's `compile`
@@ -32,6 +37,8 @@ def _configure(g, argv):
         default = keys[key]
         if isinstance(value, float) and not math.isfinite(value):  # 1e999 parses as inf: no setting means that
             sys.exit(f"{where}: {key} must be a finite number, got {value}")
+        if type(value) is int and not -2**63 <= value < 2**63:  # torch and numpy take 64-bit integers
+            sys.exit(f"{where}: {key} must fit in 64 bits (|{key}| < 2**63), got {value}")
         if key in hints:  # a None default's declared type, else the default's own
             want = [t for t in typing.get_args(hints[key]) or (hints[key],) if t is not type(None)][0]
         elif default is None:  # unannotated: any literal, but not a bare word
@@ -73,15 +80,37 @@ def _configure(g, argv):
                 exec(builtins.compile(open(arg).read(), arg, "exec"), ns)
             except SyntaxError as e:
                 sys.exit(f"{arg}:{e.lineno}: syntax error: {e.msg}")
-            if verbose:
-                print(f"config file: {arg}", file=sys.stderr)
             for key, value in ns.items():
                 if not key.startswith("_") and isinstance(value, types):
                     g[key] = keys[key] = check(key, value, arg)
+                    if verbose:  # a global edited in the script and set again here: this line says which wins
+                        print(f"{arg}: {key} = {g[key]!r}", file=sys.stderr)
         else:
             sys.exit(f"unexpected argument {arg!r}: use --key=value or a config file path ending in .py")
     return dict(keys)
 
 
+def _one_line(kind, error, traceback):
+    """sys.excepthook of a script: a ValueError raised in this repo's files, or Ctrl-C, as one line."""
+    root = os.path.dirname(os.path.abspath(sys.argv[0]))
+    root = root if os.path.isfile(os.path.join(root, "configurator.py")) else os.path.dirname(root)  # results/
+    last = traceback
+    while last is not None and last.tb_next is not None:  # the frame that raised it
+        last = last.tb_next
+    ours = last is not None and os.path.abspath(last.tb_frame.f_code.co_filename).startswith(root + os.sep)
+    if issubclass(kind, KeyboardInterrupt) or (issubclass(kind, ValueError) and ours):
+        print(str(error) or "interrupted", file=sys.stderr)
+    else:
+        sys.__excepthook__(kind, error, traceback)
+
+
+def check(key, ok, rule):
+    """A one-line ValueError naming key and its value (in config) unless ok."""
+    if not ok:
+        raise ValueError(f"{key}={config[key]!r}: {rule}")
+
+
 config = _configure(globals(), sys.argv[1:])
+if globals().get("__name__") == "__main__":  # a script, not a test that runs this on a dict
+    sys.excepthook = _one_line
 del _configure
