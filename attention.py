@@ -16,6 +16,7 @@ Every query sees itself, and no query reads a key it may not see, not even a NaN
 import functools
 import importlib.util
 import math
+import os
 import time
 import warnings
 
@@ -40,14 +41,19 @@ def check_positive(value, name="window"):
     return value
 
 
-def _check_draw(draw, name, B, H, T):
-    """SA's draw: permutations `perm` of range(T), or finite value keys `r`; (T,) or broadcastable to (B, H, T)."""
-    kind, ok = ("a LongTensor", draw.dtype == torch.long) if name == "perm" else ("a float tensor",
-                                                                                 draw.is_floating_point())
+def _check_draw(draw, name, q):
+    """SA's draw: permutations `perm` of range(T), or finite value keys `r`; (T,) or broadcastable to (B, H, T),
+    on q's device."""
+    (B, H, T), kind = q.shape[:3], "a LongTensor" if name == "perm" else "a float tensor"
+    if not isinstance(draw, torch.Tensor):
+        raise ValueError(f"{name} must be {kind} of shape (T,) or (B, H, T), got {type(draw).__name__}")
+    ok = draw.dtype == torch.long if name == "perm" else draw.is_floating_point()
     if not ok or draw.dim() not in (1, 3) or any(n not in (1, m) for n, m in zip(draw.shape[:-1], (B, H))) \
             or draw.shape[-1] != T:
         raise ValueError(f"{name} must be {kind} of shape (T,) or broadcastable to (B, H, T)=({B}, {H}, {T}), "
                          f"got {draw.dtype} {tuple(draw.shape)}")
+    if draw.device != q.device:
+        raise ValueError(f"{name} must be on q's device {q.device}, got {draw.device}")
     if torch.compiler.is_compiling():                                   # values unknown while tracing: eager only
         return
     rows = draw.reshape(-1, T)                                          # (R, T)
@@ -64,16 +70,22 @@ def _sdpa_inputs(fn, any_length=False):
     would truncate), an empty output at T = 0, under autocast q, k, v in its dtype."""
     @functools.wraps(fn)
     def run(q, k, v, *args, **kwargs):
+        if not all(isinstance(t, torch.Tensor) for t in (q, k, v)):
+            raise ValueError(f"q, k, v must be tensors, got {', '.join(type(t).__name__ for t in (q, k, v))}")
         if q.dim() != 4 or k.shape != v.shape or q.shape[:2] != k.shape[:2] or q.shape[3] != k.shape[3] \
                 or not (any_length or q.shape == k.shape):
             raise ValueError(f"q, k, v must be (B, H, T, D) of one shape, got {[tuple(t.shape) for t in (q, k, v)]}")
         if not all(t.is_floating_point() for t in (q, k, v)):
             raise ValueError(f"q, k, v must be floating point, got {q.dtype}, {k.dtype}, {v.dtype}")
+        if not q.device == k.device == v.device:
+            raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
         if torch.is_autocast_enabled(device := q.device.type):
             with torch.autocast(device, enabled=False):
                 return run(*(t.to(torch.get_autocast_dtype(device)) for t in (q, k, v)), *args, **kwargs)
-        if q.shape[2] == 0:
-            return q.new_zeros(*q.shape[:3], v.shape[3])
+        if not q.dtype == k.dtype == v.dtype:  # as SDPA: no silent cast of the others to q's dtype
+            raise ValueError(f"q, k, v must have one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+        if q.numel() == 0 or k.numel() == 0:  # an empty B, H, T or D: SDPA's empty output, on the autograd graph
+            return q.new_zeros(*q.shape[:3], v.shape[3]) + (q.sum() + k.sum() + v.sum())
         return fn(q, k, v, *args, **kwargs)
     return run
 
@@ -107,6 +119,12 @@ def _triton_supported():
 def _backend(q):
     if BACKEND not in BACKENDS:
         raise ValueError(f"attention.BACKEND must be one of {BACKENDS}, got {BACKEND!r}")
+    if BACKEND == "triton" and importlib.util.find_spec("triton") is None:
+        raise ValueError("backend 'triton' needs the triton package (pip install triton); 'auto' or 'torch' runs "
+                         "without it")
+    if BACKEND == "triton" and not q.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError(f"backend 'triton' runs the Triton kernel on a CUDA GPU, not on {q.device} (except under "
+                         "TRITON_INTERPRET=1, slowly, for tests): use backend 'auto' or 'torch'")
     if BACKEND == "auto" and q.is_cuda and _triton_supported():
         import kernel
         return "triton" if q.shape[-1] in kernel.HEAD_DIMS and q.dtype in kernel.SUPPORTED_DTYPES else "torch"
@@ -242,7 +260,7 @@ def scatter(ys, perm):
 def stochastic_attention(q, k, v, window, perm):
     """SA by the rank rule (above), perm (T,) or broadcastable to (B, H, T): a query sees ~`window` keys, window >= T
     is full attention, the identity perm is SWA. Equals sa_reference. The last three lines are README.md's recipe."""
-    _check_draw(perm, "perm", *q.shape[:3])
+    _check_draw(perm, "perm", q)
     qs, ks, vs = gather(q, perm), gather(k, perm), gather(v, perm)  # gather into permuted order
     ys = sliding_window_attention(qs, ks, vs, window, pos=perm)     # SWA there, causal on original positions
     return scatter(ys, perm)                                        # scatter back to token order
@@ -262,7 +280,7 @@ def sa_value_reference(q, k, v, delta, r):
 def stochastic_value_attention(q, k, v, delta, r):
     """SA by the value rule (above), r (T,) or broadcastable to (B, H, T): delta = window / T connects a pair as often
     as the rank rule. Sorted by r, a block of queries sees one contiguous key span. Equals sa_value_reference."""
-    _check_draw(r, "r", *q.shape[:3])
+    _check_draw(r, "r", q)
     if not 0 < delta:
         raise ValueError(f"delta must be > 0, got {delta!r}")
     perm = torch.argsort(r, dim=-1, stable=True)                       # (T,) or (B, H, T): ascending r
@@ -275,7 +293,9 @@ def stochastic_value_attention(q, k, v, delta, r):
 
 def moba_mask(q, k, moba_block, top_k):
     """MoBA's rule: (B, H, T, T) bool, True where query i sees key j: j <= i, in i's block or one moba_select picked."""
-    T, (idx, ok) = q.shape[2], blocked.moba_select(q, k, moba_block, top_k)
+    T = q.shape[2]
+    moba_block = min(moba_block, T)  # one block of T keys, or more: the same rule; memory follows T
+    idx, ok = blocked.moba_select(q, k, moba_block, top_k)
     chosen = torch.zeros(*idx.shape[:3], math.ceil(T / moba_block), dtype=torch.bool, device=q.device)
     chosen.scatter_(-1, idx, ok)                                         # (B, H, T, nblk)
     blk = torch.arange(T, device=q.device) // moba_block
@@ -291,7 +311,7 @@ def moba_reference(q, k, v, moba_block, top_k):
 @_sdpa_inputs
 def moba_attention(q, k, v, moba_block, top_k):
     """MoBA (Mixture of Block Attention, the rule above): out (B, H, T, D). Equals moba_reference."""
-    moba_block, top_k = check_positive(moba_block, "moba_block"), check_positive(top_k, "top_k")
+    moba_block, top_k = min(check_positive(moba_block, "moba_block"), q.shape[2]), check_positive(top_k, "top_k")
     if _backend(q) == "reference":
         return moba_reference(q, k, v, moba_block, top_k)
     idx, ok = blocked.moba_select(q, k, moba_block, top_k)             # routed once, on the true q, k

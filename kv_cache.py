@@ -29,6 +29,7 @@ class KVCache:
         self.start = 0                                   # tokens seen: the absolute position of the next one
         self.layers = [{} for _ in range(config.n_layer)]
         self.value_sa = config.attn in ("sa", "sa+swa")  # cacheable SA is value-rule SA
+        self.moba_block = min(config.moba_block, config.block_size)  # past block_size one block: memory follows T
 
     def store(self, i, k, v, draw=None):
         """Write layer i's k, v (B, nh, T, hs) of positions start..start+T-1, allocating its buffers on
@@ -36,8 +37,12 @@ class KVCache:
         numbers r (the layer's draw, (T,) or (B, nh, T)) into the sorted rs (R, n) with their positions
         ps (R, n), R = 1, or B * nh for sa_perm="head"."""
         cfg, cache, start, (B, nh, T, hs) = self.config, self.layers[i], self.start, k.shape
+        if cache and cache["k"].shape[0] != B:
+            raise ValueError(f"this KV cache holds {cache['k'].shape[0]} rows, got a batch of {B}: start a new cache")
+        if self.value_sa:
+            attention._check_draw(draw, "r", k)
         if not cache:
-            bs = cfg.moba_block
+            bs = self.moba_block
             S = {"swa": min(cfg.window, cfg.block_size),
                  "moba": math.ceil(cfg.block_size / bs) * bs}.get(cfg.attn, cfg.block_size)
             cache.update(k=k.new_zeros(B, nh, S, hs), v=v.new_zeros(B, nh, S, hs))
@@ -49,7 +54,7 @@ class KVCache:
         cache["k"][:, :, slots] = k[:, :, T - n:]                               # (B, nh, n, hs) into their slots
         cache["v"][:, :, slots] = v[:, :, T - n:]
         if cfg.attn == "moba":  # the blocks these tokens complete, averaged as moba_select averages them
-            bs = cfg.moba_block
+            bs = self.moba_block
             lo, hi = start // bs, (start + T) // bs
             if hi > lo:
                 cache["kmean"][:, :, lo:hi] = blocked.block_means(cache["k"][:, :, lo * bs:hi * bs], bs)
@@ -71,6 +76,8 @@ class KVCache:
         holds it already) by `kind`'s rule: a masked softmax with autocast off, the scores in fp32 as
         attention.py computes them, the output in the cache's dtype."""
         cfg, cache, start, (B, nh, _, hs) = self.config, self.layers[i], self.start, q.shape
+        if q.numel() == 0:  # an empty batch (or head size): the empty output, as attention.py's
+            return q.new_zeros(q.shape)
         S = cache["k"].shape[2]
         if kind in ("full", "swa"):  # full: every position so far; swa: the last `window` of them
             first = 0 if kind == "full" else max(0, start + 1 - cfg.window)
@@ -99,7 +106,7 @@ class KVCache:
         """The keys, values and mask of MoBA's step: the own block so far, plus the top_k - 1 past blocks
         with the largest q . kmean, chosen as moba_select chooses the last row of a forward over them."""
         cfg, start, (B, nh) = self.config, self.start, q.shape[:2]
-        bs = cfg.moba_block
+        bs = self.moba_block
         nc = start // bs                                     # complete blocks, all strictly past
         own = nc * bs                                        # the own block's first position
         keys, vals = cache["k"][:, :, own:start + 1], cache["v"][:, :, own:start + 1]  # (B, nh, start+1-own, hs)

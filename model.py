@@ -66,8 +66,8 @@ class GPTConfig:
             invalid("n_embd", "such that the head size n_embd // n_head is even (RoPE rotates pairs)")
         if not (real(self.dropout) and 0 <= self.dropout < 1):
             invalid("dropout", "a number in [0, 1)")
-        if not (real(self.rope_base) and 0 < self.rope_base < math.inf):  # 0 gives inf frequencies, NaN logits
-            invalid("rope_base", "a finite number > 0 (RoPE's wavelengths are its powers; 10000 is usual)")
+        if not (real(self.rope_base) and 1 < self.rope_base < math.inf):  # 1e-300 gives inf frequencies, NaN logits
+            invalid("rope_base", "a finite number > 1 (RoPE's frequencies are its powers base^(-2i/hs); 10000 is usual)")
         if not isinstance(self.bias, bool):
             invalid("bias", "True or False")
 
@@ -92,8 +92,8 @@ def use_kv_cache(config, use_cache):
 
 
 def check_temperature(temperature):
-    if not temperature >= 0:  # NaN too
-        raise ValueError(f"temperature={temperature}: use a value > 0, or 0 for greedy decoding")
+    if not (isinstance(temperature, (int, float)) and not isinstance(temperature, bool) and temperature >= 0):  # NaN
+        raise ValueError(f"temperature={temperature!r}: use a number > 0, or 0 for greedy decoding")
 
 
 def swapped(config, **changes):
@@ -272,15 +272,26 @@ class GPT(nn.Module):
         return [d.to(device) for d in draws]
 
     def seed_sa(self, seed):
-        """Restart SA's draws from seed."""
+        """Restart SA's draws from seed, an integer of 64 bits."""
+        if not isinstance(seed, int) or isinstance(seed, bool) or not -2**63 <= seed < 2**64:
+            raise ValueError(f"seed must be an integer that fits in 64 bits, got {seed!r}")
         self.sa_state.copy_(torch.Generator().manual_seed(seed).get_state())
 
     def forward(self, idx, targets=None, lengths=None, cache=None, draws=None):
         """idx (B, T) -> logits (B, T, vocab), and the loss if targets. lengths: see draw_sa.
         cache: a KVCache (kv_cache.py); idx continues the tokens it has seen, all at once
         into an empty cache or one at a time. draws: SA's draw per layer, instead of fresh ones."""
-        B, T = idx.size()
         cfg = self.config
+        if not isinstance(idx, torch.Tensor) or idx.dim() != 2 or idx.dtype not in (torch.long, torch.int):
+            raise ValueError(f"idx must be a (B, T) tensor of token ids (int64), got {getattr(idx, 'dtype', idx)!r} "
+                             f"{tuple(getattr(idx, 'shape', ()))}")
+        B, T = idx.size()
+        if idx.numel() and not torch.compiler.is_compiling() and not (0 <= idx.min() and idx.max() < cfg.vocab_size):
+            raise ValueError(f"idx holds token ids outside [0, vocab_size={cfg.vocab_size})")
+        if lengths is not None and not (isinstance(lengths, torch.Tensor) and lengths.shape == (B,) and lengths.dtype
+                                        in (torch.long, torch.int) and bool(((lengths >= 1) & (lengths <= T)).all())):
+            raise ValueError(f"lengths must be a (B,)=({B},) integer tensor of real tokens per row, 1 <= lengths <= "
+                             f"T={T}, got {lengths!r}"[:200])
         start = 0 if cache is None else cache.start                              # idx[:, 0]'s absolute position
         if start + T > cfg.block_size:
             raise ValueError(f"sequence length {start + T} exceeds block_size {cfg.block_size}")
@@ -340,10 +351,14 @@ class GPT(nn.Module):
         a full cache is refilled from the last block_size // 2 tokens by one forward."""
         cfg = self.config
         check_temperature(temperature)
-        if top_k is not None and (not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1):
-            raise ValueError(f"top_k={top_k}: use a value >= 1, or None to sample among all tokens")
-        if idx.dim() != 2 or idx.size(1) == 0:
-            raise ValueError(f"idx of shape {tuple(idx.shape)}: use a prompt (B, T) of at least one token")
+        integer = lambda n: isinstance(n, int) and not isinstance(n, bool)  # noqa: E731
+        if top_k is not None and not (integer(top_k) and top_k >= 1):
+            raise ValueError(f"top_k={top_k!r}: use an integer >= 1, or None to sample among all tokens")
+        if not (integer(max_new_tokens) and max_new_tokens >= 0):
+            raise ValueError(f"max_new_tokens={max_new_tokens!r}: use an integer >= 0")
+        if not isinstance(idx, torch.Tensor) or idx.dim() != 2 or idx.size(1) == 0:
+            raise ValueError(f"idx of shape {tuple(getattr(idx, 'shape', ()))}: use a prompt (B, T) of at least one "
+                             "token")
         use_cache = use_kv_cache(cfg, use_cache)
         cache = None
         for _ in range(max_new_tokens):

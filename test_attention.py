@@ -203,6 +203,18 @@ def test_fast_path_never_materialises_t_by_t(kind):
     assert dense.max >= 1024 * 1024
 
 
+@pytest.mark.parametrize("moba_block", [300, 10**9])
+def test_moba_memory_follows_t_not_the_block(moba_block):
+    """A block of T keys or more is one block: full causal attention, in memory of T, not of moba_block
+    (--moba_block=1000000000 used to allocate 128 GB)."""
+    q, k, v = qkv(1, 2, 300, 8)
+    with MaxNumel() as seen:
+        out = A.moba_attention(q, k, v, moba_block, 4)
+    assert seen.max <= 2 * q.numel()
+    torch.testing.assert_close(out, A.full_attention(q, k, v))
+    torch.testing.assert_close(A.moba_reference(q, k, v, moba_block, 4), out)
+
+
 def test_moba_memory_is_bounded_at_32k():
     """MoBA's fast path works in chunks: at T=32768, H=8, D=64 no op output is larger than about
     one input (64 MB in fp32), where gathering K/V per query block needed 12 GB (192 inputs)."""
@@ -348,10 +360,31 @@ def test_a_bad_value_reaches_only_the_queries_that_see_it(kind):
     assert_a_bad_value_reaches_only_its_queries(*attention_kinds(300, window=4, B=1, H=2)[kind], 300)
 
 
-def test_t_zero_gives_an_empty_output_as_sdpa_does():
-    q, k, v = qkv(1, 2, 0, 8)
-    for name, (fast, _) in attention_kinds(0, B=1, H=2).items():
-        assert fast(q, k, v).shape == (1, 2, 0, 8), name
+@pytest.mark.parametrize("shape", [(1, 2, 0, 8), (0, 2, 10, 8), (1, 0, 10, 8), (1, 2, 10, 0)], ids=["T", "B", "H", "D"])
+def test_an_empty_dimension_gives_sdpa_s_empty_output(shape):
+    """B, H, T or D of 0: the empty output and gradients that SDPA gives, from every kind and reference
+    (B, H or D of 0 used to end in `cannot reshape tensor of 0 elements`, MoBA's in ZeroDivisionError)."""
+    import torch.nn.functional as F
+    q, k, v = qkv(*shape)
+    want = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    for name, fns in attention_kinds(shape[2], B=max(shape[0], 1), H=max(shape[1], 1)).items():
+        for fn in fns:
+            got = fn(q, k, v)
+            assert got.shape == want.shape and got.dtype == want.dtype, name
+            assert [g.shape for g in torch.autograd.grad(got.sum(), (q, k, v), allow_unused=True)] == [q.shape] * 3
+
+
+def test_mixed_dtypes_raise_as_sdpa_does():
+    """float32 q with float64 k used to run in float32 for SWA, SA and MoBA (full attention raised in SDPA);
+    under autocast all three take the autocast dtype, as SDPA's."""
+    q, k, v = qkv(1, 2, 10, 8)
+    for name, fns in attention_kinds(10, B=1, H=2).items():
+        for fn in fns:
+            for args in ((q, k.double(), v), (q, k, v.half()), (q.double(), k, v)):
+                with pytest.raises(ValueError, match="q, k, v must have one dtype, got"):
+                    fn(*args)
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                assert fn(q, k.double(), v).dtype == torch.bfloat16, name
 
 
 # -----------------------------------------------------------------------------
@@ -385,9 +418,31 @@ def test_bad_inputs_raise_clear_errors(monkeypatch):
                    lambda *x: A.stochastic_attention(*x, 4, torch.arange(10))):
             with pytest.raises(ValueError, match="q, k, v must be"):
                 fn(*(torch.zeros(s) for s in shapes))
+    for perm, problem in ((list(range(10)), "perm must be a LongTensor of shape .* got list"), (None, "got NoneType"),
+                          (torch.arange(10, device="meta"), "perm must be on q's device cpu, got meta")):
+        with pytest.raises(ValueError, match=problem):
+            A.stochastic_attention(q, k, v, 4, perm)
+    with pytest.raises(ValueError, match="r must be a float tensor of shape .* got list"):
+        A.stochastic_value_attention(q, k, v, 0.2, [0.5] * 10)
+    with pytest.raises(ValueError, match="q, k, v must be tensors, got list"):
+        A.sliding_window_attention(q.tolist(), k, v, 4)
     monkeypatch.setattr(A, "BACKEND", "cuda-magic")
     with pytest.raises(ValueError, match="BACKEND"):
         A.sliding_window_attention(q, k, v, 4)
+
+
+def test_the_triton_backend_on_a_cpu_says_why_in_one_line(monkeypatch):
+    """--backend=triton on a CPU used to end in ModuleNotFoundError (no triton) or `0 active drivers`."""
+    q, k, v = qkv(1, 2, 10, 8)
+    monkeypatch.setattr(A, "BACKEND", "triton")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(ValueError, match="runs the Triton kernel on a CUDA GPU, not on cpu .* use backend 'auto'"):
+        A.sliding_window_attention(q, k, v, 4)
+    with pytest.raises(ValueError, match="runs the Triton kernel on a CUDA GPU"):
+        A.engine("cpu", torch.float32, 8, ["sa+swa"])
+    monkeypatch.setattr(A.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ValueError, match="needs the triton package"):
+        A.stochastic_attention(q, k, v, 4, torch.arange(10))
 
 
 @pytest.mark.parametrize("dtype", [torch.long, torch.int32, torch.bool])
@@ -404,7 +459,8 @@ def test_integer_inputs_raise_as_sdpa_does(dtype):
                                          ("sa_rule", "slot"), ("pos_emb", "alibi"), ("moba_topk", 0), ("dropout", 1.0),
                                          ("dropout", math.nan), ("dropout", "0.1"), ("rope_base", 0),
                                          ("rope_base", -1.0),
-                                         ("rope_base", math.inf), ("rope_base", math.nan), ("bias", "no"),
+                                         ("rope_base", math.inf), ("rope_base", math.nan), ("rope_base", 1e-300),
+                                         ("rope_base", 1.0), ("bias", "no"),
                                          ("block_size", 2.5)])
 def test_bad_config_names_the_field(field, value):
     with pytest.raises(ValueError, match=f"GPTConfig.{field}"):
@@ -419,6 +475,30 @@ def test_draws_of_the_wrong_length_raise():
     for draws in ([perm], [perm] * 3, []):
         with pytest.raises(ValueError, match="draws must hold one draw per layer, 2, got"):
             model(idx, draws=draws)
+
+
+def test_bad_model_inputs_raise_one_line():
+    """Each of these used to run (lengths=[3] on a batch of 2 treated row 1 as of length 3; lengths > T ran)
+    or end in a traceback (draws of None, float or out-of-vocabulary ids, a huge seed)."""
+    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=64, window=4, attn="sa+swa",
+                          sa_perm="head"))
+    idx = torch.zeros(2, 8, dtype=torch.long)
+    for lengths in (torch.tensor([3]), torch.tensor([3, 9]), torch.tensor([0, 4]), torch.tensor([-1, 4]),
+                    torch.tensor([3.0, 4.0]), [3, 4], torch.tensor([[3, 4]])):
+        with pytest.raises(ValueError, match=r"lengths must be a \(B,\)=\(2,\) integer tensor .* 1 <= lengths <= T=8"):
+            model(idx, lengths=lengths)
+    model(idx, lengths=torch.tensor([1, 8]))
+    for bad, problem in ((idx.float(), "idx must be a .B, T. tensor of token ids"), (idx[0], "idx must be a"),
+                         (idx + 64, r"token ids outside \[0, vocab_size=64\)"), (idx - 1, "token ids outside")):
+        with pytest.raises(ValueError, match=problem):
+            model(bad)
+    with pytest.raises(ValueError, match="perm must be a LongTensor .* got NoneType"):
+        model(idx, draws=[None, None])
+    for seed in (2**70, -2**64, 1.5, "1", True):
+        with pytest.raises(ValueError, match="seed must be an integer that fits in 64 bits"):
+            model.seed_sa(seed)
+    logits, loss = model(idx[:0], idx[:0])                                   # B = 0: empty, as nn.Linear's
+    assert logits.shape == (0, 8, 64)
 
 
 # -----------------------------------------------------------------------------

@@ -209,12 +209,48 @@ def test_bad_top_k_and_an_empty_prompt_are_refused():
     """top_k=0, top_k=-1 and a prompt of 0 tokens used to end in a traceback from topk or indexing."""
     model, idx = tiny("full"), tokens(2, 5)
     for top_k in (0, -1, 2.5):
-        with pytest.raises(ValueError, match=f"top_k={top_k}: use a value >= 1, or None"):
+        with pytest.raises(ValueError, match=f"top_k={top_k}: use an integer >= 1, or None"):
             model.generate(idx, 1, top_k=top_k)
     for use_cache in (True, False):
         with pytest.raises(ValueError, match="use a prompt"):
             model.generate(idx[:, :0], 1, use_cache=use_cache)
     assert model.generate(idx, 3, top_k=1).shape == (2, 8)
+
+
+def test_bad_generate_and_cache_inputs_raise_one_line():
+    """Each used to end in a traceback: a float max_new_tokens, temperature "1", a cache fed another batch
+    size after its prefill, a value-rule cache given no draws."""
+    model, idx = tiny("swa"), tokens(2, 5)
+    for n in (1.5, -1, "3", True):
+        with pytest.raises(ValueError, match=f"max_new_tokens={n!r}: use an integer >= 0"):
+            model.generate(idx, n)
+    for t in ("1", None, float("nan")):
+        with pytest.raises(ValueError, match="temperature=.*: use a number > 0"):
+            model.generate(idx, 1, temperature=t)
+    cache = KVCache(model.config)
+    model(idx, cache=cache)
+    with pytest.raises(ValueError, match="this KV cache holds 2 rows, got a batch of 1: start a new cache"):
+        model(idx[:1, :1], cache=cache)
+    value = tiny("sa", **VALUE)
+    with pytest.raises(ValueError, match="r must be a float tensor .* got NoneType"):
+        value(idx, cache=KVCache(value.config), draws=[None, None])
+
+
+@pytest.mark.parametrize("attn,kw", [("full", {}), ("swa", {}), ("moba", {}), ("sa", VALUE), ("sa+swa", VALUE)])
+def test_an_empty_batch_generates_an_empty_batch(attn, kw):
+    """B = 0 used to end in `cannot reshape tensor of 0 elements`; SDPA answers empty inputs with empty outputs."""
+    for use_cache in (True, False):
+        out = tiny(attn, **kw).generate(tokens(2, 5)[:0], 4, use_cache=use_cache)
+        assert out.shape == (0, 9) and out.dtype == torch.long
+
+
+def test_a_moba_block_past_block_size_is_one_block_in_the_cache():
+    """--moba_block=1000000000 used to allocate a cache of 10^9 slots per layer; past block_size it is one block."""
+    model, idx = tiny("moba", moba_block=10**9), tokens(2, 5)
+    with MaxNumel() as seen:
+        got = model.generate(idx, 20, temperature=0)
+    assert seen.max < 10**6
+    assert torch.equal(got, tiny("moba", moba_block=96).generate(idx, 20, temperature=0))
 
 
 # -----------------------------------------------------------------------------
