@@ -54,7 +54,7 @@ if fast:
     COVER = ["--grid_n=256,1024", "--seeds=2"]
     SPEED = ["--sizes=256", "--kinds=full,swa,sa,moba", "--reps=1"]
     LM1024 = dict(T=64, window=4, wide=8, windows=[4, 8], seeds=[0], plain_iters=6, copy_iters=6, val_windows=4, copy_val=4,
-                  swap_windows=[4, 8, 32], draws=2, extra=dict(eval_interval=3, eval_iters=2))
+                  swap_windows=[4, 8, 32], draws=2, path_draws=2, extra=dict(eval_interval=3, eval_iters=2))
 else:
     MQAR = dict(iters=12000, seeds=[0, 1, 2], depths=[2, 4], T=64, window=4,
                 swap_windows=[2, 4, 8, 16, 32, 64], swap_seeds=3, swap_seqs=300, data=["--mqar_val_seqs=1000"],
@@ -64,7 +64,7 @@ else:
     COVER = []
     SPEED = []
     LM1024 = dict(T=1024, window=32, wide=128, windows=[32, 64, 128], seeds=[0, 1, 2], plain_iters=4500, copy_iters=4000, val_windows=48,
-                  copy_val=32, swap_windows=[16, 32, 64, 128, 256, 512], draws=3,
+                  copy_val=32, swap_windows=[16, 32, 64, 128, 256, 512], draws=3, path_draws=8,
                   extra=dict(eval_interval=250, eval_iters=16))
 
 
@@ -947,6 +947,91 @@ def source_in_window(window, T, draws=64):
                for _ in range(draws)) / draws
 
 
+def sources_in_window(perms, window, T):
+    """(..., T/2) bool for perms (..., T): whether each copied-half query's source, the key T/2 - 1 back that holds
+    the byte it predicts, lies in the query's SA window (the rank rule: slots fewer than `window` apart)."""
+    import torch
+    slot = torch.argsort(perms, dim=-1)                                        # (..., T): each token's slot
+    t = torch.arange(T // 2 - 1, T - 1)                                        # the copied half's queries
+    return (slot[..., t] - slot[..., t + 1 - T // 2]).abs() < window
+
+
+def copy_paths(model, x, y, draws=8):
+    """What carries the copy (issue 38's pre-registered measure) in an SA+SWA copy model, on the copy sequences
+    x, y (n, T) at `draws` fixed draws (seed_sa(0..draws-1)): each copied-half query is DIRECT where its source
+    is in its SA window in some layer and head, else OTHER; their losses, the same per layer, the masks'
+    prediction for random permutations, and the per-layer SA and SWA gates; and the pre-registered reading."""
+    import torch
+    import torch.nn.functional as F
+    cfg, (n, T) = model.config, x.shape
+    L, heads, half = cfg.n_layer, cfg.n_head if cfg.sa_perm == "head" else 1, slice(T // 2 - 1, T - 1)
+    gates = []
+    hooks = [b.attn.gate.register_forward_hook(lambda m, i, o: gates.append(torch.sigmoid(o[:, half].float())))
+             for b in model.transformer.h]                                     # (n, T/2, 2 * nh) per layer
+    loss, first, inside, g = [], [], [], []
+    with torch.no_grad():
+        for d in range(draws):
+            model.seed_sa(d)
+            perms = model.draw_sa(n, T, x.device)                              # per layer: (T,) or (n, nh, T)
+            gates.clear()
+            nll = F.cross_entropy(model(x, draws=perms)[0].transpose(1, 2), y, reduction="none")  # (n, T)
+            loss.append(nll[:, half])
+            first.append(nll[:, :T // 2 - 1].mean())
+            inside.append(torch.stack([sources_in_window(p.expand(n, heads, T), cfg.window, T).any(1)
+                                       for p in perms], 1))                   # (n, L, T/2): in layer l's window
+            g.append(torch.stack(gates, 1).unflatten(-1, (2, cfg.n_head)).mean(-1))  # (n, L, T/2, 2): sa, swa
+    for h in hooks:
+        h.remove()
+    loss, inside, g = torch.stack(loss), torch.stack(inside), torch.stack(g)   # (D, n, T/2), (D, n, L, T/2), ...
+    direct = inside.any(2)                                                     # (D, n, T/2)
+    perms = torch.rand(64, L * heads, T, generator=torch.Generator().manual_seed(0)).argsort(-1)  # random ones
+    predicted = sources_in_window(perms, cfg.window, T).view(64, L, heads, -1).any(2)  # (64, L, T/2)
+    mean = lambda t, m: float(t[m].mean()) if m.any() else None  # noqa: E731
+    L1, L2 = float(torch.stack(first).mean()), float(loss.mean())
+    out = dict(draws=draws, sequences=n, first=L1, second=L2, direct=float(direct.float().mean()),
+               direct_predicted=float(predicted.any(1).float().mean()), loss_direct=mean(loss, direct),
+               loss_other=mean(loss, ~direct),
+               layers=[dict(inside=float(inside[:, :, l].float().mean()), predicted=float(predicted[:, l].float().mean()),
+                            loss_inside=mean(loss, inside[:, :, l]), loss_outside=mean(loss, ~inside[:, :, l]),
+                            gate_sa=float(g[:, :, l, :, 0].mean()), gate_swa=float(g[:, :, l, :, 1].mean()),
+                            gate_sa_inside=mean(g[:, :, l, :, 0], inside[:, :, l]),
+                            gate_sa_outside=mean(g[:, :, l, :, 0], ~inside[:, :, l])) for l in range(L)])
+    gain = lambda part: L1 - out[part] if out[part] is not None else 0.0  # noqa: E731
+    if L1 - L2 < 0.1:
+        out["reading"] = "does not copy"
+    elif gain("loss_other") <= 0.1 * gain("loss_direct"):
+        out["reading"] = "the shortcuts carry it directly"
+    else:
+        out["reading"] = "relays carry it too" if gain("loss_other") >= 0.5 * gain("loss_direct") else "mixed"
+    return out
+
+
+def copy_paths_plot(p, paths, T):
+    """lm1024_paths.png: each SA+SWA copy model's copied-half loss on direct and on other queries, beside its first
+    half, against the window; and its SA gate by layer."""
+    fig, axes = p.subplots(1, 2, figsize=(10, 3.6))
+    for name, q in paths.items():
+        x = q["window"] * (1.08 if q["sa_perm"] == "layer" else 1)
+        for key, color, label in (("first", "0.6", "first half"), ("loss_other", "C0", "copied half, other"),
+                                  ("loss_direct", "C3", "copied half, direct")):
+            if q[key] is not None:
+                axes[0].scatter(x, q[key], color=color, marker="s" if q["sa_perm"] == "layer" else "o", s=14,
+                                label=label if q["seed"] == 0 and q["sa_perm"] == "head" else None)
+        axes[1].plot(range(1, len(q["layers"]) + 1), [layer["gate_sa"] for layer in q["layers"]],
+                     color={32: "C0", 64: "C1", 128: "C3"}.get(q["window"], "k"), marker=".", alpha=0.7,
+                     ls="-." if q["sa_perm"] == "layer" else "-", label=f"w={q['window']}" if q["seed"] == 0 else None)
+    axes[0].set_xscale("log", base=2)
+    axes[0].set_xlabel("window w (squares: one permutation per layer)")
+    axes[0].set_ylabel("loss (nats per byte)")
+    axes[0].set_title(f"what carries the copy (T={T}): source in an SA window or not", fontsize=9)
+    axes[1].set_xlabel("layer")
+    axes[1].set_ylabel("mean SA gate, copied-half queries")
+    for ax in axes:
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, "lm1024_paths.png"), dpi=120)
+
+
 def full_window_check(data, iters=None):
     """Whether full attention's copy runs serve every window: the first iterations of full attention at the
     smallest and the widest window, same seed, log the same training losses."""
@@ -990,7 +1075,8 @@ def lm1024():
     parts["far_unseen"] = parts["far"] & unseen_in_train(x.numpy(), y.numpy())
     # a run finished here is read from its log; one finished on a machine whose checkpoints are gone keeps its
     # committed row (committed: True)
-    rows = [dict(r, committed=True) for r in committed("lm1024.json").get("runs", []) if r["name"] not in done]
+    old = {r["name"]: r for r in committed("lm1024.json").get("runs", [])}
+    rows = [dict(r, committed=True) for name, r in old.items() if name not in done]
     for name, od in done.items():
         task, kind, window, seed, sa_perm = lm1024_cell(name)
         log = evals(od)
@@ -1003,8 +1089,17 @@ def lm1024():
             loss = nll(load_checkpoint(os.path.join(od, "ckpt.pt"))[0].eval(), x, y)  # (N, T)
             row.update(split={p: float(loss[m].mean()) if m.any() else None for p, m in parts.items()},
                        curve=[(r["iter"], r["val_loss"]) for r in log])
+        if name in old:  # trained again where its checkpoint was lost: one thread is deterministic, so it must match
+            row["reproduces_committed"] = row["curve"] == [list(point) for point in old[name]["curve"]]
         rows.append(row)
     rows.sort(key=lambda r: list(runs).index(r["name"]) if r["name"] in runs else len(runs))
+    xc, yc = copy_val(c["copy_val"], T)                                        # (n, T) each: one set for all
+    paths = committed("lm1024.json").get("copy_paths", {})  # what carries the copy, per SA+SWA copy model
+    for name, od in done.items():
+        task, kind, window, seed, sa_perm = lm1024_cell(name)
+        if (task, kind) == ("copy", "sa+swa"):
+            model = load_checkpoint(os.path.join(od, "ckpt.pt"))[0].eval()
+            paths[name] = dict(window=window, seed=seed, sa_perm=sa_perm, **copy_paths(model, xc, yc, c["path_draws"]))
     verdicts = {}  # the rule per window; full attention's runs at w0 serve every window
     for w in c["windows"]:
         halves = {(r["attn"], r["seed"]): (r["first"], r["second"]) for r in rows if r["task"] == "copy"
@@ -1016,7 +1111,6 @@ def lm1024():
     swaps, swap_v, source, unswapped = [], "not decidable (not run)", f"copy-full-w{w0}-s{c['seeds'][0]}", None
     if source in done:
         model = load_checkpoint(os.path.join(done[source], "ckpt.pt"))[0].eval()
-        xc, yc = copy_val(c["copy_val"], T)                                    # (n, T) each
         second = slice(T // 2 - 1, T - 1)
         unswapped = float(nll(model, xc, yc)[:, second].mean())
         for w in c["swap_windows"]:
@@ -1037,20 +1131,25 @@ def lm1024():
         committed("lm1024.json")["full_window_check"]
     save("lm1024.json", dict(setup={k: v for k, v in c.items()}, reach=reach, context=CONTEXT,
                              split_tokens={p: int(m.sum()) for p, m in parts.items()}, runs=rows,
-                             copy_verdict=verdict, R=R, verdicts=verdicts, full_window_check=check, swap_source=source, swap_full=unswapped, swap=swaps,
+                             copy_verdict=verdict, R=R, verdicts=verdicts, full_window_check=check,
+                             copy_paths=dict(sorted(paths.items(), key=lambda kv: (kv[1]["window"], kv[0]))),
+                             swap_source=source, swap_full=unswapped, swap=swaps,
                              swap_verdict=swap_v,
                              halves="first: targets 0..T/2-2 (plain LM); second: targets T/2-1..T-2 (copies)"))
 
     p = plt()
     fig, axes = p.subplots(1, 2, figsize=(10, 3.8))
-    cells = sorted({(r["attn"], r["window"]) for r in rows if r["task"] == "copy"})
+    cell = lambda r: (r["attn"], r["window"], r.get("sa_perm", "head"))  # noqa: E731
+    cells = sorted({cell(r) for r in rows if r["task"] == "copy"}, key=lambda k: (k[1], k[0], k[2]))
     color = {"swa": "C0", "sink": "C1", "sa": "C2", "moba": "C3", "full": "k", "sa+swa": "C4"}  # both panels alike
-    for kind, w in cells:
-        for r in [r for r in rows if r["task"] == "copy" and (r["attn"], r["window"]) == (kind, w)]:
+    style = dict(zip(c["windows"], ["-", "--", ":"]))
+    for key in cells:
+        kind, w, perm = key
+        for r in [r for r in rows if r["task"] == "copy" and cell(r) == key]:
             it, _, second = zip(*r["curve"])
-            axes[0].plot(it, second, color=color[kind], ls="-" if w == w0 else "--",
+            axes[0].plot(it, second, color=color[kind], ls="-." if perm == "layer" else style.get(w, "-"), lw=1,
                          alpha=1 if r["seed"] == c["seeds"][0] else 0.5,
-                         label=f"{kind}, w={w}" if r["seed"] == c["seeds"][0] else None)
+                         label=f"{kind}, w={w}{', per layer' * (perm == 'layer')}" if r["seed"] == c["seeds"][0] else None)
     axes[0].set_xlabel("iteration")
     axes[0].set_ylabel("val loss on the copied half (nats per byte)")
     axes[0].set_title(f"trained on the copy task (T={T}, source {T // 2} back)", fontsize=9)
@@ -1069,6 +1168,8 @@ def lm1024():
             ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(os.path.join(out, "lm1024.png"), dpi=120)
+    if paths:
+        copy_paths_plot(p, paths, T)
 
     by = lambda task, kind, w: [r for r in rows if (r["task"], r["attn"], r["window"]) == (task, kind, w)]
     lines = [f"Plain LM (T={T}, {c['plain_iters']} iterations): val loss on {len(x)} windows, split by copy "
@@ -1083,14 +1184,33 @@ def lm1024():
                                       for p in ("all", "far", "far_unseen", "near"))
                          + " |")
     lines += ["", f"tokens: {', '.join(f'{p} {int(m.sum()):,}' for p, m in parts.items())}", "",
-              f"Copy task (T={T}, {c['copy_iters']} iterations): val loss on the first half / the copied half, per seed",
-              "", "| attn | window | seeds | first half | copied half | R |", "|---|---|---|---|---|---|"]
-    for kind, w in cells:
-        rs = by("copy", kind, w)
-        lines.append(f"| {kind} | {w} | {', '.join(str(r['seed']) for r in rs)} | "
+              f"Copy task (T={T}, {c['copy_iters']} iterations): val loss on the first half / the copied half, per seed "
+              f"(each seed's own val sequences); full attention's runs at w = {w0} serve every window", "",
+              "| attn | window (w/T) | seeds | first half | copied half | copied − first |", "|---|---|---|---|---|---|"]
+    for key in cells:
+        kind, w, perm = key
+        rs = [r for r in rows if r["task"] == "copy" and cell(r) == key]
+        lines.append(f"| {kind}{' (one permutation per layer)' * (perm == 'layer')} | {w} (1/{T // w}) | "
+                     + ", ".join(str(r["seed"]) for r in rs) + " | "
                      + " | ".join(", ".join(f"{r[h]:.3f}" for r in rs) for h in ("first", "second")) + " | "
-                     + (", ".join(f"{v:.2f}" for v in R) if (kind, w) == ("sa+swa", w0) and R else "-") + " |")
-    lines += ["", f"verdict (claim 5's mechanism): **{verdict}**"]
+                     + ", ".join(f"{r['second'] - r['first']:+.3f}" for r in rs) + " |")
+    lines += ["", "| window (w/T) | verdict (claim 5's mechanism) | R per seed | R' per seed |", "|---|---|---|---|"]
+    lines += [f"| {w} (1/{T // w}) | **{v['verdict']}** | " + " | ".join(", ".join(f"{x:.2f}" for x in v[k]) or "-"
+                                                                       for k in ("R", "R_prime")) + " |"
+              for w, v in verdicts.items()]
+    lines += ["", f"full attention ignores the window: {check['iters']} iterations at w = {check['windows'][0]} and "
+              f"{check['windows'][1]} log {'identical' if check['identical'] else 'DIFFERENT'} training losses"]
+    if paths:
+        lines += ["", f"What carries the copy: {c['copy_val']} val copy sequences (the same for every model), "
+                  f"{c['path_draws']} draws; a copied-half query is direct where its source is in its SA window "
+                  "in some layer and head", "",
+                  "| model | first half | copied half | direct: share (masks predict) | loss direct | loss other | "
+                  "SA gate by layer | reading |", "|---|---|---|---|---|---|---|---|"]
+        fmt = lambda x: "-" if x is None else f"{x:.3f}"  # noqa: E731
+        lines += [f"| {name} | {q['first']:.3f} | {q['second']:.3f} | {q['direct']:.3f} ({q['direct_predicted']:.3f}) | "
+                  f"{fmt(q['loss_direct'])} | {fmt(q['loss_other'])} | "
+                  + ", ".join(f"{layer['gate_sa']:.2f}" for layer in q["layers"]) + f" | {q['reading']} |"
+                  for name, q in sorted(paths.items(), key=lambda kv: (kv[1]["window"], kv[0]))]
     if swaps:
         lines += ["", f"Training-free: {source} swapped, {c['copy_val']} val copy sequences; loss on the copied half "
                   f"(unswapped: {unswapped:.3f})",

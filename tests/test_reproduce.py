@@ -60,6 +60,20 @@ def test_arm_verdict_follows_the_preregistered_rule(reproduce):
     assert v(4, **dict(base, swa=[]), **{"sa+swa": [0.5]}).startswith("not decidable (not run: swa 0 of 1")
 
 
+def test_sources_in_window_is_the_rank_rule(reproduce):
+    """A copied-half query's source is in its SA window exactly where attention.sa_mask lets it see that key."""
+    import torch
+
+    import attention
+    T, t = 64, torch.arange(31, 63)
+    perms = torch.rand(5, T, generator=torch.Generator().manual_seed(0)).argsort(-1)   # (5, T)
+    for window in (1, 4, 16, 40):
+        want = torch.stack([attention.sa_mask(window, p)[t, t - 31] for p in perms])   # (5, T/2)
+        assert torch.equal(reproduce.sources_in_window(perms, window, T), want)
+    identity = torch.arange(T)                                                # slots = positions: 31 apart
+    assert reproduce.sources_in_window(identity, 32, T).all() and not reproduce.sources_in_window(identity, 31, T).any()
+
+
 def test_copy_verdicts_follow_the_preregistered_rule(reproduce):
     v = lambda sa_swa, seeds=(0, 1, 2), full=0.05, swa=(2.0, 1.95), first=2.0: reproduce.copy_verdict(
         {**{("full", s): (first, full) for s in seeds}, **{("swa", s): swa for s in seeds},
@@ -71,6 +85,9 @@ def test_copy_verdicts_follow_the_preregistered_rule(reproduce):
     assert v([0.5] * 3, full=0.31)[0].startswith("not decidable (full")
     assert v([0.5] * 3, swa=(2.0, 1.79))[0].startswith("not decidable (full attention does not copy, or SWA does")
     assert v([0.5, 0.5])[0] == "not decidable (not run)"
+    rows = {("full", 0): (2.0, 0.0), ("swa", 0): (2.0, 2.1), ("sa+swa", 0): (2.3, 1.3)}  # D: -2.0, +0.1, -1.0
+    assert reproduce.copy_r_prime(rows, [0]) == pytest.approx([(0.1 + 1.0) / (0.1 + 2.0)])
+    assert reproduce.copy_verdict(rows, [0])[1] == pytest.approx([(2.1 - 1.3) / 2.1])  # R does not subtract L1
     T = reproduce.LM1024["T"]
     swa = {T // 8: 2.0, T // 4: 1.5, T // 2: 0.1}
     assert reproduce.swap_verdict({T // 8: 1.9, T // 4: 1.4, T // 2: 0.2}, swa) == "confirms"  # w = T/2: not counted
@@ -193,6 +210,11 @@ def test_reproduce_fast_writes_every_result(tmp_path):
     assert all(r["split"]["all"] > 0 for r in lm1024["runs"] if r["task"] == "plain")
     assert lm1024["copy_verdict"].startswith("not decidable") and lm1024["swap_verdict"]  # 6 iterations copy nothing
     assert {r["attn"] for r in lm1024["swap"]} == {"swa", "sink", "sa", "moba"} and lm1024["swap_full"] > 0
+    assert set(lm1024["verdicts"]) == {"4", "8"} and lm1024["full_window_check"]["identical"]
+    paths = lm1024["copy_paths"]
+    assert set(paths) == {"copy-sa+swa-w4-s0", "copy-sa+swa-w8-s0", "copy-sa+swa-w8-s0-layer"}
+    for q in paths.values():  # the measured share of direct queries is what the masks predict
+        assert abs(q["direct"] - q["direct_predicted"]) < 0.15 and len(q["layers"]) == 4 and q["reading"]
     speed = json.loads((out / "speed_cpu.json").read_text())
     assert {r["kind"] for r in speed["rows"]} == {"full", "swa", "sa", "moba"}
     rules = json.loads((out / "sa_rules.json").read_text())["runs"]
