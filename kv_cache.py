@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 import attention
 import blocked
+from guards import check_draw
 
 
 class KVCache:
@@ -40,7 +41,7 @@ class KVCache:
         if cache and cache["k"].shape[0] != B:
             raise ValueError(f"this KV cache holds {cache['k'].shape[0]} rows, got a batch of {B}: start a new cache")
         if self.value_sa:
-            attention._check_draw(draw, "r", k)
+            check_draw(draw, "r", k)
         if not cache:
             bs = self.moba_block
             S = {"swa": min(cfg.window, cfg.block_size),

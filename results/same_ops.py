@@ -19,8 +19,8 @@ exec(open(os.path.join(ROOT, "configurator.py")).read())
 
 
 def load(path):
-    """attention.py (with the blocked.py and kernel.py beside it) of the checkout at path, on the torch path."""
-    for name in ("attention", "blocked", "kernel"):
+    """attention.py (with the guards.py, blocked.py and kernel.py beside it) of the checkout at path, on the torch path."""
+    for name in ("attention", "guards", "blocked", "kernel"):
         sys.modules.pop(name, None)
     sys.path.insert(0, path)
     module = importlib.import_module("attention")

@@ -1,0 +1,81 @@
+"""The guards of attention.py's functions: inputs taken as PyTorch's scaled_dot_product_attention (SDPA) takes them,
+each problem one ValueError line, and a NaN or inf in v kept from the queries that cannot see its key. They run
+around the attention itself, which attention.py holds; kv_cache.py and model.py check SA's draws and integer
+settings here too.
+"""
+import functools
+import math
+
+import torch
+
+
+def sdpa_inputs(fn, any_length=False):
+    """fn(q, k, v, ...) taking q, k, v as SDPA does: tensors (B, H, T, D) of one shape (any_length: keys of their
+    own T), floating point (softmax @ v would truncate integers), of one device and one dtype (under autocast,
+    its dtype); an empty B, H, T or D gives SDPA's empty output, on the autograd graph."""
+    @functools.wraps(fn)
+    def run(q, k, v, *args, **kwargs):
+        if not all(isinstance(t, torch.Tensor) for t in (q, k, v)):
+            raise ValueError(f"q, k, v must be tensors, got {', '.join(type(t).__name__ for t in (q, k, v))}")
+        if q.dim() != 4 or k.shape != v.shape or q.shape[:2] != k.shape[:2] or q.shape[3] != k.shape[3] \
+                or not (any_length or q.shape == k.shape):
+            raise ValueError(f"q, k, v must be (B, H, T, D) of one shape, got {[tuple(t.shape) for t in (q, k, v)]}")
+        if not all(t.is_floating_point() for t in (q, k, v)):
+            raise ValueError(f"q, k, v must be floating point, got {q.dtype}, {k.dtype}, {v.dtype}")
+        if not q.device == k.device == v.device:
+            raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
+        if torch.is_autocast_enabled(device := q.device.type):
+            with torch.autocast(device, enabled=False):
+                return run(*(t.to(torch.get_autocast_dtype(device)) for t in (q, k, v)), *args, **kwargs)
+        if not q.dtype == k.dtype == v.dtype:  # as SDPA: no silent cast of the others to q's dtype
+            raise ValueError(f"q, k, v must have one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+        if q.numel() == 0 or k.numel() == 0:
+            return q.new_zeros(*q.shape[:3], v.shape[3]) + (q.sum() + k.sum() + v.sum())
+        return fn(q, k, v, *args, **kwargs)
+    return run
+
+
+def v_seen_only(fn):
+    """fn(q, k, v, ...), rule fixed by the rest, where non-finite v[j, d] reaches out[i, d] only if query i sees key j
+    (p @ v has 0 * NaN = NaN). Fast: one sum shows v finite (as blocked._finite). Else fn on v's non-finite entries
+    zeroed, NaN where fn on q = k = 0 (visible keys weigh >= 1/T, hidden 0) reads them: no path changes. Eager only."""
+    @functools.wraps(fn)
+    def run(q, k, v, *args, **kwargs):
+        if torch.compiler.is_compiling() or bool(v.sum().isfinite()):    # compiled: bool() would break the graph
+            return fn(q, k, v, *args, **kwargs)
+        nonfinite = ~v.isfinite()                                           # (B, H, T, D)
+        with torch.no_grad():
+            seen = fn(torch.zeros_like(q), torch.zeros_like(k), nonfinite.to(v.dtype), *args, **kwargs) > 0
+        return fn(q, k, v.masked_fill(nonfinite, 0), *args, **kwargs).masked_fill(seen, math.nan)  # (B, H, T, D)
+    return run
+
+
+def check_positive(value, name="window"):
+    """value, if it is an integer >= 1 (a window, a block size, ...); else a ValueError naming it."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    return value
+
+
+def check_draw(draw, name, q):
+    """SA's draw for q's rows: permutations `perm` of range(T), or finite value keys `r`; (T,) or broadcastable to
+    (B, H, T), on q's device."""
+    (B, H, T), kind = q.shape[:3], "a LongTensor" if name == "perm" else "a float tensor"
+    if not isinstance(draw, torch.Tensor):
+        raise ValueError(f"{name} must be {kind} of shape (T,) or (B, H, T), got {type(draw).__name__}")
+    ok = draw.dtype == torch.long if name == "perm" else draw.is_floating_point()
+    if not ok or draw.dim() not in (1, 3) or any(n not in (1, m) for n, m in zip(draw.shape[:-1], (B, H))) \
+            or draw.shape[-1] != T:
+        raise ValueError(f"{name} must be {kind} of shape (T,) or broadcastable to (B, H, T)=({B}, {H}, {T}), "
+                         f"got {draw.dtype} {tuple(draw.shape)}")
+    if draw.device != q.device:
+        raise ValueError(f"{name} must be on q's device {q.device}, got {draw.device}")
+    if torch.compiler.is_compiling():                                   # values unknown while tracing: eager only
+        return
+    rows = draw.reshape(-1, T)                                          # (R, T)
+    if name == "r" and not bool(rows.isfinite().all()):
+        raise ValueError("r must be finite, got NaN or inf")
+    if name == "perm":
+        hit = torch.zeros_like(rows, dtype=torch.bool).scatter_(1, rows.clamp(0, T - 1), True)  # (R, T): O(T)
+        if not bool(hit.all() & (rows >= 0).all() & (rows < T).all()):
+            raise ValueError(f"perm must be a permutation of range({T}) in every row")
