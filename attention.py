@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 import blocked
-from guards import check_draw, check_positive, sdpa_inputs, v_seen_only
+from guards import check_draw, check_int, sdpa_inputs, v_seen_only
 
 # The one switch, which implementation the fast functions run: "auto": the Triton kernel for CUDA tensors (a
 #   Triton of TRITON_VERSIONS, a head dim and dtype it has); "torch": blocked.py, O(T * window) time and memory,
@@ -79,7 +79,7 @@ def swa_reference(q, k, v, window, pos=None):
 def sliding_window_attention(q, k, v, window, pos=None):
     """SWA, with positions (the rule above): out (B, H, T, D) for q, k, v (B, H, T, D); pos a LongTensor (T,) or
     broadcastable to (B, H, T). Without pos, FlashAttention's window_size=(window-1, 0). Equals swa_reference."""
-    return _band(q, k, v, pos, window=check_positive(window))
+    return _band(q, k, v, pos, window=check_int(window))
 
 
 def sa_mask(window, perm):
@@ -169,7 +169,7 @@ def moba_reference(q, k, v, moba_block, top_k):
 @sdpa_inputs
 def moba_attention(q, k, v, moba_block, top_k):
     """MoBA (Mixture of Block Attention, the rule above): out (B, H, T, D). Equals moba_reference."""
-    moba_block, top_k = min(check_positive(moba_block, "moba_block"), q.shape[2]), check_positive(top_k, "top_k")
+    moba_block, top_k = min(check_int(moba_block, "moba_block"), q.shape[2]), check_int(top_k, "top_k")
     if _backend(q) == "reference":
         return moba_reference(q, k, v, moba_block, top_k)
     idx, ok = blocked.moba_select(q, k, moba_block, top_k)             # routed once, on the true q, k

@@ -1,13 +1,20 @@
 """The blocked torch engine: attention in O(T * w) time and memory, forward and backward, on any device.
 
 attention.py runs its fast paths here (SWA with pos, so both SA rules, and MoBA, routed by moba_select) when it does
-not run the Triton kernel; the rules themselves are stated in attention.py's docstring. A layout (Band, Moba) cuts
-the (query, key) pairs a rule allows into groups: C query rows, the L key rows they may see, and an additive mask
-(C, L), 0 where the rule allows and -inf where it hides. A chunk of groups is one batched call: on the CPU PyTorch's
-fused flash-attention kernel for the band, else four matmul-sized ops. The backward is explicit because autograd
-would keep every chunk's (C, L) probabilities until backward, O(T * L) memory per layer; here the forward keeps only
-the output and each row's logsumexp, and the backward recomputes each chunk's probabilities from them. forward and
-backward are registered ops (band, moba, at the bottom), so that torch.compile sees one node each.
+not run the Triton kernel; the rules themselves are stated in attention.py's docstring.
+
+How it works. A layout (Band, Moba) cuts the (query, key) pairs a rule allows into GROUPS: nq query rows, the nk
+key rows they may see, and an additive mask (nq, nk), 0 where the rule allows and -inf where it hides. Band is
+SWA's band over slots: each block of nq consecutive query slots sees one span of nk consecutive key slots around
+it. Moba's groups are a query block with its own key block, and tiles of the queries that picked one key block.
+A CHUNK is a batch of groups sized to stay in cache: one batched call of four matmul-sized ops (on the CPU, of
+PyTorch's fused flash-attention kernel for the band). Rows are rows of a flat fp32 copy of q, k, v (N, D); a
+layout's chunks yield index tensors of rows, and the band's are strided views of one arange, so that the same
+strides applied to the flat copy (as_strided) read each chunk's keys without copying them. The backward is explicit
+because autograd would keep every chunk's (nq, nk) probabilities until backward, O(T * nk) memory per layer; here
+the forward keeps only the output and each row's logsumexp, and the backward recomputes each chunk's probabilities
+from them. forward and backward are registered ops (band, moba, at the bottom), so that torch.compile sees one
+node each.
 """
 import math
 
@@ -42,44 +49,47 @@ class Band:
     |val[i] - val[j]| < width) and pos[j] <= pos[i]; pos (T,) or broadcastable to (B, H, T),
     None for plain causal SWA; val has pos's shape, ascending along T. Rows index a flat fp32 copy of q, k, v
     (`flat`) that pads each head with `left` zero slots before its T slots and `right` after, so that every
-    block of C query slots sees the same L = left + C + right key slots around it, and the key spans are
+    block of nq query slots sees the same nk = left + nq + right key slots around it, and the key spans are
     strided VIEWS of the copy:
 
         slots:    | pad |  0 ...                                      T-1 | pad |
-        block 0   [left |  C  | right]
-        block 1         [left |  C  | right]      (one-sided SWA: right = 0)
-        block 2               [left |  C  | right]
+        block 0   [left |  nq  | right]
+        block 1         [left |  nq  | right]      (one-sided SWA: right = 0)
+        block 2               [left |  nq  | right]
 
     With val (the value rule: slots sorted by val), block b's span starts at the first slot within width of
     the block's smallest val and has the length the widest block needs: a gather, not a view."""
-    merge, wide = False, True  # every query is in exactly one group; groups of L >= C + width - 1 keys
+    # merge: whether a query row is in several groups whose outputs forward merges (not here: exactly one group);
+    # wide: whether the groups are wide enough for the fused CPU kernel (here nk >= nq + width - 1 keys)
+    merge, wide = False, True
 
     def __init__(self, q, width, pos=None, val=None, margin=0.0):
         (B, H, T, _), device = q.shape, q.device
         BH = B * H
-        C = min(BLOCK, 1 << (T - 1).bit_length())           # small T needs no full block
-        nb = math.ceil(T / C)
+        nq = min(BLOCK, 1 << (T - 1).bit_length())           # small T needs no full block
+        nb = math.ceil(T / nq)
         if val is None:
             left, right = band_edges(width, T, pos is not None)
-            L = left + C + right
-            d = torch.arange(L, device=device) - torch.arange(C, device=device)[:, None] - left  # (C, L): key - query
-            self.band = torch.zeros(C, L, device=device).masked_fill_((d < -left) | (d > right), NEG)
+            nk = left + nq + right
+            d = torch.arange(nk, device=device) - torch.arange(nq, device=device)[:, None] - left  # (nq, nk): k - q
+            self.band = torch.zeros(nq, nk, device=device).masked_fill_((d < -left) | (d > right), NEG)
         else:
             val = val.expand(B, H, T).reshape(BH, T) if val.dim() == 3 else val[None]  # (R, T), R = 1 or BH
-            start, end = value_spans(val, width, margin, C)                    # (R, nb): each block's key span
-            first = torch.arange(nb, device=device) * C                         # (nb,): each block's first slot
-            L = int((torch.maximum(end, first + C) - start).max())  # a block's own slots, pads too, in its span
-            left, right = 0, L - C
-            self.kslots = start[..., None] + torch.arange(L, device=device)     # (R, nb, L)
-            val = F.pad(val, (0, nb * C - T + right))                          # (R, S): pads hidden by pos
+            start, end = value_spans(val, width, margin, nq)                    # (R, nb): each block's key span
+            first = torch.arange(nb, device=device) * nq                         # (nb,): each block's first slot
+            # every block's span must hold its keys and its own slots (pads too): the longest such span, for all
+            nk = int((torch.maximum(end, first + nq) - start).max())
+            left, right = 0, nk - nq
+            self.kslots = start[..., None] + torch.arange(nk, device=device)     # (R, nb, nk)
+            val = F.pad(val, (0, nb * nq - T + right))                          # (R, S): pads hidden by pos
         if pos is None:
             pos = torch.arange(T, device=device)
         pos = pos.expand(B, H, T).reshape(BH, T) if pos.dim() == 3 else pos[None]   # (R, T)
-        self.S = left + nb * C + right
+        self.S = left + nb * nq + right
         self.pos = pos.new_full((len(pos), self.S), torch.iinfo(torch.long).max)     # (R, S): pads in the future
         self.pos[:, left:left + T] = pos
         self.rows = torch.arange(BH * self.S, device=device).view(BH, self.S)  # (BH, S): rows of the flat copy
-        self.shape, self.width, self.val, self.C, self.L, self.left, self.nb = (B, H, T), width, val, C, L, left, nb
+        self.shape, self.width, self.val, self.nq, self.nk, self.left, self.nb = (B, H, T), width, val, nq, nk, left, nb
 
     def flat(self, t):
         """(B, H, T, D) -> (BH * S, D) fp32, each head between its zero pads: one copy."""
@@ -95,51 +105,52 @@ class Band:
         return f.view(-1, self.S, f.shape[-1])[:, self.left:self.left + T].view(*self.shape, -1)
 
     def view(self, f, rows):
-        """f (N, D) at rows that are a view of self.rows (a block's query slots, the slot band's key spans):
-        the same strided view of f, writable (forward writes each chunk's output through its query rows)."""
+        """f (N, D) at rows, where rows is a strided view of self.rows = arange(N) (a block's query slots, the slot
+        band's key spans): since self.rows[i] is i, the same strides (times D) over f give f[rows] as a view,
+        without a copy, and writable (forward writes each chunk's output through its query rows)."""
         return f.as_strided((*rows.shape, f.shape[-1]), (*(st * f.shape[-1] for st in rows.stride()), f.stride(-1)),
-                            rows.storage_offset() * f.shape[-1])   # rows[i] is i: the same view of f
+                            rows.storage_offset() * f.shape[-1])
 
-    query = view
+    query = view  # a block's query rows are consecutive slots: always a view
 
-    def gather(self, f, rows):
+    def keys(self, f, rows):
         """f (N, D) at key rows: the spans of the slot band are views of f, the value rule's a gather."""
         if self.val is not None:
             return f.index_select(0, rows.flatten()).view(*rows.shape, f.shape[-1])
         return self.view(f, rows)
 
-    def spans(self, t, hs, s, e):
-        """t (R or BH, S) at the key slots of blocks s..e-1 of the heads hs (a slice of m): (m or 1, e-s, L)."""
-        C, L, t = self.C, self.L, t[hs]
+    def spans(self, t, heads, s, e):
+        """t (R or BH, S) at the key slots of blocks s..e-1 of the heads `heads` (a slice of m): (m or 1, e-s, nk)."""
+        nq, nk, t = self.nq, self.nk, t[heads]
         if self.val is None:
-            return t[:, s * C:(e - 1) * C + L].unfold(1, L, C)                  # a strided view
-        ks = self.kslots[hs] if len(self.kslots) > 1 else self.kslots
-        return t.gather(1, ks[:, s:e].flatten(1).expand(len(t), -1)).view(len(t), e - s, L)
+            return t[:, s * nq:(e - 1) * nq + nk].unfold(1, nk, nq)                  # a strided view
+        ks = self.kslots[heads] if len(self.kslots) > 1 else self.kslots
+        return t.gather(1, ks[:, s:e].flatten(1).expand(len(t), -1)).view(len(t), e - s, nk)
 
-    def mask(self, hs, s, e):
-        """The rule's additive mask in blocks s..e-1 of the heads hs: (m or 1, e-s, C, L)."""
-        C, q = self.C, slice(self.left + s * self.C, self.left + e * self.C)
-        qpos = self.pos[hs, q].unflatten(1, (e - s, C))                       # (m or 1, e-s, C)
-        visible = self.spans(self.pos, hs, s, e)[..., None, :] <= qpos[..., :, None]
+    def mask(self, heads, s, e):
+        """The rule's additive mask in blocks s..e-1 of the heads `heads`: (m or 1, e-s, nq, nk)."""
+        nq, q = self.nq, slice(self.left + s * self.nq, self.left + e * self.nq)
+        qpos = self.pos[heads, q].unflatten(1, (e - s, nq))                       # (m or 1, e-s, nq)
+        visible = self.spans(self.pos, heads, s, e)[..., None, :] <= qpos[..., :, None]
         if self.val is None:
             return torch.where(visible, self.band, NEG)
-        qval = self.val[hs, q].unflatten(1, (e - s, C))                       # (m or 1, e-s, C)
-        visible &= (qval[..., :, None] - self.spans(self.val, hs, s, e)[..., None, :]).abs() < self.width
+        qval = self.val[heads, q].unflatten(1, (e - s, nq))                       # (m or 1, e-s, nq)
+        visible &= (qval[..., :, None] - self.spans(self.val, heads, s, e)[..., None, :]).abs() < self.width
         return torch.zeros(visible.shape, device=visible.device).masked_fill_(~visible, NEG)
 
     def chunks(self, size):
-        """(query rows (m, n, C), key rows (m, n, L), mask (m or 1, n, C, L)) per chunk of about size scores."""
-        C, L, nb = self.C, self.L, self.nb
-        n = min(nb, max(1, size // (C * L)))                   # blocks per chunk
-        m = max(1, size // (C * L * nb))                       # heads per chunk, when one head's blocks all fit
+        """(query rows (m, n, nq), key rows (m, n, nk), mask (m or 1, n, nq, nk)) per chunk of about size scores."""
+        nq, nk, nb = self.nq, self.nk, self.nb
+        n = min(nb, max(1, size // (nq * nk)))                   # blocks per chunk
+        m = max(1, size // (nq * nk * nb))                       # heads per chunk, when one head's blocks all fit
         shared = len(self.pos) == 1                            # a pos shared by the heads: one mask for all
         for s in range(0, nb, n):
             e = min(s + n, nb)
             mask = self.mask(slice(0, 1), s, e) if shared else None
             for h in range(0, len(self.rows), m):
-                hs = slice(h, h + m)
-                qrows = self.rows[hs, self.left + s * C:self.left + e * C].unflatten(1, (e - s, C))
-                yield qrows, self.spans(self.rows, hs, s, e), mask if shared else self.mask(hs, s, e)
+                heads = slice(h, h + m)
+                qrows = self.rows[heads, self.left + s * nq:self.left + e * nq].unflatten(1, (e - s, nq))
+                yield qrows, self.spans(self.rows, heads, s, e), mask if shared else self.mask(heads, s, e)
 
 
 def block_means(k, moba_block):
@@ -175,36 +186,36 @@ class Moba:
     """MoBA's groups, each a block of moba_block keys and the queries that see it:
     - own: query block b and key block b, causal;
     - picked: the (query, block) pairs the router chose (idx, ok: moba_select's), sorted
-      by key block and cut into tiles of C queries, so that each tile is one small matmul.
+      by key block and cut into tiles of nq queries, so that each tile is one small matmul.
     Rows index q, k, v flattened to (B*H*T + 1, D), the extra last row zeros (what pads read)."""
-    merge, wide = True, False  # a query is in 1 + (top_k - 1) groups; groups of moba_block keys
+    merge, wide = True, False  # (see Band) a query is in 1 + (top_k - 1) groups; groups of moba_block keys
 
     def __init__(self, q, moba_block, idx, ok):
         (B, H, T, _), device = q.shape, q.device
-        BH, bs, C = B * H, moba_block, BLOCK
+        BH, block, nq = B * H, moba_block, BLOCK
         self.shape = (B, H, T)
-        nblk = math.ceil(T / bs)
+        nblk = math.ceil(T / block)
         base = torch.arange(BH, device=device)[:, None] * T                        # (BH, 1): each head's first row
-        rows = F.pad(torch.arange(T, device=device) + base, (0, nblk * bs - T), value=BH * T)  # (BH, nblk*bs)
-        self.own = rows.view(BH, nblk, bs)                                          # queries = keys
-        r = torch.arange(bs, device=device)
-        keypad = torch.zeros(nblk * bs, device=device).index_fill_(0, torch.arange(T, nblk * bs, device=device),
-                                                                   NEG).view(nblk, bs)   # (nblk, bs): -inf past T
-        self.own_mask = torch.zeros(bs, bs, device=device).masked_fill_(r[None, :] > r[:, None], NEG) + keypad[:, None]
+        rows = F.pad(torch.arange(T, device=device) + base, (0, nblk * block - T), value=BH * T)  # (BH, nblk*block)
+        self.own = rows.view(BH, nblk, block)                                       # queries = keys
+        r, S = torch.arange(block, device=device), nblk * block
+        keypad = torch.zeros(S, device=device).index_fill_(0, torch.arange(T, S, device=device), NEG).view(nblk, block)
+        causal = torch.zeros(block, block, device=device).masked_fill_(r[None, :] > r[:, None], NEG)  # (block, block)
+        self.own_mask = causal + keypad[:, None]                                    # (nblk, block, block)
         pair_blk = (idx + torch.arange(BH, device=device).view(B, H, 1, 1) * nblk)[ok]  # (P,): head*nblk + block
         pair_row = (torch.arange(T, device=device) + base.view(B, H, 1)).unsqueeze(-1).expand_as(idx)[ok]  # (P,)
         pair_blk, order = pair_blk.sort(stable=True)
         pair_row = pair_row[order]
         count = torch.bincount(pair_blk, minlength=BH * nblk)                       # (BH*nblk,): queries per block
         first = torch.cumsum(count, 0) - count                                      # where each block's pairs start
-        ntile = (count + C - 1) // C
+        ntile = (count + nq - 1) // nq
         tile0 = torch.cumsum(ntile, 0) - ntile                                      # each block's first tile
         rank = torch.arange(len(pair_blk), device=device) - first[pair_blk]         # a pair's rank in its block
-        self.tile_q = torch.full((int(ntile.sum()), C), BH * T, device=device)      # (tiles, C): pads read the zero row
-        self.tile_q.view(-1)[tile0[pair_blk] * C + rank] = pair_row
+        self.tile_q = torch.full((int(ntile.sum()), nq), BH * T, device=device)  # (tiles, nq): pads read the zero row
+        self.tile_q.view(-1)[tile0[pair_blk] * nq + rank] = pair_row
         tile_blk = torch.repeat_interleave(torch.arange(BH * nblk, device=device), ntile)  # (tiles,)
-        self.tile_k = rows.view(BH * nblk, bs)[tile_blk]                            # (tiles, bs)
-        self.tile_mask = keypad[tile_blk % nblk][:, None, :]                        # (tiles, 1, bs)
+        self.tile_k = rows.view(BH * nblk, block)[tile_blk]                            # (tiles, block)
+        self.tile_mask = keypad[tile_blk % nblk][:, None, :]                        # (tiles, 1, block)
 
     def flat(self, t):
         return F.pad(t.detach().float().flatten(0, 2), (0, 0, 0, 1))                # (B*H*T + 1, D)
@@ -212,18 +223,18 @@ class Moba:
     def unflat(self, f):
         return f[:-1].view(*self.shape, -1)                                         # (B, H, T, D)
 
-    def gather(self, f, rows):
+    def keys(self, f, rows):
         return f.index_select(0, rows.flatten()).view(*rows.shape, f.shape[-1])   # faster than f[rows]
 
-    query = gather  # a query's rows are scattered over tiles; forward never writes through them (merge)
+    query = keys  # a query's rows are scattered over tiles; forward never writes through them (merge)
 
     def chunks(self, size):
-        bs = self.own.shape[-1]
-        n = max(1, size // (BLOCK * bs))                     # tiles per chunk
+        block = self.own.shape[-1]
+        n = max(1, size // (BLOCK * block))                     # tiles per chunk
         m = max(1, n // len(self.own))                       # own blocks per chunk
-        for s in range(0, self.own.shape[1], m):     # (BH, m, bs), (BH, m, bs), (1, m, bs, bs)
+        for s in range(0, self.own.shape[1], m):     # (BH, m, block), (BH, m, block), (1, m, block, block)
             yield self.own[:, s:s + m], self.own[:, s:s + m], self.own_mask[None, s:s + m]
-        for s in range(0, len(self.tile_q), n):      # (n, 1, C), (n, 1, bs), (n, 1, 1, bs)
+        for s in range(0, len(self.tile_q), n):      # (n, 1, nq), (n, 1, block), (n, 1, 1, block)
             yield self.tile_q[s:s + n, None], self.tile_k[s:s + n, None], self.tile_mask[s:s + n, None]
 
 
@@ -242,16 +253,16 @@ def _fused(q, finite, layout):
     """Whether PyTorch's fused CPU flash-attention kernel runs the groups (it takes an additive mask, and
     returns the logsumexp the backward needs): on the CPU, where every key is finite (NaN + -inf is NaN),
     for the band's wide groups (MoBA's 64-key tiles run faster as plain matmuls)."""
-    return (q.device.type == "cpu" and finite and layout.wide
+    return (q.device.type == "cpu" and finite and layout.wide  # wide: the band's groups, not MoBA's tiles
             and hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu"))
 
 
 def _group_forward(qc, kc, vc, mask, finite, fused):
-    """softmax(qc kc^T / sqrt(D) + mask) vc and its logsumexp, per group: (m, n, C, D), (m, n, C)."""
+    """softmax(qc kc^T / sqrt(D) + mask) vc and its logsumexp, per group: (m, n, nq, D), (m, n, nq)."""
     if fused:
         return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(qc, kc, vc, attn_mask=mask)
-    s = _masked((qc @ kc.transpose(-1, -2)).mul_(qc.shape[-1] ** -0.5), mask, finite)  # (m, n, C, L)
-    top = s.amax(-1, keepdim=True)                                          # (m, n, C, 1): every row sees a key
+    s = _masked((qc @ kc.transpose(-1, -2)).mul_(qc.shape[-1] ** -0.5), mask, finite)  # (m, n, nq, nk)
+    top = s.amax(-1, keepdim=True)                                          # (m, n, nq, 1): every row sees a key
     p = s.sub_(top).exp_()                                                  # unnormalised: one exp pass
     total = p.sum(-1, keepdim=True)
     return (p @ vc).div_(total), (top + total.log()).squeeze(-1)
@@ -259,11 +270,11 @@ def _group_forward(qc, kc, vc, mask, finite, fused):
 
 def _group_backward(doc, qc, kc, vc, lse, rowdot, mask, finite):
     """dq, dk, dv of each group, its probabilities recomputed from lse (the row's over all its groups);
-    rowdot is each row's rowsum(dO * O). In place: two (C, L) buffers stay in cache, not three."""
+    rowdot is each row's rowsum(dO * O). In place: two (nq, nk) buffers stay in cache, not three."""
     scale = qc.shape[-1] ** -0.5
-    p = _masked((qc @ kc.transpose(-1, -2)).mul_(scale), mask, finite).sub_(lse[..., None]).exp_()  # (m, n, C, L)
+    p = _masked((qc @ kc.transpose(-1, -2)).mul_(scale), mask, finite).sub_(lse[..., None]).exp_()  # (m, n, nq, nk)
     dv = p.transpose(-1, -2) @ doc
-    ds = p.mul_((doc @ vc.transpose(-1, -2)).sub_(rowdot[..., None]))       # (m, n, C, L): dloss/dscores
+    ds = p.mul_((doc @ vc.transpose(-1, -2)).sub_(rowdot[..., None]))       # (m, n, nq, nk): dloss/dscores
     return (ds @ kc).mul_(scale), (ds.transpose(-1, -2) @ qc).mul_(scale), dv
 
 
@@ -278,10 +289,10 @@ def forward(q, k, v, layout):
     total, out = torch.zeros_like(top), torch.zeros_like(qf) if layout.merge else torch.empty_like(qf)
     finite = _finite(kf)
     fused = _fused(qf, finite, layout)
-    for qrows, krows, mask in layout.chunks(FUSED_CHUNK if fused else CHUNK):  # (m, n, C), (m, n, L), (m or 1, n, C, L)
-        o, lse = _group_forward(layout.query(qf, qrows), layout.gather(kf, krows), layout.gather(vf, krows), mask,
+    for qrows, krows, mask in layout.chunks(FUSED_CHUNK if fused else CHUNK):  # (m, n, nq), (m, n, nk), (.., nq, nk)
+        o, lse = _group_forward(layout.query(qf, qrows), layout.keys(kf, krows), layout.keys(vf, krows), mask,
                                 finite, fused)
-        if not layout.merge:                                                # the band: rows written through views
+        if not layout.merge:  # each query row in one group (the band): its output written once, through the view
             layout.query(out, qrows).copy_(o)
             layout.query(top[:, None], qrows)[..., 0].copy_(lse)
             continue
@@ -295,7 +306,7 @@ def forward(q, k, v, layout):
         w = (lse - top[rows]).exp_()                                        # (n,)
         total.index_add_(0, rows, w)
         out.index_add_(0, rows, o.mul_(w[:, None]))
-    if layout.merge:
+    if layout.merge:  # MoBA: normalise the merged sums
         out /= total[:, None]
         top += total.log()                                                  # the logsumexp of each row
     return _unflat(layout, out, q.dtype), _unflat(layout, top[:, None], torch.float32)[..., 0]
@@ -316,7 +327,7 @@ def backward(dout, out, lse, q, k, v, layout):
         rowdot = layout.flat((dout.float() * out.float()).sum(-1, keepdim=True))[:, 0]  # (N,)
     for qrows, krows, mask in layout.chunks(CHUNK):
         qc, doc = layout.query(qf, qrows), layout.query(dof, qrows)
-        kc, vc = layout.gather(kf, krows), layout.gather(vf, krows)
+        kc, vc = layout.keys(kf, krows), layout.keys(vf, krows)
         if fused:
             grads = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
                 doc, qc, kc, vc, layout.query(of, qrows), lse[qrows], 0.0, False, attn_mask=mask)

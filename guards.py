@@ -50,11 +50,37 @@ def v_seen_only(fn):
     return run
 
 
-def check_positive(value, name="window"):
-    """value, if it is an integer >= 1 (a window, a block size, ...); else a ValueError naming it."""
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+def check_int(value, name="window", least=1):
+    """value, if it is an integer >= least (a window, a block size, a count, ...); else a ValueError naming it."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < least:
+        raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")
     return value
+
+
+def check_seed(seed):
+    """seed, if an integer of 64 bits (what torch.Generator.manual_seed takes); else a ValueError."""
+    if not isinstance(seed, int) or isinstance(seed, bool) or not -2**63 <= seed < 2**64:
+        raise ValueError(f"seed must be an integer that fits in 64 bits, got {seed!r}")
+    return seed
+
+
+def check_temperature(temperature):
+    if not (isinstance(temperature, (int, float)) and not isinstance(temperature, bool) and temperature >= 0):  # NaN
+        raise ValueError(f"temperature={temperature!r}: use a number > 0, or 0 for greedy decoding")
+
+
+def check_tokens(idx, vocab_size, lengths=None):
+    """A model's input: idx a (B, T) int64 (or int32) tensor of ids in [0, vocab_size); lengths None or the real
+    tokens of each right-padded row, a (B,) integer tensor with 1 <= lengths <= T."""
+    if not isinstance(idx, torch.Tensor) or idx.dim() != 2 or idx.dtype not in (torch.long, torch.int):
+        raise ValueError(f"idx must be a (B, T) tensor of token ids (int64), got {getattr(idx, 'dtype', type(idx))} "
+                         f"{tuple(getattr(idx, 'shape', ()))}")
+    if idx.numel() and not torch.compiler.is_compiling() and not (0 <= idx.min() and idx.max() < vocab_size):
+        raise ValueError(f"idx holds token ids outside [0, vocab_size={vocab_size})")
+    (B, T), ok = idx.shape, isinstance(lengths, torch.Tensor) and lengths.dtype in (torch.long, torch.int)
+    if lengths is not None and not (ok and lengths.shape == (B,) and bool(((lengths >= 1) & (lengths <= T)).all())):
+        raise ValueError(f"lengths must be a (B,)=({B},) integer tensor of real tokens per row, 1 <= lengths <= T={T}, "
+                         f"got {str(lengths)[:80]}")
 
 
 def check_draw(draw, name, q):

@@ -4,8 +4,8 @@ The rule is stated once, in attention.py's docstring; this file imports nothing 
 read, compiled and checked alone. As in Triton's fused-attention tutorial, forward program (i, b*h) owns BLOCK_M
 query rows and streams the key blocks its band reaches with an online softmax in fp32, O(T * w); the backward computes
 dK, dV per key block, then dQ per query block. Masked scores are -inf before any sum: a masked NaN reaches no query.
-It checks itself: before it first runs a rule on a device, dtype and head dim, self_check holds it to its dense rule.
-If that fails, or it has no configuration for the GPU, dtype or shape, it raises Unsupported ("auto": the torch path).
+It checks itself: before it first runs a variant (VARIANTS) on a device, dtype and head dim, self_check holds it to
+its dense rule. If that fails, or it has no configuration for the GPU, dtype or shape, it raises Unsupported.
 """
 import math
 from typing import NamedTuple, Optional
@@ -15,7 +15,7 @@ from torch import Tensor
 import triton
 import triton.language as tl
 
-SELF_CHECK = True  # check_once runs self_check before the kernel first runs a rule (False: unchecked)
+SELF_CHECK = True  # check_once runs self_check before the kernel first runs a variant (False: unchecked)
 HEAD_DIMS = (16, 32, 64, 128)  # power-of-two head dims the kernels compile for
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 LOG2E = 1.4426950408889634     # the kernels use exp2; scores are pre-scaled by log2(e)
@@ -371,17 +371,17 @@ def triton_swa(q, k, v, width, pos=None, val=None, margin=0.0, check=True):
         raise ValueError(f"val must be fp32 with pos's shape, ascending along T, and the width > 0; got {val.dtype} "
                          f"{tuple(val.shape)}, pos {None if pos is None else tuple(pos.shape)}, width {width!r}")
     if check:
-        check_once(q.device, q.dtype, D, RULES[(pos is not None) + (val is not None)], margin)
+        check_once(q.device, q.dtype, D, VARIANTS[(pos is not None) + (val is not None)], margin)
     pos, val = (pos, val) if val is None else (pos.contiguous(), val.contiguous())  # one set of strides for both
     return _forward(q, k, v, pos, val, width, margin)[0]
 
 
 # -----------------------------------------------------------------------------
-# The self-check, at each rule's first use and in python kernel.py --check: against the dense rule.
+# The self-check, at each variant's first use and in python kernel.py --check: against the dense rule.
 
-RULES = ("swa", "sa rank", "sa value")  # the kernel's variants: no pos (causal SWA), pos, pos and val
+VARIANTS = ("swa", "sa rank", "sa value")  # the kernel's variants: no pos (causal SWA), pos, pos and val
 TOLERANCE = {torch.bfloat16: 5e-2, torch.float16: 5e-2, torch.float32: 1e-3}  # of self_check's max error
-SELF_CHECKS = {}  # (device, dtype, head dim, rule) -> self_check's max error, in this process
+SELF_CHECKS = {}  # (device, dtype, head dim, variant) -> self_check's max error, in this process
 
 
 def dense(q, k, v, width, pos=None, val=None):
@@ -393,14 +393,14 @@ def dense(q, k, v, width, pos=None, val=None):
     return torch.softmax(scores.masked_fill(~mask, float("-inf")), -1) @ v.float()
 
 
-def self_check(device, dtype, D, rule, T=300, window=100, B=1, H=2, margin=0.0, seed=0):
+def self_check(device, dtype, D, variant, T=300, window=100, B=1, H=2, margin=0.0, seed=0):
     """Max |error| of triton_swa's out, dq, dk, dv relative to max(1, |dense's|) (NaN: inf) on random input, through
     the configuration real calls compile to. Defaults: T no multiple of any block, a window across blocks."""
     g = torch.Generator().manual_seed(seed)
     q, k, v, do = (torch.randn(B, H, T, D, generator=g).to(device, dtype) for _ in range(4))
     perm = (r := torch.rand(T, generator=g).to(device)).argsort()   # a random permutation; the value rule's slots
     width, pos, val = {"swa": (window, None, None), "sa rank": (window, perm, None),
-                       "sa value": (window / T, perm, r[perm])}[rule]
+                       "sa value": (window / T, perm, r[perm])}[variant]
     inputs = [[t.detach().requires_grad_() for t in x] for x in ((q, k, v), (q.float(), k.float(), v.float()))]
     outs = triton_swa(*inputs[0], width, pos, val, margin, check=False), dense(*inputs[1], width, pos, val)
     got, want = ([o, *torch.autograd.grad(o, x, do.to(o.dtype))] for o, x in zip(outs, inputs))
@@ -412,15 +412,15 @@ def where(device):
     return torch.cuda.get_device_name(device) if device.type == "cuda" else "the CPU interpreter"
 
 
-def check_once(device, dtype, D, rule, margin=0.0):
-    """self_check of rule on device, dtype and head dim D, run at its first use if SELF_CHECK (under torch.compile
+def check_once(device, dtype, D, variant, margin=0.0):
+    """self_check of variant on device, dtype and head dim D, run at its first use if SELF_CHECK (under torch.compile
     only looked up); if it failed, Unsupported now and at every later use: the kernel declines to be wrong."""
-    key = (device, dtype, D, rule)
+    key = (device, dtype, D, variant)
     if SELF_CHECK and key not in SELF_CHECKS and not torch.compiler.is_compiling():
         with torch.enable_grad(), torch.autocast(device.type, enabled=False):
             SELF_CHECKS[key] = self_check(*key, margin=margin)
     if not SELF_CHECKS.get(key, 0.0) <= TOLERANCE[dtype]:  # NaN fails too
-        raise Unsupported(f"the Triton kernel failed its self-check on {where(device)} {str(dtype)[6:]} for {rule} "
+        raise Unsupported(f"the Triton kernel failed its self-check on {where(device)} {str(dtype)[6:]} for {variant} "
                           f"(head dim {D}): max error {SELF_CHECKS[key]:.1e} against the dense fp32 reference")
 
 
@@ -439,11 +439,11 @@ if __name__ == "__main__":
     print(f"B={B} H={H} D={D} on {where(torch.device(device))}: max |error| of "
           "out, dq, dk, dv relative to max(1, |dense reference|), which runs in fp32")
     # the interpreter multiplies bf16 bit patterns in tl.dot (triton-lang/triton#11584): fp32 only there
-    for dtype, T, window, rule in ((dtype, int(T), int(w), rule) for dtype in (torch.bfloat16, torch.float32)[not cuda:]
-                                   for T in check_T.split(",") for w in check_windows.split(",") for rule in RULES):
-        err, tol = self_check(device, dtype, D, rule, T, window, B, H, seed=T + window), TOLERANCE[dtype]
+    for dtype, T, window, variant in ((dtype, int(T), int(w), v) for dtype in (torch.bfloat16, torch.float32)[not cuda:]
+                                      for T in check_T.split(",") for w in check_windows.split(",") for v in VARIANTS):
+        err, tol = self_check(device, dtype, D, variant, T, window, B, H, seed=T + window), TOLERANCE[dtype]
         failed += not err <= tol
-        print(f"{rule:>8} {str(dtype)[6:]:>8} T={T:<6} window={window:<5} max err {err:.1e} (tol {tol:.0e}) "
+        print(f"{variant:>8} {str(dtype)[6:]:>8} T={T:<6} window={window:<5} max err {err:.1e} (tol {tol:.0e}) "
               f"{'PASS' if err <= tol else 'FAIL'}")
     if failed:
         raise SystemExit(f"{failed} checks FAILED: please report them with this output")

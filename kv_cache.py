@@ -43,22 +43,22 @@ class KVCache:
         if self.value_sa:
             check_draw(draw, "r", k)
         if not cache:
-            bs = self.moba_block
+            block = self.moba_block
             S = {"swa": min(cfg.window, cfg.block_size),
-                 "moba": math.ceil(cfg.block_size / bs) * bs}.get(cfg.attn, cfg.block_size)
+                 "moba": math.ceil(cfg.block_size / block) * block}.get(cfg.attn, cfg.block_size)
             cache.update(k=k.new_zeros(B, nh, S, hs), v=v.new_zeros(B, nh, S, hs))
             if cfg.attn == "moba":
-                cache["kmean"] = k.new_zeros(B, nh, S // bs, hs, dtype=torch.float32)
+                cache["kmean"] = k.new_zeros(B, nh, S // block, hs, dtype=torch.float32)
         S = cache["k"].shape[2]
         n = min(T, S)                                            # only the last S positions can ever be seen
         slots = torch.arange(start + T - n, start + T, device=k.device) % S
         cache["k"][:, :, slots] = k[:, :, T - n:]                               # (B, nh, n, hs) into their slots
         cache["v"][:, :, slots] = v[:, :, T - n:]
         if cfg.attn == "moba":  # the blocks these tokens complete, averaged as moba_select averages them
-            bs = self.moba_block
-            lo, hi = start // bs, (start + T) // bs
+            block = self.moba_block
+            lo, hi = start // block, (start + T) // block
             if hi > lo:
-                cache["kmean"][:, :, lo:hi] = blocked.block_means(cache["k"][:, :, lo * bs:hi * bs], bs)
+                cache["kmean"][:, :, lo:hi] = blocked.block_means(cache["k"][:, :, lo * block:hi * block], block)
         if self.value_sa:
             r = draw.expand(B, nh, T).reshape(-1, T) if draw.dim() == 3 else draw[None]  # (R, T)
             cache["rq"] = r[:, -1:]                                 # (R, 1): the newest token's r, a step's query
@@ -107,9 +107,9 @@ class KVCache:
         """The keys, values and mask of MoBA's step: the own block so far, plus the top_k - 1 past blocks
         with the largest q . kmean, chosen as moba_select chooses the last row of a forward over them."""
         cfg, start, (B, nh) = self.config, self.start, q.shape[:2]
-        bs = self.moba_block
-        nc = start // bs                                     # complete blocks, all strictly past
-        own = nc * bs                                        # the own block's first position
+        block = self.moba_block
+        nc = start // block                                     # complete blocks, all strictly past
+        own = nc * block                                        # the own block's first position
         keys, vals = cache["k"][:, :, own:start + 1], cache["v"][:, :, own:start + 1]  # (B, nh, start+1-own, hs)
         mask = torch.ones(keys.shape[2], dtype=torch.bool, device=q.device)
         if cfg.moba_topk > 1 and nc > 0:
@@ -121,8 +121,8 @@ class KVCache:
             top, idx = scores.topk(min(cfg.moba_topk - 1, nc + 1), dim=-1)           # (B, nh, 1, n)
             bh = (torch.arange(B, device=q.device)[:, None, None], torch.arange(nh, device=q.device)[None, :, None])
             blocks = idx[:, :, 0]                                                      # (B, nh, n)
-            ksel = cache["k"].unflatten(2, (-1, bs))[bh + (blocks,)].flatten(2, 3)      # (B, nh, n*bs, hs)
-            vsel = cache["v"].unflatten(2, (-1, bs))[bh + (blocks,)].flatten(2, 3)      # (B, nh, n*bs, hs)
+            ksel = cache["k"].unflatten(2, (-1, block))[bh + (blocks,)].flatten(2, 3)      # (B, nh, n*block, hs)
+            vsel = cache["v"].unflatten(2, (-1, block))[bh + (blocks,)].flatten(2, 3)      # (B, nh, n*block, hs)
             keys, vals = torch.cat([keys, ksel], 2), torch.cat([vals, vsel], 2)        # (B, nh, n_keys, hs)
-            mask = torch.cat([mask.expand(B, nh, 1, -1), (top > float("-inf")).repeat_interleave(bs, -1)], -1)
+            mask = torch.cat([mask.expand(B, nh, 1, -1), (top > float("-inf")).repeat_interleave(block, -1)], -1)
         return keys, vals, mask

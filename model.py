@@ -15,6 +15,7 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 import attention
+from guards import check_int, check_seed, check_temperature, check_tokens
 from kv_cache import KVCache
 
 ATTN_KINDS = ("full", "swa", "sa", "sa+swa", "moba")
@@ -59,7 +60,7 @@ class GPTConfig:
             if getattr(self, field) not in allowed:
                 invalid(field, f"one of {allowed}")
         for field in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd", "window", "moba_block", "moba_topk"):
-            attention.check_positive(getattr(self, field), f"GPTConfig.{field}")
+            check_int(getattr(self, field), f"GPTConfig.{field}")
         if self.n_embd % self.n_head:
             invalid("n_embd", f"divisible by n_head={self.n_head}")
         if self.pos_emb == "rope" and (self.n_embd // self.n_head) % 2:
@@ -67,13 +68,14 @@ class GPTConfig:
         if not (real(self.dropout) and 0 <= self.dropout < 1):
             invalid("dropout", "a number in [0, 1)")
         if not (real(self.rope_base) and 1 < self.rope_base < math.inf):  # 1e-300 gives inf frequencies, NaN logits
-            invalid("rope_base", "a finite number > 1 (RoPE's frequencies are its powers base^(-2i/hs); 10000 is usual)")
+            invalid("rope_base", "a finite number > 1 (RoPE's frequencies are base^(-2i/hs); 10000 is usual)")
         if not isinstance(self.bias, bool):
             invalid("bias", "True or False")
 
     @property
     def sa_delta(self):
-        """The value rule's width: window / block_size, the rank rule's pair probability at T = block_size."""
+        """The value rule's width delta = window / block_size: a pair then meets as often as under the rank rule, with
+        probability about 2 * delta (README.md), so a query sees about `window` keys."""
         return self.window / self.block_size
 
     @property
@@ -89,11 +91,6 @@ def use_kv_cache(config, use_cache):
         print(f"attn={config.attn!r} with sa_rule='rank' cannot be decoded from a KV cache exactly: "
               "every token recomputes the whole prefix", file=sys.stderr)
     return use_cache and config.cacheable
-
-
-def check_temperature(temperature):
-    if not (isinstance(temperature, (int, float)) and not isinstance(temperature, bool) and temperature >= 0):  # NaN
-        raise ValueError(f"temperature={temperature!r}: use a number > 0, or 0 for greedy decoding")
 
 
 def swapped(config, **changes):
@@ -144,11 +141,12 @@ class CausalSelfAttention(nn.Module):
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.resid_dropout = nn.Dropout(config.dropout)
         if config.attn == "sa+swa":
-            # one sigmoid gate per head and path, from the block's input: 2 * n_embd * n_head parameters
+            # one sigmoid gate per head and path, from the attention's input ln_1(x): 2 * n_embd * n_head parameters
             self.gate = nn.Linear(config.n_embd, 2 * config.n_head, bias=False)
 
     def forward(self, x, draw=None, rope=None, cache=None):
-        """x (B, T, C); draw: SA's draw for this layer (GPT.draw_sa). cache: a KVCache (kv_cache.py) that
+        """x (B, T, C); draw: SA's random draw for this layer (GPT.draw_sa), the permutation perm of the rank rule or
+        the numbers r of the value rule. cache: a KVCache (kv_cache.py) that
         a prefill (start 0) fills, running the attention below; a decode step (one token) attends over it."""
         B, T, C = x.size()
         cfg, nh = self.config, self.config.n_head
@@ -171,8 +169,8 @@ class CausalSelfAttention(nn.Module):
             if kind == "moba":
                 return attention.moba_attention(q, k, v, cfg.moba_block, cfg.moba_topk)
             if cfg.sa_rule == "value":
-                return attention.stochastic_value_attention(q, k, v, cfg.sa_delta, draw)
-            return attention.stochastic_attention(q, k, v, cfg.window, draw)
+                return attention.stochastic_value_attention(q, k, v, cfg.sa_delta, r=draw)
+            return attention.stochastic_attention(q, k, v, cfg.window, perm=draw)
 
         if cfg.attn == "sa+swa":  # Y = sigmoid(x W_sa) * Y_sa + sigmoid(x W_swa) * Y_swa; both paths share q, k, v
             g = torch.sigmoid(self.gate(x)).transpose(1, 2).unsqueeze(-1)        # (B, 2*nh, T, 1)
@@ -273,25 +271,15 @@ class GPT(nn.Module):
 
     def seed_sa(self, seed):
         """Restart SA's draws from seed, an integer of 64 bits."""
-        if not isinstance(seed, int) or isinstance(seed, bool) or not -2**63 <= seed < 2**64:
-            raise ValueError(f"seed must be an integer that fits in 64 bits, got {seed!r}")
-        self.sa_state.copy_(torch.Generator().manual_seed(seed).get_state())
+        self.sa_state.copy_(torch.Generator().manual_seed(check_seed(seed)).get_state())
 
     def forward(self, idx, targets=None, lengths=None, cache=None, draws=None):
         """idx (B, T) -> logits (B, T, vocab), and the loss if targets. lengths: see draw_sa.
         cache: a KVCache (kv_cache.py); idx continues the tokens it has seen, all at once
         into an empty cache or one at a time. draws: SA's draw per layer, instead of fresh ones."""
         cfg = self.config
-        if not isinstance(idx, torch.Tensor) or idx.dim() != 2 or idx.dtype not in (torch.long, torch.int):
-            raise ValueError(f"idx must be a (B, T) tensor of token ids (int64), got {getattr(idx, 'dtype', idx)!r} "
-                             f"{tuple(getattr(idx, 'shape', ()))}")
+        check_tokens(idx, cfg.vocab_size, lengths)
         B, T = idx.size()
-        if idx.numel() and not torch.compiler.is_compiling() and not (0 <= idx.min() and idx.max() < cfg.vocab_size):
-            raise ValueError(f"idx holds token ids outside [0, vocab_size={cfg.vocab_size})")
-        if lengths is not None and not (isinstance(lengths, torch.Tensor) and lengths.shape == (B,) and lengths.dtype
-                                        in (torch.long, torch.int) and bool(((lengths >= 1) & (lengths <= T)).all())):
-            raise ValueError(f"lengths must be a (B,)=({B},) integer tensor of real tokens per row, 1 <= lengths <= "
-                             f"T={T}, got {lengths!r}"[:200])
         start = 0 if cache is None else cache.start                              # idx[:, 0]'s absolute position
         if start + T > cfg.block_size:
             raise ValueError(f"sequence length {start + T} exceeds block_size {cfg.block_size}")
@@ -345,20 +333,17 @@ class GPT(nn.Module):
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True):
         """Append max_new_tokens sampled tokens to idx (B, T). temperature=0: greedy, the most likely token.
-        use_cache: decode from a KVCache (kv_cache.py), one token per step, where use_kv_cache allows it; else
-        every step recomputes the whole prefix. Past block_size,
-        without the cache every step crops the context to its last block_size tokens (nanoGPT); with it,
-        a full cache is refilled from the last block_size // 2 tokens by one forward."""
+        use_cache: decode from a KVCache (kv_cache.py), one token per step, where use_kv_cache allows it; else every
+        step recomputes the whole prefix. Past block_size, without the cache every step crops the context to its last
+        block_size tokens (nanoGPT); with it, a full cache is refilled from the last block_size // 2 tokens."""
         cfg = self.config
         check_temperature(temperature)
-        integer = lambda n: isinstance(n, int) and not isinstance(n, bool)  # noqa: E731
-        if top_k is not None and not (integer(top_k) and top_k >= 1):
-            raise ValueError(f"top_k={top_k!r}: use an integer >= 1, or None to sample among all tokens")
-        if not (integer(max_new_tokens) and max_new_tokens >= 0):
-            raise ValueError(f"max_new_tokens={max_new_tokens!r}: use an integer >= 0")
-        if not isinstance(idx, torch.Tensor) or idx.dim() != 2 or idx.size(1) == 0:
-            raise ValueError(f"idx of shape {tuple(getattr(idx, 'shape', ()))}: use a prompt (B, T) of at least one "
-                             "token")
+        check_int(max_new_tokens, "max_new_tokens", least=0)
+        if top_k is not None:
+            check_int(top_k, "top_k (None: sample among all tokens)")
+        check_tokens(idx, cfg.vocab_size)
+        if idx.size(1) == 0:
+            raise ValueError(f"idx of shape {tuple(idx.shape)}: use a prompt (B, T) of at least one token")
         use_cache = use_kv_cache(cfg, use_cache)
         cache = None
         for _ in range(max_new_tokens):

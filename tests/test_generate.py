@@ -209,7 +209,8 @@ def test_bad_top_k_and_an_empty_prompt_are_refused():
     """top_k=0, top_k=-1 and a prompt of 0 tokens used to end in a traceback from topk or indexing."""
     model, idx = tiny("full"), tokens(2, 5)
     for top_k in (0, -1, 2.5):
-        with pytest.raises(ValueError, match=f"top_k={top_k}: use an integer >= 1, or None"):
+        with pytest.raises(ValueError, match=rf"top_k \(None: sample among all tokens\) must be an integer >= 1, "
+                           f"got {top_k}"):
             model.generate(idx, 1, top_k=top_k)
     for use_cache in (True, False):
         with pytest.raises(ValueError, match="use a prompt"):
@@ -222,7 +223,7 @@ def test_bad_generate_and_cache_inputs_raise_one_line():
     size after its prefill, a value-rule cache given no draws."""
     model, idx = tiny("swa"), tokens(2, 5)
     for n in (1.5, -1, "3", True):
-        with pytest.raises(ValueError, match=f"max_new_tokens={n!r}: use an integer >= 0"):
+        with pytest.raises(ValueError, match=f"max_new_tokens must be an integer >= 0, got {n!r}"):
             model.generate(idx, n)
     for t in ("1", None, float("nan")):
         with pytest.raises(ValueError, match="temperature=.*: use a number > 0"):

@@ -435,7 +435,7 @@ def test_kernel_masks_equal_attentions():
 
 
 def test_a_correct_kernel_passes_the_self_check(monkeypatch):
-    """engine() runs the self-check of each rule a model uses, once, and says so; on the CPU under "auto" it runs
+    """engine() runs the self-check of each kernel variant a model uses, once, and says so; on the CPU under "auto" it runs
     no kernel at all."""
     monkeypatch.setattr(kernel, "SELF_CHECKS", {})
     assert A.engine("cpu", torch.float32, 16, ["sa+swa"]) == "attention: the torch path on cpu"
@@ -475,7 +475,7 @@ def inject(monkeypatch, fault, dtype=None):
 @pytest.mark.parametrize("fault, kind", [("window", "swa"), ("scale", "sa"), ("dk", "sa-value"), ("dq", "swa"),
                                          ("nan", "sa")])
 def test_the_self_check_catches_a_faulty_kernel(monkeypatch, fault, kind):
-    """Under "triton" the first call raises, naming the device, dtype, rule and error; under "auto" (here the
+    """Under "triton" the first call raises, naming the device, dtype, kernel variant and error; under "auto" (here the
     interpreter plays a GPU) one warning says so and the torch path gives the reference's output and gradients,
     which the faulty kernel, unchecked, does not."""
     fast, ref = attention_kinds(100, B=1, H=2)[kind]
