@@ -1183,6 +1183,11 @@ def lm1024():
                          + " | ".join("-" if rs[0]["split"][p] is None else mean_std([r["split"][p] for r in rs])
                                       for p in ("all", "far", "far_unseen", "near"))
                          + " |")
+    full, swa = by("plain", "full", w0), by("plain", "swa", w0)
+    if full and [r["seed"] for r in full] == [r["seed"] for r in swa]:  # per seed, exact: the text quotes these
+        lines.append("| full − swa, per seed | | | " + " | ".join(
+            ", ".join("-" if f["split"][p] is None else f"{f['split'][p] - s['split'][p]:+.4f}" for f, s in zip(full, swa))
+            for p in ("all", "far", "far_unseen", "near")) + " |")
     lines += ["", f"tokens: {', '.join(f'{p} {int(m.sum()):,}' for p, m in parts.items())}", "",
               f"Copy task (T={T}, {c['copy_iters']} iterations): val loss on the first half / the copied half, per seed "
               f"(each seed's own val sequences); full attention's runs at w = {w0} serve every window", "",
@@ -1194,6 +1199,18 @@ def lm1024():
                      + ", ".join(str(r["seed"]) for r in rs) + " | "
                      + " | ".join(", ".join(f"{r[h]:.3f}" for r in rs) for h in ("first", "second")) + " | "
                      + ", ".join(f"{r['second'] - r['first']:+.3f}" for r in rs) + " |")
+    lines += ["", "SA+SWA's copied − first half minus SWA's, per seed, over training (negative: SA+SWA copies more):", "",
+              "| window | seed | " + " | ".join(str(i) for i in range(0, c["copy_iters"] + 1, c["copy_iters"] // 4)) + " |",
+              "|---|---|" + "---|" * 5]
+    for w in c["windows"]:
+        for s_ in c["seeds"]:
+            pair = [next((r for r in rows if r["task"] == "copy" and cell(r) == (kind, w, "head") and r["seed"] == s_),
+                         None) for kind in ("sa+swa", "swa")]
+            if all(pair):
+                gap = {it: second - first for it, first, second in pair[0]["curve"]}
+                gap = {it: g - (second - first) for it, first, second in pair[1]["curve"] if (g := gap.get(it)) is not None}
+                lines.append(f"| {w} | {s_} | " + " | ".join(f"{gap[i]:+.3f}" if i in gap else "-"
+                                                            for i in range(0, c["copy_iters"] + 1, c["copy_iters"] // 4)) + " |")
     lines += ["", "| window (w/T) | verdict (claim 5's mechanism) | R per seed | R' per seed |", "|---|---|---|---|"]
     lines += [f"| {w} (1/{T // w}) | **{v['verdict']}** | " + " | ".join(", ".join(f"{x:.2f}" for x in v[k]) or "-"
                                                                        for k in ("R", "R_prime")) + " |"
