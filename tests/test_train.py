@@ -15,11 +15,17 @@ Run: python -m pytest -q tests/test_train.py. The scripts run as subprocesses on
 - a 2-process gloo DDP run; sampling (greedy = top_k 1, seeds reproduce);
 - every bad input (config keys, values, files, checkpoints, datasets) gets one line, a non-zero
   exit, and nothing written."""
+import contextlib
 import errno
+import io
 import json
 import os
+import re
 import resource
 import runpy
+import shlex
+import shutil
+import signal
 import subprocess
 import sys
 import sysconfig
@@ -54,14 +60,24 @@ def run(*cmd, check=True, max_file_bytes=None, timeout=300):
 
 def one_line_error(monkeypatch, script, *args):
     """Run a repo script in this process (no interpreter start-up: seconds less per case) to its exit,
-    which must be a one-line message: returned. Any other exception, a traceback, fails the test."""
+    which must be a one-line message: returned. A ValueError is what the script's excepthook (configurator.py)
+    prints, which must be one line too; any other exception, a traceback, fails the test."""
     monkeypatch.chdir(REPO)
     monkeypatch.setattr(sys, "argv", [script, *map(str, args)])
-    with pytest.raises(SystemExit) as exit_:
+    monkeypatch.setattr(sys, "excepthook", sys.excepthook)  # the script's own is dropped afterwards
+    try:
         runpy.run_path(os.path.join(REPO, script), run_name="__main__")
-    message = str(exit_.value.code)
-    assert exit_.value.code not in (None, 0) and "\n" not in message.strip(), message
-    return message
+    except SystemExit as e:
+        message = str(e.code)
+        assert e.code not in (None, 0), message
+    except ValueError as e:
+        with contextlib.redirect_stderr(io.StringIO()) as printed:
+            sys.excepthook(type(e), e, e.__traceback__)
+        message = printed.getvalue()
+    else:
+        pytest.fail(f"{script} ran to its end")
+    assert message.strip() and "\n" not in message.strip(), message
+    return message.strip()
 
 
 def assert_clean_error(r, message):
@@ -550,7 +566,7 @@ def test_data_errors(root, tmp_path):
         P.load_tokens(tmp_path / "cut", "train", meta)
     with pytest.raises(ValueError, match="val.bin is missing"):
         P.load_tokens(tmp_path / "cut", "val", meta)
-    with pytest.raises(ValueError, match="token ids >= vocab_size"):
+    with pytest.raises(ValueError, match="holds token id [0-9]+ at token [0-9]+, but vocab_size is 10"):
         P.load_tokens(root / "text", "train", {**meta, "vocab_size": 10})
     with pytest.raises(ValueError, match="has no 'test' split"):
         P.load_tokens(root / "text", "test", meta)
@@ -564,6 +580,63 @@ def test_data_errors(root, tmp_path):
         P.load_meta(tmp_path / "nope")
     with pytest.raises(ValueError, match="first with `python prepare_data.py --dataset=shakespeare_char`"):
         P.load_meta(tmp_path / "shakespeare_char")  # a name prepare_data.py knows
+
+
+@pytest.mark.parametrize("dataset, change, message", [
+    ("text", dict(dtype="float16"), "has dtype='float16', which cannot hold token ids: use uint8, uint16 or uint32 "
+                                     "(vocab_size 256)"),
+    ("text", dict(dtype="foo"), "has dtype='foo', which cannot hold token ids"),
+    ("text", dict(dtype="int16"), "has dtype='int16', which cannot hold token ids"),
+    ("mqar", dict(dtype="uint8", vocab_size=300, mqar=None), "has dtype='uint8', which cannot hold token ids: use uint16"),
+    ("text", dict(vocab_size="256"), "has vocab_size='256', not an integer from 1 to 2**32"),
+    ("text", dict(vocab_size=300), "has vocab_size=300, not the 256 ids of bytes"),
+    ("text", dict(tokens=[1, 2]), "has tokens=[1, 2], not a map of each split to its token count"),
+    ("text", dict(tokens={"train": -1, "val": 2}), "has tokens={'train': -1, 'val': 2}, not a map"),
+    ("text", dict(eot=256), "has eot=256, not a token id below vocab_size 256"),
+    ("text", dict(source=3), "has source=3, not a text"),
+    ("chars", dict(chars=None), "has chars=None, not the 200 distinct characters of its tokens"),
+    ("chars", dict(chars="abc"), "has chars='abc', not the 200 distinct characters"),
+    ("mqar", dict(mqar="x"), "has mqar='x', not an MQAR layout"),
+    ("mqar", dict(mqar={"seq_len": "64"}), "has mqar={'seq_len': '64'}, not an MQAR layout"),
+    ("mqar", dict(mqar=dict(seq_len=64, num_pairs=100, num_queries=4, num_keys=31, min_gap=0)), ": mqar needs 1 <= num_pairs (100)"),
+    ("mqar", dict(tokens={"train": 100, "val": 64}), "has tokens={'train': 100, 'val': 64}, not whole MQAR sequences of 64"),
+])
+def test_hand_edited_meta_is_one_line(root, tmp_path, dataset, change, message):
+    """meta.json's every entry is checked for its type and range, by the one loader every script reads it through."""
+    meta = {k: v for k, v in {**P.load_meta(root / dataset), **change}.items() if v is not None}
+    (tmp_path / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(ValueError) as e:
+        P.load_meta(tmp_path)
+    assert f"{tmp_path / 'meta.json'}" in str(e.value) and message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_float16_tokens_are_refused_by_train(root, tmp_path, monkeypatch):
+    """The fault run's meta.json: dtype float16 over uint16 data trained to a loss of 0.0034. Now one line."""
+    (tmp_path / "text").mkdir()
+    for f in ("train.bin", "val.bin"):
+        (tmp_path / "text" / f).write_bytes((root / "text" / f).read_bytes())
+    (tmp_path / "text" / "meta.json").write_text(json.dumps({**P.load_meta(root / "text"), "dtype": "float16"}))
+    message = one_line_error(monkeypatch, "train.py", f"--data_root={tmp_path}", "--dataset=text", *TINY,
+                             f"--out_dir={tmp_path / 'out'}")
+    assert "meta.json has dtype='float16', which cannot hold token ids" in message
+    assert not (tmp_path / "out").exists()
+
+
+def test_token_ids_are_checked_over_the_whole_file(root, tmp_path, monkeypatch):
+    """An id >= vocab_size past the first 2^20 tokens: one line when the file is opened, not an IndexError later."""
+    n = (1 << 20) + 100
+    ids = np.zeros(n, np.uint16)
+    ids[n - 3] = 300
+    (tmp_path / "big").mkdir()
+    for split in ("train", "val"):
+        ids.tofile(tmp_path / "big" / f"{split}.bin")
+    meta = {**P.load_meta(root / "text"), "tokens": {"train": n, "val": n}}
+    (tmp_path / "big" / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match=f"train.bin holds token id 300 at token {n - 3}, but vocab_size is 256"):
+        P.load_tokens(tmp_path / "big", "train", meta)
+    message = one_line_error(monkeypatch, "train.py", f"--data_root={tmp_path}", "--dataset=big", *TINY,
+                             f"--out_dir={tmp_path / 'out'}")
+    assert "train.bin holds token id 300" in message and not (tmp_path / "out").exists()
 
 
 def test_load_checkpoint_errors(trained, tmp_path):
@@ -645,16 +718,49 @@ def test_prepare_errors_are_one_line(tmp_path):
                           ([readme, "--tokenizer=bogus"], "unknown tokenizer 'bogus': use bytes, chars"),
                           ([f"--input_file={tmp_path / 'image.bin'}", "--tokenizer=chars"],
                            "image.bin is not UTF-8 text (byte 128: b'\\x80\\x81\\x82\\x83'): use --tokenizer=bytes"),
-                          (["--dataset=mqar", "--mqar_train_seqs=0"],
-                           "mqar needs mqar_train_seqs >= 1 and mqar_val_seqs >= 1"),
+                          (["--dataset=mqar", "--mqar_train_seqs=0"], "mqar_train_seqs=0: use an integer >= 1"),
                           (["--dataset=mqar", "--mqar_offset=100"], "mqar needs 0 <= mqar_offset (100) <="),
                           (["--dataset=../x"], "dataset='../x': use a plain name, no path"),
                           ([readme, "--dataset=../x"], "dataset='../x': use a plain name, no path"),
-                          (["--hf_max_docs=-1"], "hf_max_docs=-1, hf_val_docs=5000: use hf_max_docs >= 0")]:
+                          (["--hf_max_docs=-1"], "hf_max_docs=-1: use an integer >= 0 (0: all)")]:
         r = run("prepare_data.py", f"--data_root={tmp_path / 'data'}", *args, check=False)
         assert_clean_error(r, message)
         assert "online" not in r.stderr
     assert not (tmp_path / "data").exists() and not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--mqar_seed=-1"], "mqar_seed=-1: use an integer >= 0"),
+    (["--dataset=mqar", "--mqar_seed=-1"], "mqar_seed=-1: use an integer >= 0"),
+    (["--dataset=mqar", "--mqar_train_seqs=1000000000000"], "mqar_train_seqs=1000000000000: drawing 1,000,000,000,000 sequences"),
+    (["--dataset=mqar", "--mqar_vocab=10000000000"], "(vocab 10,000,000,000) takes about"),
+    (["--mqar_seq_len=0"], "mqar_seq_len=0: use an integer >= 1"),
+    (["--mqar_offset=-1"], "mqar_offset=-1: use an integer >= 0"),
+    (["--hf_val_docs=0"], "hf_val_docs=0: use an integer >= 1"),
+    (["--val_fraction=1.5"], "val_fraction=1.5: it must lie between 0 and 1"),
+    (["--adopt=True", "--tokenizer=chars"], "tokenizer='chars': --adopt needs a tokenizer with a fixed vocabulary"),
+])
+def test_prepare_settings_are_checked_before_anything_is_written(tmp_path, args, message):
+    """Every setting's range, named in one line, before any allocation: a setting far above what memory or disk
+    holds too; --adopt over nanoGPT's files with the chars tokenizer (its vocabulary comes from text) too."""
+    (tmp_path / "data" / "pystdlib").mkdir(parents=True)
+    for split in ("train", "val"):  # nanoGPT's files, for --adopt
+        np.zeros(10, np.uint16).tofile(tmp_path / "data" / "pystdlib" / f"{split}.bin")
+    before = sorted(p.name for p in (tmp_path / "data").rglob("*"))
+    r = run("prepare_data.py", f"--data_root={tmp_path / 'data'}", *args, check=False)
+    lines = [line for line in r.stderr.splitlines() if not line.startswith("overriding")]
+    assert r.returncode == 1 and len(lines) == 1 and message in lines[0], r.stderr[-3000:]
+    assert sorted(p.name for p in (tmp_path / "data").rglob("*")) == before
+
+
+def test_mqar_larger_than_the_disk_is_refused(tmp_path, monkeypatch):
+    """What MQAR's files need on disk is checked against what the disk has free, before anything is drawn."""
+    monkeypatch.setattr(P.shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10**9, 10**9 - 10**6, 10**6))
+    with pytest.raises(ValueError, match=r"mqar_train_seqs=100000, mqar_val_seqs=1000: their 6,464,000 tokens take "
+                                         r"12 MiB on disk, but .* has 1 MiB free"):
+        P.prepare_mqar(str(tmp_path / "mqar"), seq_len=64, num_pairs=4, num_queries=4, vocab=32, train_seqs=100000,
+                       val_seqs=1000, seed=0)
+    assert not (tmp_path / "mqar").exists()
 
 
 def test_a_full_disk_leaves_no_partial_file(root, tmp_path, monkeypatch):
@@ -691,8 +797,9 @@ def test_a_dataset_is_never_replaced_by_an_empty_one(root, tmp_path):
         for f in (root / name).iterdir():
             (tmp_path / name / f.name).write_bytes(f.read_bytes())
     before = {name: files(tmp_path / name) for name in ("mqar", "text")}
-    for args in (["--dataset=mqar", "--mqar_val_seqs=0"], ["--dataset=mqar", "--mqar_num_pairs=0"]):
-        assert_clean_error(run("prepare_data.py", f"--data_root={tmp_path}", *args, check=False), "mqar needs")
+    for args, message in ((["--dataset=mqar", "--mqar_val_seqs=0"], "mqar_val_seqs=0: use an integer >= 1"),
+                          (["--dataset=mqar", "--mqar_num_pairs=20"], "mqar needs 1 <= num_pairs (20)")):
+        assert_clean_error(run("prepare_data.py", f"--data_root={tmp_path}", *args, check=False), message)
     with pytest.raises(ValueError, match="the val split of .* would be empty: nothing written"):
         P.write_dataset(str(tmp_path / "text"), {"train": ["some text"], "val": []}, P.text_tokenizer("bytes"),
                         source="x")
