@@ -501,7 +501,9 @@ def test_resume_refuses_other_data_or_model(trained, train_args, root, tmp_path,
     (dict(iter_num=None, optimizer=None), "has no 'optimizer' and no 'iter_num' entry: it was written by another"),
     (dict(optimizer=torch.optim.SGD([torch.nn.Parameter(torch.ones(2))], momentum=0.9).state_dict()),
      "its 'optimizer' is not this model's AdamW state"),
-    (dict(optimizer="sgd"), "its 'optimizer' is not this model's AdamW state"),
+    (dict(optimizer="sgd"), "its 'optimizer' is 'sgd', not an optimizer's state_dict"),
+    (dict(iter_num=-1), "its 'iter_num' is -1, not an integer >= 0"),
+    (dict(meta=[1, 2]), "its 'meta' is a list, not a JSON object"),
 ])
 def test_resume_of_an_incomplete_checkpoint_is_one_line(trained, train_args, tmp_path, monkeypatch, change, message):
     """A checkpoint without an entry, or with another optimizer's state, stops a resume before anything is written."""
@@ -646,7 +648,7 @@ def test_load_checkpoint_errors(trained, tmp_path):
         load_checkpoint(path)
     raw = open(os.path.join(trained, "ckpt.pt"), "rb").read()
     cases = [(raw[:len(raw) // 2], "unreadable"), (b"garbage", "unreadable"),
-             ({"model": {}, "model_args": {"n_layer": 2, "n_embd": 32}}, "not a checkpoint of this repo"),
+             ({"model": {}, "model_args": {"n_layer": 2, "n_embd": 32}}, "its 'model_args' are not GPTConfig's"),
              ({**good, "model_args": {**good["model_args"], "n_embd": 33}}, "incompatible config"),
              ({**good, "model": {k: v for k, v in good["model"].items() if "mlp" not in k}}, "weights do not fit"),
              ({k: v for k, v in good.items() if k != "model"}, "has no 'model' entry: it was written by train.py"),
@@ -665,6 +667,42 @@ def test_load_checkpoint_errors(trained, tmp_path):
     assert_clean_error(run("sample.py", f"--out_dir={tmp_path}", check=False), "has no 'meta' entry")  # its tokenizer
     model, ckpt = load_checkpoint(os.path.join(trained, "ckpt.pt"))
     assert all(torch.equal(v, good["model"][k]) for k, v in model.state_dict().items())
+
+
+def rng_with(**states):
+    """Change the checkpoint's rank-0 RNG states."""
+    return lambda good: {"rng": [{**good["rng"][0], **states}]}
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda good: {"iter_num": -1}, "its 'iter_num' is -1, not an integer >= 0"),
+    (lambda good: {"iter_num": "6"}, "its 'iter_num' is '6', not an integer >= 0"),
+    (lambda good: {"iter_num": True}, "its 'iter_num' is True, not an integer >= 0"),
+    (lambda good: {"best_val_loss": "1.5"}, "its 'best_val_loss' is '1.5', not a loss"),
+    (lambda good: {"best_val_loss": float("nan")}, "its 'best_val_loss' is nan, not a loss"),
+    (lambda good: {"config": "x"}, "its 'config' is 'x', not a dict"),
+    (lambda good: {"meta": [1]}, "its 'meta' is a list, not a JSON object"),
+    (lambda good: {"meta": {**good["meta"], "dtype": "float16"}}, "its 'meta' has dtype='float16'"),
+    (lambda good: {"optimizer": "sgd"}, "its 'optimizer' is 'sgd', not an optimizer's state_dict"),
+    (lambda good: {"scaler": {"scale": "x"}}, "its 'scaler' is {'scale': 'x'}, not a GradScaler's state_dict"),
+    (lambda good: {"model": [1]}, "its 'model' is [1], not a state_dict"),
+    (lambda good: {"model_args": [1]}, "its 'model_args' are not GPTConfig's fields"),
+    (lambda good: {"rng": []}, "its 'rng' is [], not a list of each rank's RNG states"),
+    (lambda good: {"rng": [1]}, "its 'rng' has rank 0's states as 1, not a dict"),
+    (rng_with(torch=torch.zeros(3, dtype=torch.uint8)), "its 'rng' has rank 0's 'torch' state as a uint8 tensor of shape (3,), not a "
+                                                          "uint8 tensor of shape (5056,)"),
+    (rng_with(sampler=torch.zeros(5056)), "its 'rng' has rank 0's 'sampler' state as a float32 tensor"),
+    (rng_with(sa=None), "its 'rng' has rank 0's 'sa' state as None"),
+    (rng_with(numpy=("MT19937", [1, 2], 0, 0, 0.0)), "its 'rng' has rank 0's 'numpy' state as ('MT19937', [1, 2], 0, 0, 0.0), not"),
+    (rng_with(python="x"), "its 'rng' has rank 0's 'python' state as 'x'"),
+])
+def test_every_checkpoint_entry_is_checked(trained, tmp_path, change, message):
+    """Hand-edited entries: one line naming the entry, from load_checkpoint, which every script loads through."""
+    good = load(trained)
+    torch.save({**good, **change(good)}, tmp_path / "ckpt.pt")
+    with pytest.raises(ValueError) as e:
+        load_checkpoint(str(tmp_path / "ckpt.pt"))
+    assert str(e.value).startswith(f"{tmp_path / 'ckpt.pt'}: {message}") and "\n" not in str(e.value), str(e.value)
 
 
 def test_save_checkpoint_is_atomic(tmp_path):
