@@ -445,8 +445,8 @@ def test_mqar_config_without_data_names_its_prepare_line(tmp_path):
                  marks=pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is available")),
     (["--init_from=pretrained"], "init_from='pretrained': use scratch or resume"),
     (["--backend=cuda"], "backend='cuda': use one of auto, torch, triton, reference"),
-    (["--rope_base=0"], "rope_base=0.0: use a value > 0"),
-    (["--rope_base=-10000"], "rope_base=-10000.0: use a value > 0"),
+    (["--rope_base=0"], "GPTConfig.rope_base=0.0 is invalid"),
+    (["--rope_base=-10000"], "GPTConfig.rope_base=-10000.0 is invalid"),
     (["--learning_rate=-1e-3"], "learning_rate=-0.001: use a value > 0"),
     (["--min_lr=-1e-5"], "min_lr=-1e-05: use a value >= 0"),
     (["--weight_decay=-0.1"], "weight_decay=-0.1: use a value >= 0"),
@@ -472,6 +472,80 @@ def test_train_errors(root, tmp_path, monkeypatch, args, message):
     assert message in one_line_error(monkeypatch, "train.py", f"--data_root={root}", "--dataset=text", *TINY,
                                      f"--out_dir={out}", *args)
     assert not out.exists()
+
+
+def rope_base_above_1():
+    try:
+        from model import GPTConfig
+        GPTConfig(rope_base=1e-300)
+    except ValueError:
+        return True
+    return False
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--dataset="], "dataset='': use a plain name, no path"),
+    (["--dataset=../text"], "dataset='../text': use a plain name, no path"),
+    (["--dataset=/tmp"], "dataset='/tmp': use a plain name, no path"),
+    # the model's settings are GPTConfig's to check, before any data is read (this dataset does not exist)
+    (["--dataset=nope", "--rope_base=0"], "GPTConfig.rope_base=0.0 is invalid"),
+    (["--dataset=nope", "--n_head=3"], "GPTConfig.n_embd=32 is invalid: must be divisible by n_head=3"),
+    (["--dataset=nope", "--attn=dense"], "GPTConfig.attn='dense' is invalid"),
+    pytest.param(["--rope_base=1e-300"], "GPTConfig.rope_base=1e-300 is invalid",
+                 marks=pytest.mark.skipif(not rope_base_above_1(), reason="model.py's GPTConfig takes rope_base > 0")),
+    (["--dataset=nope", "--vocab_size=-1"], "vocab_size=-1: use 0 (the data's vocabulary, padded) or"),
+    (["--dataset=nope", "--ddp_backend=foo"], "ddp_backend='foo': use"),
+])
+def test_settings_are_checked_before_any_data_is_read(root, tmp_path, monkeypatch, args, message):
+    """One line naming the setting, not a misleading one about the data or a diverged run; nothing written."""
+    out = tmp_path / "out"
+    got = one_line_error(monkeypatch, "train.py", f"--data_root={root}", "--dataset=text", *TINY, f"--out_dir={out}",
+                         *args)
+    assert message in got and "prepare" not in got and "diverged" not in got, got
+    assert not out.exists()
+
+
+def test_a_gptconfig_field_without_a_train_global_is_one_line(root, tmp_path, monkeypatch):
+    """train.py passes GPTConfig one global per field: a new field without its global is named, not a KeyError."""
+    import dataclasses
+    import model
+    extended = dataclasses.make_dataclass("GPTConfig", [("new_knob", int, dataclasses.field(default=1))],
+                                          bases=(model.GPTConfig,))
+    monkeypatch.setattr(model, "GPTConfig", extended)
+    message = one_line_error(monkeypatch, "train.py", f"--data_root={root}", "--dataset=text", *TINY,
+                             f"--out_dir={tmp_path / 'out'}")
+    assert "GPTConfig.new_knob" in message and "train.py" in message, message
+    assert not (tmp_path / "out").exists()
+
+
+def test_ctrl_c_says_where_the_run_resumes(root, tmp_path):
+    """SIGINT mid-run: one line naming the checkpoint, its iteration and the command that resumes it, which does."""
+    out = tmp_path / "out"
+    cmd = [sys.executable, os.path.join(REPO, "train.py"), f"--data_root={root}", "--dataset=text", *TINY,
+           f"--out_dir={out}", "--eval_interval=2", "--max_iters=100000"]
+    p = subprocess.Popen(cmd, cwd=REPO, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        for _ in range(1200):  # until its first checkpoint
+            if (out / "ckpt.pt").exists():
+                break
+            assert p.poll() is None
+            time.sleep(0.1)
+        time.sleep(0.5)
+        p.send_signal(signal.SIGINT)
+        err = p.communicate(timeout=120)[1]
+    finally:
+        p.kill()
+        p.wait()
+    lines = [line for line in err.splitlines() if not line.startswith("overriding")]
+    assert p.returncode == -signal.SIGINT and len(lines) == 1 and "Traceback" not in err, err
+    it = load(out)["iter_num"]
+    match = re.fullmatch(rf"interrupted at iteration \d+: {re.escape(str(out / 'ckpt.pt'))} holds iteration {it}; "
+                         r"continue it with `python (train\.py .*--init_from=resume)`", lines[0])
+    assert match and it >= 2, lines[0]
+    resume = shlex.split(match.group(1))
+    assert resume[1:-1] == cmd[2:]  # the same settings
+    r = run(*resume, f"--max_iters={it + 1}")
+    assert f"step {it}: train loss" in r.stdout and load(out)["iter_num"] == it + 1
 
 
 @pytest.mark.parametrize("trained_on, args, message", [
