@@ -620,7 +620,9 @@ def test_sample_errors(trained, tmp_path, monkeypatch):
     cases = [(["--device=cuda"], "device='cuda': CUDA is not available here")] * (not torch.cuda.is_available())
     for args, message in cases + [(["--temperature=-1"], "temperature=-1.0: use a value > 0, or 0 for greedy"),
                           (["--top_k=-3"], "top_k=-3: use a value >= 1, or 0 to sample among all tokens"),
-                          (["--max_new_tokens=-5"], "max_new_tokens=-5, num_samples=2: use max_new_tokens >= 0"),
+                          (["--max_new_tokens=-5"], "max_new_tokens=-5: use an integer >= 0"),
+                          (["--num_samples=0"], "num_samples=0: use an integer >= 1"),
+                          (["--seed=-1"], "seed=-1: use an integer >= 0"),
                           ([f"--start=FILE:{tmp_path / 'prompt.bin'}"], "is not UTF-8 text"),
                           (["--start=FILE:nope.txt"], "--start=FILE:nope.txt: No such file or directory"),
                           (["--device=foo"], "device='foo': use cpu, cuda or cuda:N"),
@@ -628,6 +630,21 @@ def test_sample_errors(trained, tmp_path, monkeypatch):
                           (["--temperature=1e999"], "temperature must be a finite number, got inf")]:
         assert message in one_line_error(monkeypatch, "sample.py", f"--out_dir={trained}", *args)
     assert_clean_error(run("sample.py", f"--out_dir={tmp_path}", check=False), "ckpt.pt not found")  # and as a process
+
+
+def test_a_tokenizer_that_cannot_load_is_one_line_naming_the_checkpoint(trained, tmp_path, monkeypatch):
+    """A checkpoint whose data's tokenizer is unknown, or a tiktoken encoding not available offline."""
+    good = load(trained)
+    torch.save({**good, "meta": {**good["meta"], "tokenizer": "nope"}}, tmp_path / "ckpt.pt")
+    message = one_line_error(monkeypatch, "sample.py", f"--out_dir={tmp_path}")
+    assert message.startswith(f"{tmp_path / 'ckpt.pt'}: unknown tokenizer 'nope': use bytes, chars or a tiktoken"), message
+
+    def offline(name):
+        raise ConnectionError("no network")
+    monkeypatch.setattr(tiktoken, "get_encoding", offline)
+    torch.save({**good, "meta": {**good["meta"], "tokenizer": "r50k_base"}}, tmp_path / "ckpt.pt")
+    message = one_line_error(monkeypatch, "sample.py", f"--out_dir={tmp_path}")
+    assert message.startswith(f"{tmp_path / 'ckpt.pt'}: tiktoken could not load the 'r50k_base' encoding"), message
 
 
 # -----------------------------------------------------------------------------
