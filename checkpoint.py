@@ -89,8 +89,8 @@ def entry_problem(ckpt):
     key, want = next(((k, want) for k, ok, want in wants if k in ckpt and not ok(ckpt[k])), (None, None))
     if key:
         return f"{key!r} is {shown(ckpt[key])}, not {want}"
-    if "meta" in ckpt and meta_problem(ckpt["meta"]):
-        return f"'meta' {meta_problem(ckpt['meta'])}"
+    if "meta" in ckpt and meta_problem(ckpt["meta"], data=False):
+        return f"'meta' {meta_problem(ckpt['meta'], data=False)}"
     return "'rng' " + rng_problem(ckpt["rng"]) if "rng" in ckpt and rng_problem(ckpt["rng"]) else None
 
 

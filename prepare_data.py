@@ -78,12 +78,14 @@ def shown(x):
     return text if len(text) <= 40 and "\n" not in text else f"a {type(x).__name__}"
 
 
-def meta_problem(meta):
+def meta_problem(meta, data=True):
     """What is wrong with a dataset's meta (write_dataset lists its entries), each entry's type and range, as
-    "is ..." or "has ...", or None. load_meta checks meta.json with it, load_checkpoint a checkpoint's copy."""
+    "is ..." or "has ...", or None. load_meta checks meta.json with it, load_checkpoint a checkpoint's copy, which
+    needs only the tokenizer's entries: with data=False, dtype and tokens (which describe the .bin files) may be
+    missing."""
     if not isinstance(meta, dict):
         return f"is a {type(meta).__name__}, not a JSON object"
-    missing = [k for k in ("vocab_size", "tokenizer", "dtype", "tokens") if k not in meta]
+    missing = [k for k in ("vocab_size", "tokenizer") + ("dtype", "tokens") * data if k not in meta]
     if missing:
         return f"has no {' and no '.join(map(repr, missing))} entry"
     count = lambda x: type(x) is int and x >= 0  # noqa: E731  (True is no count)
@@ -94,8 +96,8 @@ def meta_problem(meta):
               ("vocab_size", name != "bytes" or V == 256, "the 256 ids of bytes"),
               ("chars", name != "chars" or isinstance(chars, str) and len(set(chars)) == len(chars) == V,
                f"the {V} distinct characters of its tokens"),
-              ("tokens", isinstance(tokens, dict) and tokens and all(isinstance(k, str) and count(n)
-                                                                     for k, n in tokens.items()),
+              ("tokens", "tokens" not in meta or isinstance(tokens, dict) and tokens and all(
+                  isinstance(k, str) and count(n) for k, n in tokens.items()),
                "a map of each split to its token count"),
               ("eot", meta.get("eot") is None or count(meta["eot"]) and meta["eot"] < V, f"a token id below "
                f"vocab_size {V}"),
@@ -106,10 +108,10 @@ def meta_problem(meta):
     if key:
         return f"has {key}={shown(meta.get(key))}, not {want}"
     wide = [t for t in TOKEN_DTYPES if V <= 2 ** (8 * np.dtype(t).itemsize)]  # token id V - 1 fits
-    if dtype not in wide:
+    if "dtype" in meta and dtype not in wide:
         use = " or ".join(filter(None, (", ".join(wide[:-1]), wide[-1])))
         return f"has dtype={shown(dtype)}, which cannot hold token ids: use {use} (vocab_size {V})"
-    return mqar_problem(meta["mqar"], V, tokens) if "mqar" in meta else None
+    return mqar_problem(meta["mqar"], V, tokens or {}) if "mqar" in meta else None
 
 
 def mqar_problem(m, vocab, tokens):

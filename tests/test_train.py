@@ -758,6 +758,8 @@ def test_load_checkpoint_errors(trained, tmp_path):
     assert_clean_error(run("sample.py", f"--out_dir={tmp_path}", check=False), "has no 'meta' entry")  # its tokenizer
     model, ckpt = load_checkpoint(os.path.join(trained, "ckpt.pt"))
     assert all(torch.equal(v, good["model"][k]) for k, v in model.state_dict().items())
+    torch.save({**good, "meta": {"tokenizer": "bytes", "vocab_size": 256}}, path)  # what sampling needs of meta.json
+    assert load_checkpoint(path)[1]["meta"] == {"tokenizer": "bytes", "vocab_size": 256}
 
 
 def rng_with(**states):
@@ -774,6 +776,7 @@ def rng_with(**states):
     (lambda good: {"config": "x"}, "its 'config' is 'x', not a dict"),
     (lambda good: {"meta": [1]}, "its 'meta' is a list, not a JSON object"),
     (lambda good: {"meta": {**good["meta"], "dtype": "float16"}}, "its 'meta' has dtype='float16'"),
+    (lambda good: {"meta": {"tokenizer": "bytes"}}, "its 'meta' has no 'vocab_size' entry"),
     (lambda good: {"optimizer": "sgd"}, "its 'optimizer' is 'sgd', not an optimizer's state_dict"),
     (lambda good: {"scaler": {"scale": "x"}}, "its 'scaler' is {'scale': 'x'}, not a GradScaler's state_dict"),
     (lambda good: {"model": [1]}, "its 'model' is [1], not a state_dict"),
