@@ -1,8 +1,9 @@
 """
 Checkpoints, written so that nothing is lost and read so that nothing surprises: save_checkpoint writes
 atomically, and load_checkpoint never executes code (weights_only=True) and turns a missing, corrupt,
-foreign, incomplete or diverged (NaN) file into one line. check_device is the device and dtype check
-that train.py, sample.py, eval.py and bench.py share.
+foreign, incomplete, hand-edited (an entry of another type or range) or diverged (NaN) file into one
+line: train.py, sample.py, eval.py and results/reproduce.py read checkpoints through it. check_device is
+the device and dtype check that train.py, sample.py, eval.py and bench.py share.
 """
 import os
 import re
@@ -10,6 +11,11 @@ import re
 import torch
 
 from model import DTYPES, GPT, GPTConfig
+from prepare_data import meta_problem, shown
+
+RNG_BYTES = torch.get_rng_state().numel()  # a CPU generator's state: torch's, the sampler's and SA's (sa_state)
+SCALER = {"scale": float, "growth_factor": float, "backoff_factor": float, "growth_interval": int,
+          "_growth_tracker": int}  # GradScaler.state_dict() with fp16
 
 
 def check_device(device, dtype):
@@ -30,11 +36,70 @@ def save_checkpoint(obj, path):
     os.replace(path + ".tmp", path)
 
 
+def state(x):
+    """A generator state (or another value) in a one-line message."""
+    if torch.is_tensor(x):
+        return f"a {str(x.dtype).removeprefix('torch.')} tensor of shape {tuple(x.shape)}"
+    return shown(x)
+
+
+def rng_problem(states):
+    """What is wrong with a checkpoint's "rng" (train.py's rng_states: a list of each rank's states), or None."""
+    if not (isinstance(states, list) and states):
+        return f"is {shown(states)}, not a list of each rank's RNG states"
+    u32 = lambda x: type(x) is int and 0 <= x < 2**32  # noqa: E731
+    for rank, s in enumerate(states):
+        if not isinstance(s, dict):
+            return f"has rank {rank}'s states as {shown(s)}, not a dict"
+        np_state, py_state = s.get("numpy"), s.get("python")
+        wants = [(k, torch.is_tensor(s.get(k)) and s[k].dtype == torch.uint8 and s[k].shape == (RNG_BYTES,),
+                  f"a uint8 tensor of shape ({RNG_BYTES},)") for k in ("torch", "sampler", "sa")]
+        wants += [("cuda", "cuda" not in s or torch.is_tensor(s["cuda"]) and s["cuda"].dtype == torch.uint8
+                   and s["cuda"].dim() == 1, "a uint8 tensor"),
+                  ("numpy", isinstance(np_state, (tuple, list)) and len(np_state) == 5 and np_state[0] == "MT19937"
+                   and isinstance(np_state[1], list) and len(np_state[1]) == 624 and all(map(u32, np_state[1]))
+                   and type(np_state[2]) is int and 0 <= np_state[2] <= 624 and np_state[3] in (0, 1)
+                   and isinstance(np_state[4], float), "numpy's ('MT19937', 624 words, position, has_gauss, gauss)"),
+                  ("python", isinstance(py_state, tuple) and len(py_state) == 3 and py_state[0] == 3
+                   and isinstance(py_state[1], tuple) and len(py_state[1]) == 625 and all(map(u32, py_state[1]))
+                   and (py_state[2] is None or isinstance(py_state[2], float)), "random.getstate()'s (3, 625 words, "
+                   "gauss)")]
+        key, want = next(((k, want) for k, ok, want in wants if not ok), (None, None))
+        if key:
+            return f"has rank {rank}'s {key!r} state as {state(s.get(key))}, not {want}"
+    return None
+
+
+def entry_problem(ckpt):
+    """What is wrong with the first entry of ckpt, a train.py checkpoint, whose type or range is not what train.py
+    writes, as "'entry' is ..." or "'entry' has ...", or None. Entries that are not there are not checked."""
+    args = ckpt["model_args"]
+    if not isinstance(args, dict) or "attn" not in args or args.keys() - GPTConfig.__dataclass_fields__.keys():
+        return "'model_args' are not GPTConfig's fields"  # GPTConfig checks their values
+    if not (isinstance(ckpt["model"], dict) and all(torch.is_tensor(v) for v in ckpt["model"].values())):
+        return f"'model' is {shown(ckpt['model'])}, not a state_dict (a dict of tensors)"
+    wants = [("iter_num", lambda n: type(n) is int and n >= 0, "an integer >= 0"),
+             ("best_val_loss", lambda x: isinstance(x, float) and x >= 0, "a loss (a float >= 0, inf at first)"),
+             ("config", lambda c: isinstance(c, dict), "a dict"),
+             ("optimizer", lambda o: isinstance(o, dict) and isinstance(o.get("state"), dict)
+              and isinstance(o.get("param_groups"), list), "an optimizer's state_dict"),
+             ("scaler", lambda sc: isinstance(sc, dict) and (not sc or sc.keys() == SCALER.keys() and all(
+                 type(sc[k]) is t and sc[k] >= 0 for k, t in SCALER.items())),
+              "a GradScaler's state_dict ({} but with fp16)")]
+    key, want = next(((k, want) for k, ok, want in wants if k in ckpt and not ok(ckpt[k])), (None, None))
+    if key:
+        return f"{key!r} is {shown(ckpt[key])}, not {want}"
+    if "meta" in ckpt and meta_problem(ckpt["meta"], data=False):
+        return f"'meta' {meta_problem(ckpt['meta'], data=False)}"
+    return "'rng' " + rng_problem(ckpt["rng"]) if "rng" in ckpt and rng_problem(ckpt["rng"]) else None
+
+
 def load_checkpoint(path, device="cpu", require=()):
     """(model, ckpt) from a train.py checkpoint. Loaded with weights_only=True onto the CPU,
     where the RNG states it holds must stay; the model is then moved to device. require: the
     entries the caller reads besides model and model_args (train.py's resume: optimizer, rng, ...).
-    A missing, corrupt or foreign file, a missing entry or NaN weights raise a one-line ValueError."""
+    A missing, corrupt or foreign file, a missing entry, an entry of another type or range than train.py
+    writes (entry_problem) or NaN weights raise a one-line ValueError."""
     if not os.path.isfile(path):
         raise ValueError(f"checkpoint {path} not found: train one with train.py, which writes out_dir/ckpt.pt")
     try:
@@ -49,16 +114,18 @@ def load_checkpoint(path, device="cpu", require=()):
         writer = f"train.py at iteration {ckpt['iter_num']}" if "iter_num" in ckpt else "another program than train.py"
         raise ValueError(f"{path} has no {' and no '.join(map(repr, missing))} entry: it was written by {writer}; "
                          "use a checkpoint that this repo's train.py wrote")
-    args = ckpt["model_args"]
-    if not isinstance(args, dict) or "attn" not in args or args.keys() - GPTConfig.__dataclass_fields__.keys():
-        raise ValueError(f"{path} is not a checkpoint of this repo: its 'model_args' are not GPTConfig's fields")
+    problem = entry_problem(ckpt)
+    if problem:
+        raise ValueError(f"{path}: its {problem}: the file was edited or written by other code; use a checkpoint "
+                         "that train.py wrote")
     try:
-        model = GPT(GPTConfig(**args))
+        model = GPT(GPTConfig(**ckpt["model_args"]))
     except ValueError as e:
         raise ValueError(f"{path} has an incompatible config: {e}") from None
     expected, saved = model.state_dict(), ckpt["model"]
     mismatched = sorted(expected.keys() ^ saved.keys()) + sorted(
-        k for k in expected.keys() & saved.keys() if expected[k].shape != saved[k].shape)
+        k for k in expected.keys() & saved.keys() if (expected[k].shape, expected[k].dtype) != (saved[k].shape,
+                                                                                                saved[k].dtype))
     if mismatched:
         raise ValueError(f"{path}: its weights do not fit its model_args ({len(mismatched)} mismatched entries, "
                          f"e.g. {mismatched[:3]}): the file was edited or written by other code")

@@ -18,7 +18,6 @@ import json
 import math
 import os
 import socket
-import sys
 import urllib.parse
 
 import numpy as np
@@ -28,8 +27,8 @@ import torch.nn.functional as F
 import attention
 from checkpoint import check_device, load_checkpoint
 from model import ATTN_KINDS, DTYPES, GPT, GPT2_SIZES, autocast, swapped
-from prepare_data import check_writable, get_tokenizer, load_meta, load_tokens, progress, pyplot
-from tasks import TASKS, Tokenizer, evaluate_task, load_task, load_task_file
+from prepare_data import check_output_file, dataset_dir, get_tokenizer, load_meta, load_tokens, progress, pyplot
+from tasks import TASKS, Tokenizer, evaluate_task, load_task, load_task_file, task_name
 
 # -----------------------------------------------------------------------------
 init_from = "resume"   # resume (out_dir/ckpt.pt), gpt2 / gpt2-medium / gpt2-large / gpt2-xl, or a Hugging Face LM
@@ -38,7 +37,7 @@ data_root = "data"     # prepared datasets live in data_root/<dataset>/
 dataset = ""           # dataset for perplexity ("" = the checkpoint's)
 split = "val"          # its split for perplexity (wikitext-103 also has test)
 tasks = ""             # comma list of ppl, lambada, hellaswag, piqa, arc_easy, arc_challenge, winogrande ("" = ppl)
-task_file = ""         # comma list of JSONL task files, each a task named after its file (tasks.py); no ppl by default
+task_file = ""         # comma list (no commas in paths) of JSONL task files, each a task named after its file; no ppl
 limit = 0              # at most this many documents per task, and windows for ppl (0 = all)
 attn = ""              # comma list of attention kinds to swap in: full, swa, sa, sa+swa, moba ("" = the model's own)
 window = None          # the swa/sa window of a swap (None = the model's own)
@@ -46,7 +45,7 @@ windows = ""           # comma list of windows to sweep, e.g. 16,32,64,128,256
 moba_block = None      # MoBA's block size (None = window // moba_topk: the window's key budget)
 moba_topk = 4          # MoBA's blocks per query, its own included
 seeds = 1              # evaluate SA with permutation seeds 0..seeds-1: mean ± std
-block_size = None      # context length cap (None = the model's own window)
+block_size = None      # context length cap (None = the model's block_size)
 batch_size = 8         # sequences per forward pass
 bootstrap_iters = 100000  # resamples for the LAMBADA ppl stderr, lm-eval's default (0 = none)
 device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -61,24 +60,15 @@ GPT2_META = {"tokenizer": "gpt2", "vocab_size": 50257, "eot": 50256}  # what pre
 def run(cfg):
     """Evaluate as cfg (DEFAULTS with overrides) says, print the tables, return the results."""
     cfg = {**DEFAULTS, **cfg}
-    names = [t for t in cfg["tasks"].split(",") if t] or ([] if cfg["task_file"] else ["ppl"])
-    for t in names:
-        if t != "ppl" and t not in TASKS:
-            raise ValueError(f"unknown task {t!r}: choose from ppl, {', '.join(TASKS)}, or pass --task_file=FILE.jsonl")
-    kinds, ws = check_config(cfg)
-    plot_path = os.path.join("" if os.path.dirname(cfg["plot"]) else os.path.dirname(cfg["json_out"]) or cfg["out_dir"],
-                             cfg["plot"]) if cfg["plot"] else ""
-    for path in filter(None, (cfg["json_out"], plot_path if len(ws) > 1 else "")):  # before the long part
-        check_writable(os.path.dirname(path))
-    task_list = ([load_task_file(f, cfg["limit"]) for f in cfg["task_file"].split(",") if f]
-                 + [load_task(t, cfg["limit"]) for t in names if t != "ppl"])
+    ppl, names, files, kinds, ws, plot_path = check_config(cfg)
+    task_list = [load_task_file(f, cfg["limit"]) for f in files] + [load_task(t, cfg["limit"]) for t in names]
     lm, ckpt_dataset = load_model(cfg)
     settings = plan(lm, kinds, ws, cfg)
     c = lm.model.config  # ours or Hugging Face's: what runs the attention of the kinds about to run
     print(attention.engine(cfg["device"], DTYPES[cfg["dtype"]], c.n_embd // c.n_head if hasattr(c, "n_embd") else
                            c.hidden_size // c.num_attention_heads, [s["attn"] for s in settings if s] or
                            [lm.native["attn"]], getattr(c, "sa_rule", "rank")))
-    ppl_name, tokens = perplexity_tokens(cfg, lm, ckpt_dataset) if "ppl" in names else (None, None)
+    ppl_name, tokens = perplexity_tokens(cfg, lm, ckpt_dataset) if ppl else (None, None)
     rows = []
     for setting in settings:
         if setting is not None:
@@ -114,26 +104,44 @@ def run(cfg):
 
 
 def check_config(cfg):
-    """(kinds, windows) asked for, after checking every knob: before a model loads."""
-    kinds = [k for k in cfg["attn"].split(",") if k]
-    for k in kinds:
-        if k not in ATTN_KINDS:
-            raise ValueError(f"unknown attention kind {k!r}: choose from {', '.join(ATTN_KINDS)}")
-    try:
-        ws = [int(w) for w in cfg["windows"].split(",") if w.strip()]
-    except ValueError:
-        raise ValueError(f"windows must be a comma list of integers, got {cfg['windows']!r}") from None
+    """(ppl?, tasks, task files, kinds, windows, plot path) asked for, after checking every setting, up front."""
+    def check(key, ok, rule):  # configurator.py's check, on cfg: tests call run(cfg) with a dict
+        if not ok:
+            raise ValueError(f"{key}={cfg[key]!r}: {rule}")
+
+    repeat = lambda xs: next((x for i, x in enumerate(xs) if x in xs[:i]), None)  # noqa: E731
+
+    def items(key, parse=str, known=None):  # a repeat would be averaged in with the first, as another seed
+        try:
+            got = [parse(x.strip()) for x in cfg[key].split(",") if x.strip()]
+        except ValueError:
+            raise ValueError(f"{key} must be a comma list of integers, got {cfg[key]!r}") from None
+        check(key, repeat(got) is None, f"lists {repeat(got)!r} twice: give each once (a repeat would be averaged "
+              "in as another seed)")
+        unknown = next((x for x in got if known and x not in known), None)
+        check(key, unknown is None, f"unknown {unknown!r}: choose from {', '.join(known or ())}")
+        return got
+    names, files = items("tasks", known=("ppl", *TASKS)), items("task_file")
+    kinds, ws = items("attn", known=ATTN_KINDS), items("windows", int)
+    tasks = [t for t in names if t != "ppl"]
+    clash = repeat(tasks + [task_name(f) for f in files])  # results are keyed by a task's name (ppl's by its data)
+    check("task_file", clash is None, f"two tasks are named {clash!r} (a task is named after its file): rename one")
     if ws and cfg["window"] is not None:
         raise ValueError("give --window or --windows, not both")
     ws = [attention.check_positive(w) for w in (ws or ([cfg["window"]] if cfg["window"] is not None else []))]
-    for key in ("moba_topk", "seeds", "batch_size", "moba_block", "block_size"):
-        if cfg[key] is not None:
-            attention.check_positive(cfg[key], key)
-    for key in ("limit", "bootstrap_iters"):
-        if not isinstance(cfg[key], int) or cfg[key] < 0:
-            raise ValueError(f"{key} must be an integer >= 0, got {cfg[key]!r}")
+    for key in ("moba_topk", "seeds", "batch_size", "moba_block", "block_size", "limit", "bootstrap_iters"):
+        least = 0 if key in ("limit", "bootstrap_iters") else 1
+        check(key, cfg[key] is None and key in ("moba_block", "block_size") or type(cfg[key]) is int
+              and cfg[key] >= least, f"use an integer >= {least}")
     check_device(cfg["device"], cfg["dtype"])
-    return kinds, ws
+    if cfg["dataset"]:
+        dataset_dir(cfg["data_root"], cfg["dataset"])
+    plot_path = os.path.join("" if os.path.dirname(cfg["plot"]) else os.path.dirname(cfg["json_out"]) or cfg["out_dir"],
+                             cfg["plot"]) if cfg["plot"] else ""
+    for key, path in (("json_out", cfg["json_out"]), ("plot", plot_path if len(ws) > 1 else "")):
+        if path:  # before the long part
+            check_output_file(key, path)
+    return "ppl" in names or not (names or files), tasks, files, kinds, ws, plot_path
 
 
 def plan(lm, kinds, ws, cfg):
@@ -243,11 +251,9 @@ def register_hf_attention(attn, window=None, moba_block=64, moba_topk=4, generat
     if attn not in ("swa", "sa", "moba"):
         raise ValueError(f"a Hugging Face model can run swa, sa or moba, not {attn!r}"
                          + (": sa+swa needs gates trained with the model" if attn == "sa+swa" else ""))
-    if attn == "moba":
-        attention.check_positive(moba_block, "moba_block")
-        attention.check_positive(moba_topk, "moba_topk")
-    else:
-        attention.check_positive(window)
+    sizes = dict(moba_block=moba_block, moba_topk=moba_topk) if attn == "moba" else dict(window=window)
+    for key, value in sizes.items():
+        attention.check_positive(value, key)
     generator = torch.Generator() if generator is None else generator
     name = f"moba_b{moba_block}_k{moba_topk}" if attn == "moba" else f"{attn}_w{window}"
     told = []  # the decoding fallback is printed once
@@ -263,9 +269,8 @@ def register_hf_attention(attn, window=None, moba_block=64, moba_topk=4, generat
     def draw_perm(lengths, T):
         """(T,) without padding, else (B, 1, T): row b's lengths[b] real tokens permuted, pads after."""
         seed = int(torch.randint(2 ** 62, (), generator=generator))
-        if lengths is None:
-            return attention.row_perms(seed, torch.tensor([T]), T)[0, 0]
-        return attention.row_perms(seed, lengths, T)
+        return attention.row_perms(seed, torch.tensor([T]), T)[0, 0] if lengths is None else \
+            attention.row_perms(seed, lengths, T)
 
     def sparse(q, k, v, lengths):
         if attn == "swa":
@@ -282,11 +287,9 @@ def register_hf_attention(attn, window=None, moba_block=64, moba_topk=4, generat
         if attention_mask is not None and attention_mask.dim() != 2:
             raise ValueError(f"the {name} attention takes transformers' padding mask, "
                              f"not a {attention_mask.dim()}D mask")
-        B, H, T, D = query.shape
-        S = key.shape[2]
-        rep = H // key.shape[1]
-        k = key.repeat_interleave(rep, dim=1)                                    # (B, H, S, D)
-        v = value.repeat_interleave(rep, dim=1)                                  # (B, H, S, D)
+        (B, H, T, D), S = query.shape, key.shape[2]
+        k = key.repeat_interleave(H // key.shape[1], dim=1)                      # (B, H, S, D)
+        v = value.repeat_interleave(H // key.shape[1], dim=1)                    # (B, H, S, D)
         q = query if scaling is None else query * (scaling * math.sqrt(D))       # (B, H, T, D)
         if S != T:  # decoding against a KV cache
             if T != 1:
@@ -335,19 +338,20 @@ def hub_offline(name):
 def load_model(cfg):
     """(lm, dataset of the checkpoint or "") for cfg["init_from"]."""
     dev, name, ctx = cfg["device"], cfg["init_from"], autocast(cfg["device"], cfg["dtype"])
-    def our_tokenizer(meta):
-        encode, decode = get_tokenizer(meta)
-        return Tokenizer(meta["tokenizer"], encode, decode, meta.get("eot"), encode)
+    def ours(model, meta, source):  # our GPT, with meta's tokenizer (meta from source)
+        encode, decode = get_tokenizer(meta, source)
+        return OurLM(model, Tokenizer(meta["tokenizer"], encode, decode, meta.get("eot"), encode), cfg["block_size"],
+                     dev, ctx)
     if name == "resume":
-        model, ckpt = load_checkpoint(os.path.join(cfg["out_dir"], "ckpt.pt"), dev, require=("meta", "config"))
-        return OurLM(model, our_tokenizer(ckpt["meta"]), cfg["block_size"], dev, ctx), ckpt["config"].get("dataset", "")
+        model, ckpt = load_checkpoint(path := os.path.join(cfg["out_dir"], "ckpt.pt"), dev, require=("meta", "config"))
+        return ours(model, ckpt["meta"], path), ckpt["config"].get("dataset", "")
     if os.path.isdir(name) and not os.path.isfile(os.path.join(name, "config.json")):
         raise ValueError(f"--init_from={name}: the directory holds no model (a Hugging Face one has a config.json; "
                          f"a train.py out_dir loads with --init_from=resume --out_dir={name})")
     offline = hub_offline(name)
     try:
         if name in GPT2_SIZES:
-            return OurLM(GPT.from_pretrained(name).to(dev), our_tokenizer(GPT2_META), cfg["block_size"], dev, ctx), ""
+            return ours(GPT.from_pretrained(name).to(dev), GPT2_META, name), ""
         try:
             from transformers import AutoModelForCausalLM, AutoTokenizer
         except ImportError:
@@ -394,8 +398,7 @@ def perplexity(lm, tokens, batch_size, limit=0):
         for r in range(len(rows)):  # one row at a time: fp32 logits of a whole batch can be large
             nll += F.cross_entropy(logits[r].float(), y[r], ignore_index=-1, reduction="sum").item()
         n += int((y != -1).sum())
-    loss = nll / n
-    out = {"loss": loss, "ppl": math.exp(loss), "bpb": None}
+    out = {"loss": nll / n, "ppl": math.exp(nll / n), "bpb": None}
     if lm.tok.name != "ids":
         scored = [int(t) for t in tokens[1:starts[-1] + bs + 1]]  # every predicted token
         n_bytes = len(scored) if lm.tok.name == "bytes" else len(lm.tok.decode(scored).encode("utf-8"))
@@ -409,7 +412,7 @@ def perplexity_tokens(cfg, lm, ckpt_dataset):
     name = cfg["dataset"] or ckpt_dataset
     if not name:
         raise ValueError("perplexity needs --dataset=NAME, a dataset made by prepare_data.py (e.g. wikitext-103)")
-    data_dir = os.path.join(cfg["data_root"], name)
+    data_dir = dataset_dir(cfg["data_root"], name)
     meta = load_meta(data_dir)
     tokens = load_tokens(data_dir, cfg["split"], meta)
     label = f"{name}/{cfg['split']}"
@@ -417,7 +420,7 @@ def perplexity_tokens(cfg, lm, ckpt_dataset):
         return label, tokens
     if meta["tokenizer"] == "ids":
         raise ValueError(f"dataset {name} holds bare token ids (no text): only a model trained on it can read it")
-    return label, np.array(lm.tok.encode(get_tokenizer(meta)[1](tokens.tolist())), dtype=np.int64)
+    return label, np.array(lm.tok.encode(get_tokenizer(meta, data_dir)[1](tokens.tolist())), dtype=np.int64)
 
 
 # -----------------------------------------------------------------------------
@@ -514,7 +517,4 @@ def plot_sweep(results, path):
 
 if __name__ == "__main__":
     exec(open("configurator.py").read())
-    try:
-        run(config)
-    except ValueError as e:
-        sys.exit(f"eval.py: {e}")
+    run(config)  # a ValueError, which names the setting or the file and the fix, is one line (configurator.py)

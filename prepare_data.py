@@ -11,12 +11,14 @@ Prepare a dataset: text -> tokens -> data_root/<dataset>/{train,val}.bin and met
 The format is nanoGPT's, so that its data can be reused by writing a meta.json for it (--adopt=True). meta.json
 is written last, so a dataset without it is incomplete, and a failed write (a full disk) leaves the old dataset
 whole. The loaders that train.py, sample.py and eval.py import (load_meta, load_tokens, get_tokenizer, mqar_batch)
-check what they read, and raise a one-line ValueError that names the file and the fix.
+check what they read, and raise a one-line ValueError that names the file and the fix: meta_problem is the one check
+of a meta.json's entries (their types and ranges), of a checkpoint's copy too, and load_tokens checks every token id.
 """
 import contextlib
 import json
 import os
 import pathlib
+import shutil
 import sys
 import sysconfig
 import tempfile
@@ -48,6 +50,7 @@ hf_val_docs = 5000       # fineweb-edu: the first documents of the stream are he
 DATASETS = ("pystdlib", "mqar", "shakespeare_char", "fineweb-edu", "wikitext-103")  # the ones built here by name
 EXCLUDED_DIRS = {"test", "tests", "idle_test", "site-packages", "dist-packages"}  # pystdlib leaves these out
 SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
+TOKEN_DTYPES = ("uint8", "uint16", "uint32")  # a .bin's token ids: unsigned, wide enough for the vocabulary
 
 
 # -----------------------------------------------------------------------------
@@ -61,8 +64,76 @@ def prepare_command(data_dir):
     return f"`python prepare_data.py --input_file=FILE --dataset={name}` on your text FILE"
 
 
+def dataset_dir(data_root, name):
+    """data_root/name. A dataset is a plain name: "" or a path would read or write somewhere else."""
+    if not isinstance(name, str) or name in ("", ".", "..") or os.path.basename(name) != name:
+        raise ValueError(f"dataset={name!r}: use a plain name, no path: a dataset is the directory "
+                         f"{os.path.join(data_root, '<dataset>')}/")
+    return os.path.join(data_root, name)
+
+
+def shown(x):
+    """x in a one-line message: its repr when short, else its type."""
+    text = repr(x)
+    return text if len(text) <= 40 and "\n" not in text else f"a {type(x).__name__}"
+
+
+def meta_problem(meta, data=True):
+    """What is wrong with a dataset's meta (write_dataset lists its entries), each entry's type and range, as
+    "is ..." or "has ...", or None. load_meta checks meta.json with it, load_checkpoint a checkpoint's copy, which
+    needs only the tokenizer's entries: with data=False, dtype and tokens (which describe the .bin files) may be
+    missing."""
+    if not isinstance(meta, dict):
+        return f"is a {type(meta).__name__}, not a JSON object"
+    missing = [k for k in ("vocab_size", "tokenizer") + ("dtype", "tokens") * data if k not in meta]
+    if missing:
+        return f"has no {' and no '.join(map(repr, missing))} entry"
+    count = lambda x: type(x) is int and x >= 0  # noqa: E731  (True is no count)
+    V, name, dtype, tokens, chars = (meta.get(k) for k in ("vocab_size", "tokenizer", "dtype", "tokens", "chars"))
+    if not (count(V) and 1 <= V <= 2**32):
+        return f"has vocab_size={shown(V)}, not an integer from 1 to 2**32"
+    checks = [("tokenizer", isinstance(name, str) and name != "", "a tokenizer's name"),
+              ("vocab_size", name != "bytes" or V == 256, "the 256 ids of bytes"),
+              ("chars", name != "chars" or isinstance(chars, str) and len(set(chars)) == len(chars) == V,
+               f"the {V} distinct characters of its tokens"),
+              ("tokens", "tokens" not in meta or isinstance(tokens, dict) and tokens and all(
+                  isinstance(k, str) and count(n) for k, n in tokens.items()),
+               "a map of each split to its token count"),
+              ("eot", meta.get("eot") is None or count(meta["eot"]) and meta["eot"] < V, f"a token id below "
+               f"vocab_size {V}"),
+              ("source", isinstance(meta.get("source", ""), str), "a text"),
+              ("files", isinstance(meta.get("files", {}), dict) and all(map(count, meta.get("files", {}).values())),
+               "a map of each split to its file count")]
+    key, want = next(((key, want) for key, ok, want in checks if not ok), (None, None))
+    if key:
+        return f"has {key}={shown(meta.get(key))}, not {want}"
+    wide = [t for t in TOKEN_DTYPES if V <= 2 ** (8 * np.dtype(t).itemsize)]  # token id V - 1 fits
+    if "dtype" in meta and dtype not in wide:
+        use = " or ".join(filter(None, (", ".join(wide[:-1]), wide[-1])))
+        return f"has dtype={shown(dtype)}, which cannot hold token ids: use {use} (vocab_size {V})"
+    return mqar_problem(meta["mqar"], V, tokens or {}) if "mqar" in meta else None
+
+
+def mqar_problem(m, vocab, tokens):
+    """meta_problem of meta["mqar"]: its layout's types, its rules (mqar_layout), the entries it implies."""
+    ints = ("seq_len", "num_pairs", "num_queries", "num_keys", "min_gap")
+    if not (isinstance(m, dict) and all(type(m.get(k)) is int for k in ints) and type(m.get("ordered", False)) is bool
+            and all(type(m.get(k, 0)) is int and m.get(k, 0) >= 0 for k in ("offset", "seed"))):
+        return f"has mqar={shown(m)}, not an MQAR layout ({', '.join(ints)}: integers; ordered: a bool; offset, seed)"
+    try:
+        layout = mqar_layout(m["seq_len"], m["num_pairs"], m["num_queries"], vocab, m.get("ordered", False),
+                             m.get("offset", 0))
+    except ValueError as e:
+        return f"has an impossible mqar layout: {e}"
+    if (m["num_keys"], m["min_gap"]) != layout:
+        return f"has mqar num_keys={m['num_keys']}, min_gap={m['min_gap']}, not its layout's {layout[0]}, {layout[1]}"
+    if any(n % m["seq_len"] for n in tokens.values()):
+        return f"has tokens={shown(tokens)}, not whole MQAR sequences of {m['seq_len']}"
+    return None
+
+
 def load_meta(data_dir):
-    """data_dir's meta.json (write_dataset lists its entries), after checking that it is whole."""
+    """data_dir's meta.json, after checking every entry (meta_problem)."""
     path = os.path.join(data_dir, "meta.json")
     if not os.path.isfile(path):
         if os.path.isfile(os.path.join(data_dir, "train.bin")):
@@ -71,41 +142,48 @@ def load_meta(data_dir):
                              f"`python prepare_data.py --adopt=True --dataset={name} --tokenizer=gpt2`")
         raise ValueError(f"{path} not found: prepare the dataset first with {prepare_command(data_dir)}")
     try:
-        with open(path) as f:
+        with open(path, encoding="utf-8") as f:
             meta = json.load(f)
-        missing = {"vocab_size", "tokenizer", "dtype", "tokens"} - meta.keys()
-    except (ValueError, AttributeError) as e:
-        missing = f"unreadable: {type(e).__name__}"
-    if missing:
-        raise ValueError(f"{path} is corrupt or not from this repo ({missing}): re-run {prepare_command(data_dir)}")
+    except ValueError as e:  # not JSON, not UTF-8
+        raise ValueError(f"{path} is corrupt or not from this repo ({type(e).__name__}: {str(e)[:100]}): "
+                         f"re-run {prepare_command(data_dir)}") from None
+    problem = meta_problem(meta)
+    if problem:
+        raise ValueError(f"{path} {problem}: it was edited, or is not from this repo; "
+                         f"re-run {prepare_command(data_dir)}")
     return meta
 
 
 def load_tokens(data_dir, split, meta):
-    """A read-only np.memmap of one split, after checking its size and a prefix of its ids against meta."""
+    """A read-only np.memmap of one split, after checking its size and every id against meta (load_meta's):
+    once, when it is opened, in chunks, so that memory stays small."""
     path = os.path.join(data_dir, f"{split}.bin")
     fix = f"re-run {prepare_command(data_dir)}"
     if split not in meta["tokens"]:
         raise ValueError(f"{data_dir} has no {split!r} split (it has {', '.join(meta['tokens'])})")
     if not os.path.isfile(path):
         raise ValueError(f"{path} is missing: {fix}")
-    dtype, n = np.dtype(meta["dtype"]), meta["tokens"][split]
+    dtype, n, V = np.dtype(meta["dtype"]), meta["tokens"][split], meta["vocab_size"]
     if os.path.getsize(path) != n * dtype.itemsize:
         raise ValueError(f"{path} holds {os.path.getsize(path)} bytes, but meta.json promises {n} {dtype} tokens "
                          f"({n * dtype.itemsize} bytes): the file is truncated or corrupt; {fix}")
     if n == 0:
         raise ValueError(f"{path} is empty: {fix} with more text")
     tokens = np.memmap(path, dtype=dtype, mode="r")
-    if tokens[:1 << 20].max() >= meta["vocab_size"]:
-        raise ValueError(f"{path} holds token ids >= vocab_size {meta['vocab_size']}: it does not belong to this "
-                         f"meta.json; {fix}")
+    for i in range(0, n, 1 << 24):
+        chunk = tokens[i:i + (1 << 24)]
+        if chunk.max() >= V:
+            at = i + int(np.argmax(chunk >= V))
+            raise ValueError(f"{path} holds token id {tokens[at]} at token {at}, but vocab_size is {V}: it does not "
+                             f"belong to this meta.json; {fix}")
     return tokens
 
 
-def get_tokenizer(meta):
+def get_tokenizer(meta, source=""):
     """(encode, decode) for meta's tokenizer: "bytes" (UTF-8, vocab 256), "chars" (token i is meta["chars"][i]),
     "ids" (token ids written as decimal numbers: mqar) or a tiktoken encoding ("gpt2", vocab 50257). decode
-    drops ids past the vocabulary: models pad vocab_size up to a multiple of 64, and those extra ids have no text."""
+    drops ids past the vocabulary: models pad vocab_size up to a multiple of 64, and those extra ids have no text.
+    A tokenizer that does not load is a one-line ValueError that names source, where meta comes from."""
     name, n = meta["tokenizer"], meta["vocab_size"]
     if name == "bytes":
         return (lambda s: list(s.encode("utf-8")),
@@ -128,7 +206,10 @@ def get_tokenizer(meta):
                                  f"not {s[:40]!r}")
             return [int(t) for t in s.split()]
         return encode, lambda ids: " ".join(str(i) for i in ids if i < n)
-    enc = tiktoken_encoding(name)
+    try:
+        enc = tiktoken_encoding(name)
+    except ValueError as e:
+        raise ValueError(f"{source}: {e}" if source else str(e)) from None
     return (lambda s: enc.encode(s, allowed_special={"<|endoftext|>"}),
             lambda ids: enc.decode([i for i in ids if i < n]))
 
@@ -185,18 +266,31 @@ def tiktoken_encoding(name):
                          "it downloads once and caches: go online once, or set TIKTOKEN_CACHE_DIR to a cache") from None
 
 
-def check_writable(directory):
-    """A one-line ValueError unless a file can be created in directory (if it does not exist
-    yet, in the nearest directory above it, where makedirs would create it): before a long run."""
-    d = os.path.abspath(directory or ".")
+def nearest_dir(path):
+    """path, if it is a directory, else the nearest directory above it, where makedirs would create it."""
+    d = os.path.abspath(path or ".")
     while not os.path.isdir(d):
         if os.path.exists(d):
             raise ValueError(f"{d} is a file, not a directory: choose another path")
         d = os.path.dirname(d)
+    return d
+
+
+def check_writable(directory):
+    """A one-line ValueError unless a file can be created in directory (if it does not exist
+    yet, in nearest_dir(directory)): before a long run."""
+    d = nearest_dir(directory)
     try:
         tempfile.TemporaryFile(dir=d).close()
     except OSError as e:
         raise ValueError(f"cannot write to {directory} ({e.strerror or e} in {d}): choose a writable path") from None
+
+
+def check_output_file(key, path):
+    """check_writable for the file that setting `key` names, which must not be a directory either."""
+    if os.path.isdir(path):
+        raise ValueError(f"{key}={path!r} is a directory: give a file's path")
+    check_writable(os.path.dirname(path))
 
 
 def progress(iterable, **kwargs):
@@ -270,7 +364,10 @@ def commit_dataset(data_dir, meta):
 
 
 def write_meta(data_dir, meta):
+    """Write meta.json, which load_meta will accept (meta_problem): a ValueError, and nothing written, otherwise."""
     path = os.path.join(data_dir, "meta.json")
+    if meta_problem(meta):
+        raise ValueError(f"{path} would be refused: it {meta_problem(meta)}")
     with open(path + ".tmp", "w") as f:
         json.dump(meta, f, indent=1)
     os.replace(path + ".tmp", path)
@@ -365,6 +462,23 @@ def prepare_pystdlib(data_dir, frac, root=None):
                          files={"train": is_val.count(False), "val": is_val.count(True)})
 
 
+def mqar_layout(seq_len, num_pairs, num_queries, vocab, ordered=False, offset=0):
+    """(num_keys, min_gap) of an MQAR layout (prepare_mqar's), or a ValueError naming the rule it breaks."""
+    K = (vocab - 1) // 2
+    min_gap = seq_len // 2 - (2 * num_pairs - 1) - offset
+    if not (1 <= num_pairs <= K and 1 <= num_queries <= seq_len - seq_len // 2 and min_gap + offset >= 1):
+        raise ValueError(f"mqar needs 1 <= num_pairs ({num_pairs}) <= (vocab-1)//2 ({K}), "
+                         f"1 <= num_queries ({num_queries}) <= seq_len - seq_len // 2 and "
+                         f"seq_len ({seq_len}) > 4 * num_pairs")
+    if not 0 <= offset <= seq_len // 2 - 2 * num_pairs:  # the pairs end before the queries' half
+        raise ValueError(f"mqar needs 0 <= mqar_offset ({offset}) <= seq_len // 2 - 2 * num_pairs "
+                         f"({seq_len // 2 - 2 * num_pairs})")
+    if ordered and (num_queries != num_pairs or 4 * num_pairs > seq_len):
+        raise ValueError(f"mqar_ordered asks each pair once: it needs num_queries = num_pairs ({num_pairs}) "
+                         f"and seq_len ({seq_len}) >= 4 * num_pairs")
+    return K, seq_len // 2 - 1 - offset if ordered else min_gap
+
+
 def prepare_mqar(data_dir, seq_len, num_pairs, num_queries, vocab, train_seqs, val_seqs, seed, ordered=False, offset=0):
     """Multi-query associative recall, Zoology's layout (Arora et al. 2023). Each sequence of
     seq_len tokens is
@@ -382,23 +496,22 @@ def prepare_mqar(data_dir, seq_len, num_pairs, num_queries, vocab, train_seqs, v
     whose reach is n_layer * (w - 1) tokens, can only guess when that reach is < min_gap.
     train.bin holds a sample (train.py draws fresh sequences with mqar_batch); val.bin
     is the fixed val set, from its own seed stream. offset > 0 starts the pairs at that token
-    (filler before them), and min_gap shrinks by as much."""
-    K = (vocab - 1) // 2
-    min_gap = seq_len // 2 - (2 * num_pairs - 1) - offset
-    if not (1 <= num_pairs <= K and 1 <= num_queries <= seq_len - seq_len // 2 and min_gap + offset >= 1):
-        raise ValueError(f"mqar needs 1 <= num_pairs ({num_pairs}) <= (vocab-1)//2 ({K}), "
-                         f"1 <= num_queries ({num_queries}) <= seq_len - seq_len // 2 and "
-                         f"seq_len ({seq_len}) > 4 * num_pairs")
-    if not 0 <= offset <= seq_len // 2 - 2 * num_pairs:  # the pairs end before the queries' half
-        raise ValueError(f"mqar needs 0 <= mqar_offset ({offset}) <= seq_len // 2 - 2 * num_pairs "
-                         f"({seq_len // 2 - 2 * num_pairs})")
-    if ordered and (num_queries != num_pairs or 4 * num_pairs > seq_len):
-        raise ValueError(f"mqar_ordered asks each pair once: it needs num_queries = num_pairs ({num_pairs}) "
-                         f"and seq_len ({seq_len}) >= 4 * num_pairs")
-    if ordered:
-        min_gap = seq_len // 2 - 1 - offset
-    if train_seqs < 1 or val_seqs < 1:
-        raise ValueError(f"mqar needs mqar_train_seqs >= 1 and mqar_val_seqs >= 1, got {train_seqs} and {val_seqs}")
+    (filler before them), and min_gap shrinks by as much. Sets that memory or the disk cannot hold stop
+    before anything is drawn."""
+    K, min_gap = mqar_layout(seq_len, num_pairs, num_queries, vocab, ordered, offset)
+    n, key = max((train_seqs, "mqar_train_seqs"), (val_seqs, "mqar_val_seqs"))
+    need = n * (8 * (2 * vocab + 3 * seq_len + seq_len * num_pairs // 2) + seq_len * num_pairs // 2)  # mqar_batch's
+    have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")  # arrays, measured: within 1.6x of this
+    if need > have:
+        raise ValueError(f"{key}={n}: drawing {n:,} sequences of {seq_len} tokens (vocab {vocab:,}) takes about "
+                         f"{need / 2**30:,.0f} GiB of memory; this machine has {have / 2**30:,.0f} GiB: use fewer "
+                         "(train.py draws fresh ones every batch), or a smaller mqar_vocab")
+    tokens = (train_seqs + val_seqs) * seq_len
+    need, where = tokens * np.dtype(token_dtype(vocab)).itemsize, nearest_dir(data_dir)
+    if need > shutil.disk_usage(where).free:
+        raise ValueError(f"mqar_train_seqs={train_seqs}, mqar_val_seqs={val_seqs}: their {tokens:,} tokens take "
+                         f"{need / 2**20:,.0f} MiB on disk, but {where} has "
+                         f"{shutil.disk_usage(where).free / 2**20:,.0f} MiB free: use fewer")
     os.makedirs(data_dir, exist_ok=True)
     mqar = dict(seq_len=seq_len, num_pairs=num_pairs, num_queries=num_queries, num_keys=K, min_gap=min_gap, seed=seed,
                 ordered=ordered, offset=offset)
@@ -465,10 +578,10 @@ def prepare_wikitext_103(data_dir):
 
 def adopt_nanogpt(data_dir, tokenizer_name):
     """meta.json for nanoGPT's train.bin/val.bin (uint16 token ids) already in data_dir."""
+    if tokenizer_name == "chars":
+        raise ValueError("tokenizer='chars': --adopt needs a tokenizer with a fixed vocabulary (bytes or a tiktoken "
+                         "encoding such as gpt2); chars takes its vocabulary from the text")
     fields, _, eot = text_tokenizer(tokenizer_name)
-    if fields["tokenizer"] == "chars":
-        raise ValueError("--adopt needs a tokenizer with a fixed vocabulary (bytes or a tiktoken encoding such as "
-                         "gpt2)")
     counts = {}
     for split in ("train", "val"):
         path = os.path.join(data_dir, f"{split}.bin")
@@ -481,16 +594,17 @@ def adopt_nanogpt(data_dir, tokenizer_name):
 
 if __name__ == "__main__":
     exec(open("configurator.py").read())
-    name = dataset or (pathlib.Path(input_file).stem if input_file else "pystdlib")
-    data_dir = os.path.join(data_root, name)
-    try:
-        if not 0 < val_fraction < 1:
-            raise ValueError(f"val_fraction={val_fraction}: it must lie between 0 and 1")
-        if name in ("", ".", "..") or os.path.basename(name) != name:  # ../x would write outside data_root
-            raise ValueError(f"dataset={name!r}: use a plain name, no path: the data goes to {data_root}/<dataset>/")
-        if hf_max_docs < 0 or hf_val_docs < 1:
-            raise ValueError(f"hf_max_docs={hf_max_docs}, hf_val_docs={hf_val_docs}: use hf_max_docs >= 0 (0: all), "
-                             "hf_val_docs >= 1")
+    for key in ("mqar_seq_len", "mqar_num_pairs", "mqar_num_queries", "mqar_train_seqs", "mqar_val_seqs",
+                "hf_val_docs"):
+        check(key, config[key] >= 1, "use an integer >= 1")
+    for key in ("mqar_seed", "mqar_offset"):
+        check(key, config[key] >= 0, "use an integer >= 0")
+    check("mqar_vocab", mqar_vocab >= 3, "use an integer >= 3 (the filler, a key and a value)")
+    check("hf_max_docs", hf_max_docs >= 0, "use an integer >= 0 (0: all)")
+    check("val_fraction", 0 < val_fraction < 1, "it must lie between 0 and 1")
+    data_dir = dataset_dir(data_root, dataset or (pathlib.Path(input_file).stem if input_file else "pystdlib"))
+    name = os.path.basename(data_dir)
+    try:  # a ValueError is one line (configurator.py); so is a read-only or full disk, which leaves the old data whole
         if adopt:
             adopt_nanogpt(data_dir, tokenizer)
         elif input_file:
@@ -509,7 +623,5 @@ if __name__ == "__main__":
         else:
             raise ValueError(f"unknown dataset {name!r}: choose {', '.join(DATASETS)}, "
                              "or turn a text file into one with --input_file=FILE")
-    except ValueError as e:
-        sys.exit(str(e))
-    except OSError as e:  # a read-only or full disk: the old dataset, if any, is still whole
+    except OSError as e:
         sys.exit(f"cannot write {e.filename or data_dir}: {e.strerror or e}")

@@ -36,16 +36,13 @@ dtype = "bfloat16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported
 exec(open("configurator.py").read())
 # -----------------------------------------------------------------------------
 
-# each bad setting stops here, with one line, before any model is loaded
-if top_k < 0:
-    sys.exit(f"top_k={top_k}: use a value >= 1, or 0 to sample among all tokens")
-if max_new_tokens < 0 or num_samples < 1:
-    sys.exit(f"max_new_tokens={max_new_tokens}, num_samples={num_samples}: use max_new_tokens >= 0, num_samples >= 1")
-try:
-    check_temperature(temperature)
-    check_device(device, dtype)
-except ValueError as e:
-    sys.exit(str(e))
+# each bad setting stops here, with one line (configurator.py's check), before any model is loaded
+check("num_samples", num_samples >= 1, "use an integer >= 1")
+for key in ("max_new_tokens", "seed"):
+    check(key, config[key] >= 0, "use an integer >= 0")
+check("top_k", top_k >= 0, "use a value >= 1, or 0 to sample among all tokens")
+check_temperature(temperature)
+check_device(device, dtype)
 prompt = start
 if start.startswith("FILE:"):
     try:
@@ -55,12 +52,10 @@ if start.startswith("FILE:"):
         sys.exit(f"--start={start}: {e.strerror}")
     except UnicodeDecodeError:
         sys.exit(f"--start={start} is not UTF-8 text")
-try:
-    ctx = autocast(device, dtype)
-    model, ckpt = load_checkpoint(os.path.join(out_dir, "ckpt.pt"), device, require=("meta",))  # meta: its tokenizer
-except ValueError as e:
-    sys.exit(str(e))
-encode, decode = get_tokenizer(ckpt["meta"])  # the training data's tokenizer
+ctx = autocast(device, dtype)
+ckpt_path = os.path.join(out_dir, "ckpt.pt")
+model, ckpt = load_checkpoint(ckpt_path, device, require=("meta",))  # meta: its tokenizer
+encode, decode = get_tokenizer(ckpt["meta"], ckpt_path)  # the training data's tokenizer
 try:
     start_ids = encode(prompt)
 except ValueError as e:

@@ -94,13 +94,23 @@ def doc_kind(doc):
     return kind
 
 
+def task_name(path):
+    """A task file's task is named after the file: mine.jsonl is the task "mine"."""
+    return os.path.splitext(os.path.basename(path))[0]
+
+
 def load_task_file(path, limit=0):
-    """(name, kind, docs) from a JSONL file: one doc per line, all of one kind."""
+    """(task_name(path), kind, docs) from a JSONL file of UTF-8 text: one doc per line, all of one kind."""
     if not os.path.isfile(path):
         raise ValueError(f"task file {path} not found")
     docs, kind = [], None
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
+    with open(path, "rb") as f:  # bytes: a line that is not UTF-8 is named like any other bad line
+        for lineno, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise ValueError(f"{path}:{lineno}: not UTF-8 text (byte {raw[e.start]:#04x} at column {e.start + 1}): "
+                                 "save it as UTF-8") from None
             if not line.strip():
                 continue
             try:
@@ -114,7 +124,7 @@ def load_task_file(path, limit=0):
             docs.append(doc)
     if not docs:
         raise ValueError(f"task file {path} has no documents")
-    return os.path.splitext(os.path.basename(path))[0], kind, docs[:limit or None]
+    return task_name(path), kind, docs[:limit or None]
 
 
 def load_task(name, limit=0):

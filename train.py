@@ -19,6 +19,8 @@ import json
 import math
 import os
 import random
+import shlex
+import signal
 import sys
 import time
 from dataclasses import fields
@@ -32,7 +34,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import attention
 from checkpoint import check_device, load_checkpoint, save_checkpoint
 from model import DTYPES, GPT, GPTConfig, autocast
-from prepare_data import check_writable, load_meta, load_tokens, mqar_batch, mqar_targets
+from prepare_data import check_writable, dataset_dir, load_meta, load_tokens, mqar_batch, mqar_targets
 
 # -----------------------------------------------------------------------------
 # The defaults are one run on one A100: a GPT-2-small-sized (124M) SA+SWA model on FineWeb-Edu, 5000 iterations of
@@ -93,32 +95,34 @@ exec(open("configurator.py").read())  # overrides from config files and --key=va
 # -----------------------------------------------------------------------------
 
 
-def check(key, ok, rule):
-    """A one-line ValueError naming key and its value unless ok."""
-    if not ok:
-        raise ValueError(f"{key}={config[key]!r}: {rule}")
-
-
-# bad settings stop here with one line, before any data is read or anything written
-try:
-    for key in ("eval_interval", "log_interval", "eval_iters", "batch_size", "gradient_accumulation_steps"):
-        check(key, config[key] >= 1, "use an integer >= 1")
-    for key in ("max_iters", "warmup_iters", "seed") + (("lr_decay_iters",) if lr_decay_iters is not None else ()):
-        check(key, config[key] >= 0, "use an integer >= 0")
-    check("learning_rate", learning_rate > 0, "use a value > 0 (a negative one is gradient ascent)")
-    for key in ("min_lr", "weight_decay", "grad_clip"):
-        check(key, config[key] >= 0, "use a value >= 0")
-    for key in ("beta1", "beta2"):
-        check(key, 0 <= config[key] < 1, "AdamW's betas lie in [0, 1)")
-    check("rope_base", rope_base > 0, "use a value > 0 (RoPE's wavelengths are its powers; 10000 is usual)")
-    check("copy_task", not copy_task or block_size % 2 == 0, "it needs an even block_size (two equal halves)")
-    check("init_from", init_from in ("scratch", "resume"), "use scratch or resume")
-    check("backend", backend in attention.BACKENDS, f"use one of {', '.join(attention.BACKENDS)}")
-    check_device(device, dtype)
-    check("out_dir", not os.path.exists(out_dir) or os.path.isdir(out_dir), "it is a file, not a directory")
-    check_writable(out_dir)
-except ValueError as e:
-    sys.exit(str(e))
+# bad settings stop here with one line (configurator.py's check), before any data is read or anything written
+for key in ("eval_interval", "log_interval", "eval_iters", "batch_size", "gradient_accumulation_steps"):
+    check(key, config[key] >= 1, "use an integer >= 1")
+for key in ("max_iters", "warmup_iters", "seed") + (("lr_decay_iters",) if lr_decay_iters is not None else ()):
+    check(key, config[key] >= 0, "use an integer >= 0")
+check("learning_rate", learning_rate > 0, "use a value > 0 (a negative one is gradient ascent)")
+for key in ("min_lr", "weight_decay", "grad_clip"):
+    check(key, config[key] >= 0, "use a value >= 0")
+for key in ("beta1", "beta2"):
+    check(key, 0 <= config[key] < 1, "AdamW's betas lie in [0, 1)")
+check("vocab_size", vocab_size >= 0, "use 0 (the data's vocabulary, padded) or at least the data's vocab_size")
+check("copy_task", not copy_task or block_size % 2 == 0, "it needs an even block_size (two equal halves)")
+check("init_from", init_from in ("scratch", "resume"), "use scratch or resume")
+check("backend", backend in attention.BACKENDS, f"use one of {', '.join(attention.BACKENDS)}")
+ddp_backends = [b for b in dist.Backend.backend_list if b != "undefined"]
+check("ddp_backend", ddp_backend in ["", *ddp_backends], f"use \"\" (nccl on CUDA, gloo on the CPU) or one of "
+      f"{', '.join(ddp_backends)}")
+check_device(device, dtype)
+data_dir = dataset_dir(data_root, dataset)
+# the model's settings, one global per GPTConfig field, are GPTConfig's to check (vocab_size is the data's, later)
+missing = [f.name for f in fields(GPTConfig) if f.name not in config]
+if missing:
+    raise ValueError(f"train.py has no global for GPTConfig.{missing[0]}: add `{missing[0]} = ...` to its model "
+                     "settings")
+model_args = {f.name: config[f.name] for f in fields(GPTConfig)}
+GPTConfig(**{**model_args, "vocab_size": vocab_size or 1})
+check("out_dir", not os.path.exists(out_dir) or os.path.isdir(out_dir), "it is a file, not a directory")
+check_writable(out_dir)
 ckpt_path = os.path.join(out_dir, "ckpt.pt")
 if init_from == "scratch" and os.path.exists(ckpt_path) and not overwrite:
     sys.exit(f"{ckpt_path} exists: continue it with --init_from=resume, train in a new --out_dir, "
@@ -149,13 +153,9 @@ torch.backends.cuda.matmul.allow_tf32 = True
 torch.backends.cudnn.allow_tf32 = True
 
 # data
-data_dir = os.path.join(data_root, dataset)
 config["data_dir"] = data_dir
-try:
-    meta = load_meta(data_dir)
-    data = {split: load_tokens(data_dir, split, meta) for split in ("train", "val")}
-except ValueError as e:
-    sys.exit(str(e))
+meta = load_meta(data_dir)
+data = {split: load_tokens(data_dir, split, meta) for split in ("train", "val")}
 # MQAR (prepare_data.py): whole sequences, fresh ones for training (get_batch), answers scored (estimate_loss)
 mqar = meta.get("mqar")
 T = mqar["seq_len"] if mqar else block_size  # tokens per training sequence
@@ -173,7 +173,7 @@ data_vocab = meta["vocab_size"]
 vocab_size = vocab_size or math.ceil(data_vocab / 64) * 64
 if vocab_size < data_vocab:
     sys.exit(f"vocab_size={vocab_size} is smaller than the vocabulary of {data_dir} ({data_vocab}): use --vocab_size=0")
-config["vocab_size"] = vocab_size
+config["vocab_size"] = model_args["vocab_size"] = vocab_size
 
 
 def get_batch(split, gen):
@@ -204,11 +204,7 @@ def get_batch(split, gen):
 
 # model: all ranks build identical weights from `seed`; then each rank gets its own
 # streams for dropout, data sampling and SA permutations
-model_args = {f.name: globals()[f.name] for f in fields(GPTConfig)}
-try:
-    gptconf = GPTConfig(**model_args)
-except ValueError as e:
-    sys.exit(str(e))
+gptconf = GPTConfig(**model_args)
 # a model too large stops here in one line, not in the OOM killer: its weights, gradients and AdamW's two
 # moments (16 bytes per fp32 parameter) must fit in the device's memory. n_params is a lower bound.
 n_params = n_layer * 12 * n_embd ** 2 + vocab_size * n_embd  # the blocks' four matrices, the embedding
@@ -228,11 +224,8 @@ scaler = torch.amp.GradScaler(device_type, enabled=dtype == "float16")
 iter_num, best_val_loss = 0, float("inf")
 
 if init_from == "resume":
-    try:
-        _, ckpt = load_checkpoint(ckpt_path, require=("optimizer", "iter_num", "best_val_loss", "config", "meta",
-                                                      "rng"))
-    except ValueError as e:  # checks the file, which holds every entry read below; its weights then go into our model
-        sys.exit(str(e))
+    # checks every entry read below (their types and ranges); the weights then go into our model
+    _, ckpt = load_checkpoint(ckpt_path, require=("optimizer", "iter_num", "best_val_loss", "config", "meta", "rng"))
     old = ckpt["meta"]  # the data must mean what it meant: the same tokenizer, the same vocabulary
     if any(old.get(k) != meta.get(k) for k in ("tokenizer", "vocab_size", "chars")):
         sys.exit(f"{ckpt_path} was trained on {ckpt['config'].get('data_dir')} ({old.get('tokenizer')} tokens, "
@@ -271,6 +264,7 @@ if init_from == "resume":
         print(f"rank {rank}: {ckpt_path} has RNG states for {len(states)} ranks only; this rank continues "
               "from fresh seeds, so the run is no longer an exact continuation")
     del ckpt
+resumed = iter_num if init_from == "resume" else None  # the iteration ckpt_path holds, until this run saves
 
 compiled = device_type == "cuda" if compile is None else compile
 model = torch.compile(raw_model) if compiled else raw_model   # evaluation runs this one, on the master only
@@ -351,7 +345,7 @@ def read_log(path):
             record = json.loads(line)
         except ValueError:
             record = None
-        if not isinstance(record, dict) or not isinstance(record.get("iter"), int):
+        if not isinstance(record, dict) or type(record.get("iter")) is not int or record["iter"] < 0:
             sys.exit(f"{path}:{i} is not a log record ({line.strip()[:60]!r}): delete that line, then resume again")
         records.append(record)
     return records
@@ -416,7 +410,9 @@ def save(states):
     weights, the optimizer, the scaler (fp16), the config and the data's meta.json, it holds `states`, every RNG
     of every rank (rng_states), so that a resumed run is bitwise the run that was never stopped (tested on the
     CPU) as long as lr_decay_iters stays the same."""
-    global new_log, log_file
+    global new_log, log_file, saved
+    pending = []  # a Ctrl-C meanwhile waits until the checkpoint and its log are whole
+    ctrl_c = signal.signal(signal.SIGINT, lambda *_: pending.append(True))
     try:
         save_checkpoint({"model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
                          "scaler": scaler.state_dict(), "model_args": raw_model.model_args(), "iter_num": iter_num,
@@ -425,12 +421,17 @@ def save(states):
             log_file.close()
             os.replace(new_log, log_path)
             log_file, new_log = open(log_path, "a"), None
+        saved = iter_num
     except (OSError, RuntimeError) as e:  # torch.save's writer raises RuntimeError on a full disk
         for partial in (ckpt_path + ".tmp", new_log):  # an --overwrite run's log goes with its checkpoint
             if partial and os.path.exists(partial):
                 os.remove(partial)
         sys.exit(f"cannot write {ckpt_path}: {str(e).splitlines()[0][:200]} (disk full?); "
                  + (f"it still holds iteration {saved}" if saved is not None else "no checkpoint was saved"))
+    finally:
+        signal.signal(signal.SIGINT, ctrl_c)
+    if pending:
+        ctrl_c(signal.SIGINT, None)
 
 
 def stop_if_diverged(loss, what):
@@ -446,6 +447,16 @@ def stop_if_diverged(loss, what):
                  if master else 1)
 
 
+def interrupted(signum, frame):
+    """Ctrl-C: one line (configurator.py prints a KeyboardInterrupt's message) saying where the run resumes from."""
+    kept = saved if saved is not None else resumed
+    args = [a for a in sys.argv[1:] if not a.startswith("--init_from=")] + ["--init_from=resume"]
+    raise KeyboardInterrupt(f"interrupted at iteration {iter_num}: " + (
+        f"{ckpt_path} holds iteration {kept}; continue it with `python train.py {shlex.join(args)}`"
+        if kept is not None else "no checkpoint of this run was saved"))
+
+
+signal.signal(signal.SIGINT, interrupted)
 t_start = t_last = time.time()
 iters_since_log = 0
 while True:
@@ -465,7 +476,6 @@ while True:
             best_val_loss = min(best_val_loss, ev["val_loss"])
             if iter_num > 0 and not eval_only and (always_save_checkpoint or ev["val_loss"] <= best_val_loss):
                 save(states)
-                saved = iter_num
         t_last, iters_since_log = time.time(), 0  # the speed below leaves out evaluation time
     if iter_num >= max_iters or eval_only:
         break

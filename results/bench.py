@@ -28,7 +28,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # the repo's modules
 import attention as A  # noqa: E402
 from checkpoint import check_device  # noqa: E402
-from prepare_data import check_writable  # noqa: E402
+from prepare_data import check_output_file  # noqa: E402
 
 # -----------------------------------------------------------------------------
 sizes = "1024,4096,16384"  # sequence lengths T, comma separated
@@ -50,6 +50,7 @@ json_out = ""              # also write the rows and the table here
 case = ""                  # internal: "kind,mode,T" measures one case in this process
 # -----------------------------------------------------------------------------
 KINDS = ("full", "swa", "sa", "sa-bht", "sa-value", "moba", "flex-swa", "flex-sa")
+MODES = ("fwd", "fwd+bwd")
 
 
 def band_block_mask(T, lo, hi, mask_mod, full_blocks):
@@ -134,35 +135,32 @@ def measure(kind, mode, T):
     return statistics.median(times[1:]), (peak - base) / 2**20
 
 
-def settings_problem():
-    """One line naming the first bad setting, or None."""
-    try:
-        Ts = [int(t) for t in sizes.split(",")]
-    except ValueError:
-        return f"sizes={sizes!r}: give sequence lengths, comma separated, e.g. --sizes=1024,4096"
+def check_settings():
+    """Every setting's range, through configurator.py's check: a ValueError naming the first bad one."""
+    check("sizes", all(t.strip().isdigit() and int(t) >= 1 for t in sizes.split(",")), "give sequence lengths >= 1, "
+          "comma separated, e.g. --sizes=1024,4096")
     bad_kind = next((k for k in kinds.split(",") if k not in KINDS), None)
-    bad_mode = next((m for m in modes.split(",") if m not in ("fwd", "fwd+bwd")), None)
-    checks = [(min(Ts) >= 1, f"sizes={sizes}: each T must be >= 1"),
-              (bad_kind is None, f"unknown kind {bad_kind!r} (kinds: {','.join(KINDS)})"),
-              (bad_mode is None, f"unknown mode {bad_mode!r} (modes: fwd,fwd+bwd)"),
-              (thp in (0, 1), f"thp={thp}: use 1 (huge pages) or 0"),
-              (backend in A.BACKENDS, f"backend={backend!r}: use one of {', '.join(A.BACKENDS)}")]
-    counts = dict(reps=reps, threads=threads, batch=batch, heads=heads, head_dim=head_dim, window=window,
-                  moba_block=moba_block, moba_topk=moba_topk, flex_block=flex_block)
-    checks += [(n >= 1, f"{k}={n}: must be >= 1") for k, n in counts.items()]
-    try:
-        check_device(device, dtype)
-        if json_out:
-            check_writable(os.path.dirname(json_out))  # before the benchmark, not after it
-    except ValueError as e:
-        checks.append((False, str(e)))
-    return next((why for ok, why in checks if not ok), None)
+    check("kinds", bad_kind is None, f"unknown kind {bad_kind!r} (kinds: {','.join(KINDS)})")
+    bad_mode = next((m for m in modes.split(",") if m not in MODES), None)
+    check("modes", bad_mode is None, f"unknown mode {bad_mode!r} (modes: {','.join(MODES)})")
+    check("thp", thp in (0, 1), "use 1 (huge pages) or 0")
+    check("backend", backend in A.BACKENDS, f"use one of {', '.join(A.BACKENDS)}")
+    for key in ("reps", "threads", "batch", "heads", "head_dim", "window", "moba_block", "moba_topk", "flex_block"):
+        check(key, config[key] >= 1, "use an integer >= 1")
+    one = case.split(",")
+    check("case", not case or len(one) == 3 and one[0] in KINDS and one[1] in MODES and one[2].isdigit()
+          and int(one[2]) >= 1, "use kind,mode,T (internal: the one case that a fresh process measures)")
+    check_device(device, dtype)
+    if json_out:  # before the benchmark, not after it
+        check_output_file("json_out", json_out)
 
 
 if __name__ == "__main__":
     exec(open(os.path.join(ROOT, "configurator.py")).read())
-    if settings_problem():
-        sys.exit(f"bench.py: {settings_problem()}")
+    try:
+        check_settings()
+    except ValueError as e:
+        sys.exit(f"bench.py: {e}")
     if case:
         kind, mode, T = case.split(",")
         print(*measure(kind, mode, int(T)))

@@ -14,14 +14,18 @@ import bench
 from test_attention import qkv
 
 
-@pytest.mark.parametrize("arg, problem", [("--reps=0", "reps=0: must be >= 1"),
-                                          ("--sizes=0", "sizes=0: each T must be >= 1"),
-                                          ("--kinds=flex", "unknown kind 'flex'"),
-                                          ("--threads=0", "threads=0: must be >= 1"),
-                                          ("--window=0", "window=0: must be >= 1"),
+@pytest.mark.parametrize("arg, problem", [("--reps=0", "reps=0: use an integer >= 1"),
+                                          ("--sizes=0", "sizes='0': give sequence lengths >= 1"),
+                                          ("--kinds=flex", "kinds='flex': unknown kind 'flex'"),
+                                          ("--threads=0", "threads=0: use an integer >= 1"),
+                                          ("--window=0", "window=0: use an integer >= 1"),
                                           ("--thp=2", "thp=2: use 1 (huge pages) or 0"),
                                           ("--device=foo", "device='foo': use cpu, cuda or cuda:N"),
-                                          ("--json_out=/sys/b/r.json", "cannot write to /sys/b (Permission denied")])
+                                          ("--json_out=/sys/b/r.json", "cannot write to /sys/b (Permission denied"),
+                                          ("--json_out=results", "json_out='results' is a directory"),
+                                          ("--case=foo", "case='foo': use kind,mode,T"),
+                                          ("--case=sa,fwd,x", "case='sa,fwd,x': use kind,mode,T"),
+                                          ("--batch=-1", "batch=-1: use an integer >= 1")])
 def test_bad_settings_stop_with_one_line(arg, problem):
     out = subprocess.run([sys.executable, "results/bench.py", arg], capture_output=True, text=True, timeout=120)
     text = out.stdout + out.stderr

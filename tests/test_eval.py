@@ -18,6 +18,7 @@ import importlib.util
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import types
@@ -153,8 +154,16 @@ def test_task_file_errors(tmp_path):
     bad.write_text('{"context": "q", "choices": ["a", "b"], "label": 0}\n{"text": "one two"}\n')
     with pytest.raises(ValueError, match="bad.jsonl:2: a lambada line in a file of choice lines"):
         tasks.load_task_file(str(bad))
-    with pytest.raises(ValueError, match="unknown task 'hellaswagg'"):
+    with pytest.raises(ValueError, match="tasks='hellaswagg': unknown 'hellaswagg': choose from ppl, lambada"):
         ev.run({"tasks": "hellaswagg"})
+
+
+def test_a_task_file_that_is_not_utf8_is_named(tmp_path):
+    bad = tmp_path / "latin.jsonl"
+    bad.write_bytes(b'{"text": "one two"}\n' + '{"text": "caf\xe9 au lait"}\n'.encode("latin-1"))
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(bad))}:2: not UTF-8 text \(byte 0xe9 at column 14\): "
+                                         "save it as UTF-8$"):
+        tasks.load_task_file(str(bad))
 
 
 # -----------------------------------------------------------------------------
@@ -293,6 +302,67 @@ def test_bad_devices_checkpoints_and_directories_are_one_line(tiny_run, tmp_path
         assert message in str(e.value) and "\n" not in str(e.value)
 
 
+@pytest.mark.parametrize("cfg, message", [
+    ({"windows": "4,4"}, "windows='4,4': lists 4 twice: give each once"),
+    ({"windows": "2, 2"}, "windows='2, 2': lists 2 twice"),
+    ({"attn": "swa,swa", "window": 2}, "attn='swa,swa': lists 'swa' twice"),
+    ({"tasks": "ppl,ppl"}, "tasks='ppl,ppl': lists 'ppl' twice"),
+    ({"task_file": "{a},{a}"}, "task_file='{a},{a}': lists '{a}' twice"),
+    ({"task_file": "{a},{b}"}, "task_file='{a},{b}': two tasks are named 'mine' (a task is named after its file)"),
+    ({"task_file": "{lambada}", "tasks": "lambada"}, "task_file='{lambada}': two tasks are named 'lambada'"),
+    ({"dataset": "../data/tiny"}, "dataset='../data/tiny': use a plain name, no path"),
+    ({"json_out": "{dir}"}, "json_out={dir!r} is a directory: give a file's path"),
+    ({"windows": "2,4", "plot": "{dir}"}, "plot={dir!r} is a directory: give a file's path"),
+    ({"limit": -1}, "limit=-1: use an integer >= 0"),
+    ({"seeds": 0}, "seeds=0: use an integer >= 1"),
+    ({"batch_size": 0}, "batch_size=0: use an integer >= 1"),
+    ({"bootstrap_iters": -5}, "bootstrap_iters=-5: use an integer >= 0"),
+])
+def test_settings_that_would_merge_or_lose_results_are_refused_up_front(tiny_run, tmp_path, capsys, cfg, message):
+    """Repeats would be averaged as seeds (seed std 0.0000), two tasks of one name would keep one result, a
+    dataset path would read elsewhere, an output that is a directory would fail after the run: each is one
+    line before anything is evaluated."""
+    paths = {"dir": str(tmp_path)}
+    for name, path in (("a", "a/mine.jsonl"), ("b", "b/mine.jsonl"), ("lambada", "lambada.jsonl")):
+        (tmp_path / path).parent.mkdir(exist_ok=True)
+        paths[name] = write_jsonl(tmp_path / path, [{"text": "one two"}])
+    cfg = {k: v.format(**paths) if isinstance(v, str) else v for k, v in cfg.items()}
+    base = {k: tiny_run[k] for k in ("out_dir", "data_root", "device", "dtype")}
+    with pytest.raises(ValueError) as e:
+        ev.run({**base, **cfg})
+    assert message.format(**paths) in str(e.value) and "\n" not in str(e.value), str(e.value)
+    assert capsys.readouterr().out == ""  # nothing ran
+
+
+def test_repeated_windows_stop_the_script_with_one_line(tiny_run):
+    r = subprocess.run([sys.executable, "eval.py", f"--out_dir={tiny_run['out_dir']}", "--windows=4,4"],
+                       capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300,
+                       cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    lines = [line for line in r.stderr.splitlines() if not line.startswith("overriding")]
+    assert r.returncode == 1 and lines == ["windows='4,4': lists 4 twice: give each once (a repeat would be averaged "
+                                           "in as another seed)"], r.stderr
+    assert r.stdout == ""
+
+
+def test_bad_data_and_tokenizers_are_one_line_naming_the_file(tiny_run, tmp_path):
+    """A meta.json whose dtype cannot hold token ids (float16 over uint16 data); a checkpoint whose tokenizer
+    does not load."""
+    data = tmp_path / "data" / "tiny"
+    data.mkdir(parents=True)
+    src = os.path.join(tiny_run["data_root"], "tiny")
+    for f in ("train.bin", "val.bin"):
+        (data / f).write_bytes(open(os.path.join(src, f), "rb").read())
+    meta = prepare_data.load_meta(src)
+    (data / "meta.json").write_text(json.dumps({**meta, "dtype": "float16"}))
+    base = {k: tiny_run[k] for k in ("out_dir", "device", "dtype")}
+    with pytest.raises(ValueError, match=f"{data / 'meta.json'} has dtype='float16', which cannot hold token ids"):
+        ev.run({**base, "data_root": str(tmp_path / "data")})
+    good = torch.load(os.path.join(tiny_run["out_dir"], "ckpt.pt"), weights_only=True)
+    torch.save({**good, "meta": {**meta, "tokenizer": "nope"}}, tmp_path / "ckpt.pt")
+    with pytest.raises(ValueError, match=f"^{tmp_path / 'ckpt.pt'}: unknown tokenizer 'nope'"):
+        ev.run({**base, "out_dir": str(tmp_path), "data_root": tiny_run["data_root"]})
+
+
 @pytest.mark.skipif(importlib.util.find_spec("transformers") is None, reason="transformers is not installed")
 def test_hub_model_offline_is_one_line_without_retries(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}
@@ -301,7 +371,7 @@ def test_hub_model_offline_is_one_line_without_retries(tmp_path):
                        text=True, env=env, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), timeout=300)
     assert r.returncode != 0 and "Traceback" not in r.stderr and "Retrying" not in r.stderr, r.stderr[-2000:]
     assert r.stderr.strip().splitlines()[-1] == (
-        "eval.py: --init_from=gpt2: cannot load it (the Hugging Face hub is unreachable and it is not in the local "
+        "--init_from=gpt2: cannot load it (the Hugging Face hub is unreachable and it is not in the local "
         "cache); go online once, or give a local path")
 
 

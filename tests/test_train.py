@@ -15,11 +15,17 @@ Run: python -m pytest -q tests/test_train.py. The scripts run as subprocesses on
 - a 2-process gloo DDP run; sampling (greedy = top_k 1, seeds reproduce);
 - every bad input (config keys, values, files, checkpoints, datasets) gets one line, a non-zero
   exit, and nothing written."""
+import contextlib
 import errno
+import io
 import json
 import os
+import re
 import resource
 import runpy
+import shlex
+import shutil
+import signal
 import subprocess
 import sys
 import sysconfig
@@ -54,14 +60,24 @@ def run(*cmd, check=True, max_file_bytes=None, timeout=300):
 
 def one_line_error(monkeypatch, script, *args):
     """Run a repo script in this process (no interpreter start-up: seconds less per case) to its exit,
-    which must be a one-line message: returned. Any other exception, a traceback, fails the test."""
+    which must be a one-line message: returned. A ValueError is what the script's excepthook (configurator.py)
+    prints, which must be one line too; any other exception, a traceback, fails the test."""
     monkeypatch.chdir(REPO)
     monkeypatch.setattr(sys, "argv", [script, *map(str, args)])
-    with pytest.raises(SystemExit) as exit_:
+    monkeypatch.setattr(sys, "excepthook", sys.excepthook)  # the script's own is dropped afterwards
+    try:
         runpy.run_path(os.path.join(REPO, script), run_name="__main__")
-    message = str(exit_.value.code)
-    assert exit_.value.code not in (None, 0) and "\n" not in message.strip(), message
-    return message
+    except SystemExit as e:
+        message = str(e.code)
+        assert e.code not in (None, 0), message
+    except ValueError as e:
+        with contextlib.redirect_stderr(io.StringIO()) as printed:
+            sys.excepthook(type(e), e, e.__traceback__)
+        message = printed.getvalue()
+    else:
+        pytest.fail(f"{script} ran to its end")
+    assert message.strip() and "\n" not in message.strip(), message
+    return message.strip()
 
 
 def assert_clean_error(r, message):
@@ -429,8 +445,8 @@ def test_mqar_config_without_data_names_its_prepare_line(tmp_path):
                  marks=pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is available")),
     (["--init_from=pretrained"], "init_from='pretrained': use scratch or resume"),
     (["--backend=cuda"], "backend='cuda': use one of auto, torch, triton, reference"),
-    (["--rope_base=0"], "rope_base=0.0: use a value > 0"),
-    (["--rope_base=-10000"], "rope_base=-10000.0: use a value > 0"),
+    (["--rope_base=0"], "GPTConfig.rope_base=0.0 is invalid"),
+    (["--rope_base=-10000"], "GPTConfig.rope_base=-10000.0 is invalid"),
     (["--learning_rate=-1e-3"], "learning_rate=-0.001: use a value > 0"),
     (["--min_lr=-1e-5"], "min_lr=-1e-05: use a value >= 0"),
     (["--weight_decay=-0.1"], "weight_decay=-0.1: use a value >= 0"),
@@ -456,6 +472,80 @@ def test_train_errors(root, tmp_path, monkeypatch, args, message):
     assert message in one_line_error(monkeypatch, "train.py", f"--data_root={root}", "--dataset=text", *TINY,
                                      f"--out_dir={out}", *args)
     assert not out.exists()
+
+
+def rope_base_above_1():
+    try:
+        from model import GPTConfig
+        GPTConfig(rope_base=1e-300)
+    except ValueError:
+        return True
+    return False
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--dataset="], "dataset='': use a plain name, no path"),
+    (["--dataset=../text"], "dataset='../text': use a plain name, no path"),
+    (["--dataset=/tmp"], "dataset='/tmp': use a plain name, no path"),
+    # the model's settings are GPTConfig's to check, before any data is read (this dataset does not exist)
+    (["--dataset=nope", "--rope_base=0"], "GPTConfig.rope_base=0.0 is invalid"),
+    (["--dataset=nope", "--n_head=3"], "GPTConfig.n_embd=32 is invalid: must be divisible by n_head=3"),
+    (["--dataset=nope", "--attn=dense"], "GPTConfig.attn='dense' is invalid"),
+    pytest.param(["--rope_base=1e-300"], "GPTConfig.rope_base=1e-300 is invalid",
+                 marks=pytest.mark.skipif(not rope_base_above_1(), reason="model.py's GPTConfig takes rope_base > 0")),
+    (["--dataset=nope", "--vocab_size=-1"], "vocab_size=-1: use 0 (the data's vocabulary, padded) or"),
+    (["--dataset=nope", "--ddp_backend=foo"], "ddp_backend='foo': use"),
+])
+def test_settings_are_checked_before_any_data_is_read(root, tmp_path, monkeypatch, args, message):
+    """One line naming the setting, not a misleading one about the data or a diverged run; nothing written."""
+    out = tmp_path / "out"
+    got = one_line_error(monkeypatch, "train.py", f"--data_root={root}", "--dataset=text", *TINY, f"--out_dir={out}",
+                         *args)
+    assert message in got and "prepare" not in got and "diverged" not in got, got
+    assert not out.exists()
+
+
+def test_a_gptconfig_field_without_a_train_global_is_one_line(root, tmp_path, monkeypatch):
+    """train.py passes GPTConfig one global per field: a new field without its global is named, not a KeyError."""
+    import dataclasses
+    import model
+    extended = dataclasses.make_dataclass("GPTConfig", [("new_knob", int, dataclasses.field(default=1))],
+                                          bases=(model.GPTConfig,))
+    monkeypatch.setattr(model, "GPTConfig", extended)
+    message = one_line_error(monkeypatch, "train.py", f"--data_root={root}", "--dataset=text", *TINY,
+                             f"--out_dir={tmp_path / 'out'}")
+    assert "GPTConfig.new_knob" in message and "train.py" in message, message
+    assert not (tmp_path / "out").exists()
+
+
+def test_ctrl_c_says_where_the_run_resumes(root, tmp_path):
+    """SIGINT mid-run: one line naming the checkpoint, its iteration and the command that resumes it, which does."""
+    out = tmp_path / "out"
+    cmd = [sys.executable, os.path.join(REPO, "train.py"), f"--data_root={root}", "--dataset=text", *TINY,
+           f"--out_dir={out}", "--eval_interval=2", "--max_iters=100000"]
+    p = subprocess.Popen(cmd, cwd=REPO, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        for _ in range(1200):  # until its first checkpoint
+            if (out / "ckpt.pt").exists():
+                break
+            assert p.poll() is None
+            time.sleep(0.1)
+        time.sleep(0.5)
+        p.send_signal(signal.SIGINT)
+        err = p.communicate(timeout=120)[1]
+    finally:
+        p.kill()
+        p.wait()
+    lines = [line for line in err.splitlines() if not line.startswith("overriding")]
+    assert p.returncode == -signal.SIGINT and len(lines) == 1 and "Traceback" not in err, err
+    it = load(out)["iter_num"]
+    match = re.fullmatch(rf"interrupted at iteration \d+: {re.escape(str(out / 'ckpt.pt'))} holds iteration {it}; "
+                         r"continue it with `python (train\.py .*--init_from=resume)`", lines[0])
+    assert match and it >= 2, lines[0]
+    resume = shlex.split(match.group(1))
+    assert resume[1:-1] == cmd[2:]  # the same settings
+    r = run(*resume, f"--max_iters={it + 1}")
+    assert f"step {it}: train loss" in r.stdout and load(out)["iter_num"] == it + 1
 
 
 @pytest.mark.parametrize("trained_on, args, message", [
@@ -485,7 +575,9 @@ def test_resume_refuses_other_data_or_model(trained, train_args, root, tmp_path,
     (dict(iter_num=None, optimizer=None), "has no 'optimizer' and no 'iter_num' entry: it was written by another"),
     (dict(optimizer=torch.optim.SGD([torch.nn.Parameter(torch.ones(2))], momentum=0.9).state_dict()),
      "its 'optimizer' is not this model's AdamW state"),
-    (dict(optimizer="sgd"), "its 'optimizer' is not this model's AdamW state"),
+    (dict(optimizer="sgd"), "its 'optimizer' is 'sgd', not an optimizer's state_dict"),
+    (dict(iter_num=-1), "its 'iter_num' is -1, not an integer >= 0"),
+    (dict(meta=[1, 2]), "its 'meta' is a list, not a JSON object"),
 ])
 def test_resume_of_an_incomplete_checkpoint_is_one_line(trained, train_args, tmp_path, monkeypatch, change, message):
     """A checkpoint without an entry, or with another optimizer's state, stops a resume before anything is written."""
@@ -528,7 +620,9 @@ def test_sample_errors(trained, tmp_path, monkeypatch):
     cases = [(["--device=cuda"], "device='cuda': CUDA is not available here")] * (not torch.cuda.is_available())
     for args, message in cases + [(["--temperature=-1"], "temperature=-1.0: use a value > 0, or 0 for greedy"),
                           (["--top_k=-3"], "top_k=-3: use a value >= 1, or 0 to sample among all tokens"),
-                          (["--max_new_tokens=-5"], "max_new_tokens=-5, num_samples=2: use max_new_tokens >= 0"),
+                          (["--max_new_tokens=-5"], "max_new_tokens=-5: use an integer >= 0"),
+                          (["--num_samples=0"], "num_samples=0: use an integer >= 1"),
+                          (["--seed=-1"], "seed=-1: use an integer >= 0"),
                           ([f"--start=FILE:{tmp_path / 'prompt.bin'}"], "is not UTF-8 text"),
                           (["--start=FILE:nope.txt"], "--start=FILE:nope.txt: No such file or directory"),
                           (["--device=foo"], "device='foo': use cpu, cuda or cuda:N"),
@@ -536,6 +630,21 @@ def test_sample_errors(trained, tmp_path, monkeypatch):
                           (["--temperature=1e999"], "temperature must be a finite number, got inf")]:
         assert message in one_line_error(monkeypatch, "sample.py", f"--out_dir={trained}", *args)
     assert_clean_error(run("sample.py", f"--out_dir={tmp_path}", check=False), "ckpt.pt not found")  # and as a process
+
+
+def test_a_tokenizer_that_cannot_load_is_one_line_naming_the_checkpoint(trained, tmp_path, monkeypatch):
+    """A checkpoint whose data's tokenizer is unknown, or a tiktoken encoding not available offline."""
+    good = load(trained)
+    torch.save({**good, "meta": {**good["meta"], "tokenizer": "nope"}}, tmp_path / "ckpt.pt")
+    message = one_line_error(monkeypatch, "sample.py", f"--out_dir={tmp_path}")
+    assert message.startswith(f"{tmp_path / 'ckpt.pt'}: unknown tokenizer 'nope': use bytes, chars or a tiktoken"), message
+
+    def offline(name):
+        raise ConnectionError("no network")
+    monkeypatch.setattr(tiktoken, "get_encoding", offline)
+    torch.save({**good, "meta": {**good["meta"], "tokenizer": "r50k_base"}}, tmp_path / "ckpt.pt")
+    message = one_line_error(monkeypatch, "sample.py", f"--out_dir={tmp_path}")
+    assert message.startswith(f"{tmp_path / 'ckpt.pt'}: tiktoken could not load the 'r50k_base' encoding"), message
 
 
 # -----------------------------------------------------------------------------
@@ -550,7 +659,7 @@ def test_data_errors(root, tmp_path):
         P.load_tokens(tmp_path / "cut", "train", meta)
     with pytest.raises(ValueError, match="val.bin is missing"):
         P.load_tokens(tmp_path / "cut", "val", meta)
-    with pytest.raises(ValueError, match="token ids >= vocab_size"):
+    with pytest.raises(ValueError, match="holds token id [0-9]+ at token [0-9]+, but vocab_size is 10"):
         P.load_tokens(root / "text", "train", {**meta, "vocab_size": 10})
     with pytest.raises(ValueError, match="has no 'test' split"):
         P.load_tokens(root / "text", "test", meta)
@@ -566,6 +675,63 @@ def test_data_errors(root, tmp_path):
         P.load_meta(tmp_path / "shakespeare_char")  # a name prepare_data.py knows
 
 
+@pytest.mark.parametrize("dataset, change, message", [
+    ("text", dict(dtype="float16"), "has dtype='float16', which cannot hold token ids: use uint8, uint16 or uint32 "
+                                     "(vocab_size 256)"),
+    ("text", dict(dtype="foo"), "has dtype='foo', which cannot hold token ids"),
+    ("text", dict(dtype="int16"), "has dtype='int16', which cannot hold token ids"),
+    ("mqar", dict(dtype="uint8", vocab_size=300, mqar=None), "has dtype='uint8', which cannot hold token ids: use uint16"),
+    ("text", dict(vocab_size="256"), "has vocab_size='256', not an integer from 1 to 2**32"),
+    ("text", dict(vocab_size=300), "has vocab_size=300, not the 256 ids of bytes"),
+    ("text", dict(tokens=[1, 2]), "has tokens=[1, 2], not a map of each split to its token count"),
+    ("text", dict(tokens={"train": -1, "val": 2}), "has tokens={'train': -1, 'val': 2}, not a map"),
+    ("text", dict(eot=256), "has eot=256, not a token id below vocab_size 256"),
+    ("text", dict(source=3), "has source=3, not a text"),
+    ("chars", dict(chars=None), "has chars=None, not the 200 distinct characters of its tokens"),
+    ("chars", dict(chars="abc"), "has chars='abc', not the 200 distinct characters"),
+    ("mqar", dict(mqar="x"), "has mqar='x', not an MQAR layout"),
+    ("mqar", dict(mqar={"seq_len": "64"}), "has mqar={'seq_len': '64'}, not an MQAR layout"),
+    ("mqar", dict(mqar=dict(seq_len=64, num_pairs=100, num_queries=4, num_keys=31, min_gap=0)), ": mqar needs 1 <= num_pairs (100)"),
+    ("mqar", dict(tokens={"train": 100, "val": 64}), "has tokens={'train': 100, 'val': 64}, not whole MQAR sequences of 64"),
+])
+def test_hand_edited_meta_is_one_line(root, tmp_path, dataset, change, message):
+    """meta.json's every entry is checked for its type and range, by the one loader every script reads it through."""
+    meta = {k: v for k, v in {**P.load_meta(root / dataset), **change}.items() if v is not None}
+    (tmp_path / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(ValueError) as e:
+        P.load_meta(tmp_path)
+    assert f"{tmp_path / 'meta.json'}" in str(e.value) and message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_float16_tokens_are_refused_by_train(root, tmp_path, monkeypatch):
+    """The fault run's meta.json: dtype float16 over uint16 data trained to a loss of 0.0034. Now one line."""
+    (tmp_path / "text").mkdir()
+    for f in ("train.bin", "val.bin"):
+        (tmp_path / "text" / f).write_bytes((root / "text" / f).read_bytes())
+    (tmp_path / "text" / "meta.json").write_text(json.dumps({**P.load_meta(root / "text"), "dtype": "float16"}))
+    message = one_line_error(monkeypatch, "train.py", f"--data_root={tmp_path}", "--dataset=text", *TINY,
+                             f"--out_dir={tmp_path / 'out'}")
+    assert "meta.json has dtype='float16', which cannot hold token ids" in message
+    assert not (tmp_path / "out").exists()
+
+
+def test_token_ids_are_checked_over_the_whole_file(root, tmp_path, monkeypatch):
+    """An id >= vocab_size past the first 2^20 tokens: one line when the file is opened, not an IndexError later."""
+    n = (1 << 20) + 100
+    ids = np.zeros(n, np.uint16)
+    ids[n - 3] = 300
+    (tmp_path / "big").mkdir()
+    for split in ("train", "val"):
+        ids.tofile(tmp_path / "big" / f"{split}.bin")
+    meta = {**P.load_meta(root / "text"), "tokens": {"train": n, "val": n}}
+    (tmp_path / "big" / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match=f"train.bin holds token id 300 at token {n - 3}, but vocab_size is 256"):
+        P.load_tokens(tmp_path / "big", "train", meta)
+    message = one_line_error(monkeypatch, "train.py", f"--data_root={tmp_path}", "--dataset=big", *TINY,
+                             f"--out_dir={tmp_path / 'out'}")
+    assert "train.bin holds token id 300" in message and not (tmp_path / "out").exists()
+
+
 def test_load_checkpoint_errors(trained, tmp_path):
     good = load(trained)
     path = str(tmp_path / "ckpt.pt")
@@ -573,7 +739,7 @@ def test_load_checkpoint_errors(trained, tmp_path):
         load_checkpoint(path)
     raw = open(os.path.join(trained, "ckpt.pt"), "rb").read()
     cases = [(raw[:len(raw) // 2], "unreadable"), (b"garbage", "unreadable"),
-             ({"model": {}, "model_args": {"n_layer": 2, "n_embd": 32}}, "not a checkpoint of this repo"),
+             ({"model": {}, "model_args": {"n_layer": 2, "n_embd": 32}}, "its 'model_args' are not GPTConfig's"),
              ({**good, "model_args": {**good["model_args"], "n_embd": 33}}, "incompatible config"),
              ({**good, "model": {k: v for k, v in good["model"].items() if "mlp" not in k}}, "weights do not fit"),
              ({k: v for k, v in good.items() if k != "model"}, "has no 'model' entry: it was written by train.py"),
@@ -592,6 +758,45 @@ def test_load_checkpoint_errors(trained, tmp_path):
     assert_clean_error(run("sample.py", f"--out_dir={tmp_path}", check=False), "has no 'meta' entry")  # its tokenizer
     model, ckpt = load_checkpoint(os.path.join(trained, "ckpt.pt"))
     assert all(torch.equal(v, good["model"][k]) for k, v in model.state_dict().items())
+    torch.save({**good, "meta": {"tokenizer": "bytes", "vocab_size": 256}}, path)  # what sampling needs of meta.json
+    assert load_checkpoint(path)[1]["meta"] == {"tokenizer": "bytes", "vocab_size": 256}
+
+
+def rng_with(**states):
+    """Change the checkpoint's rank-0 RNG states."""
+    return lambda good: {"rng": [{**good["rng"][0], **states}]}
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda good: {"iter_num": -1}, "its 'iter_num' is -1, not an integer >= 0"),
+    (lambda good: {"iter_num": "6"}, "its 'iter_num' is '6', not an integer >= 0"),
+    (lambda good: {"iter_num": True}, "its 'iter_num' is True, not an integer >= 0"),
+    (lambda good: {"best_val_loss": "1.5"}, "its 'best_val_loss' is '1.5', not a loss"),
+    (lambda good: {"best_val_loss": float("nan")}, "its 'best_val_loss' is nan, not a loss"),
+    (lambda good: {"config": "x"}, "its 'config' is 'x', not a dict"),
+    (lambda good: {"meta": [1]}, "its 'meta' is a list, not a JSON object"),
+    (lambda good: {"meta": {**good["meta"], "dtype": "float16"}}, "its 'meta' has dtype='float16'"),
+    (lambda good: {"meta": {"tokenizer": "bytes"}}, "its 'meta' has no 'vocab_size' entry"),
+    (lambda good: {"optimizer": "sgd"}, "its 'optimizer' is 'sgd', not an optimizer's state_dict"),
+    (lambda good: {"scaler": {"scale": "x"}}, "its 'scaler' is {'scale': 'x'}, not a GradScaler's state_dict"),
+    (lambda good: {"model": [1]}, "its 'model' is [1], not a state_dict"),
+    (lambda good: {"model_args": [1]}, "its 'model_args' are not GPTConfig's fields"),
+    (lambda good: {"rng": []}, "its 'rng' is [], not a list of each rank's RNG states"),
+    (lambda good: {"rng": [1]}, "its 'rng' has rank 0's states as 1, not a dict"),
+    (rng_with(torch=torch.zeros(3, dtype=torch.uint8)), "its 'rng' has rank 0's 'torch' state as a uint8 tensor of shape (3,), not a "
+                                                          "uint8 tensor of shape (5056,)"),
+    (rng_with(sampler=torch.zeros(5056)), "its 'rng' has rank 0's 'sampler' state as a float32 tensor"),
+    (rng_with(sa=None), "its 'rng' has rank 0's 'sa' state as None"),
+    (rng_with(numpy=("MT19937", [1, 2], 0, 0, 0.0)), "its 'rng' has rank 0's 'numpy' state as ('MT19937', [1, 2], 0, 0, 0.0), not"),
+    (rng_with(python="x"), "its 'rng' has rank 0's 'python' state as 'x'"),
+])
+def test_every_checkpoint_entry_is_checked(trained, tmp_path, change, message):
+    """Hand-edited entries: one line naming the entry, from load_checkpoint, which every script loads through."""
+    good = load(trained)
+    torch.save({**good, **change(good)}, tmp_path / "ckpt.pt")
+    with pytest.raises(ValueError) as e:
+        load_checkpoint(str(tmp_path / "ckpt.pt"))
+    assert str(e.value).startswith(f"{tmp_path / 'ckpt.pt'}: {message}") and "\n" not in str(e.value), str(e.value)
 
 
 def test_save_checkpoint_is_atomic(tmp_path):
@@ -645,16 +850,49 @@ def test_prepare_errors_are_one_line(tmp_path):
                           ([readme, "--tokenizer=bogus"], "unknown tokenizer 'bogus': use bytes, chars"),
                           ([f"--input_file={tmp_path / 'image.bin'}", "--tokenizer=chars"],
                            "image.bin is not UTF-8 text (byte 128: b'\\x80\\x81\\x82\\x83'): use --tokenizer=bytes"),
-                          (["--dataset=mqar", "--mqar_train_seqs=0"],
-                           "mqar needs mqar_train_seqs >= 1 and mqar_val_seqs >= 1"),
+                          (["--dataset=mqar", "--mqar_train_seqs=0"], "mqar_train_seqs=0: use an integer >= 1"),
                           (["--dataset=mqar", "--mqar_offset=100"], "mqar needs 0 <= mqar_offset (100) <="),
                           (["--dataset=../x"], "dataset='../x': use a plain name, no path"),
                           ([readme, "--dataset=../x"], "dataset='../x': use a plain name, no path"),
-                          (["--hf_max_docs=-1"], "hf_max_docs=-1, hf_val_docs=5000: use hf_max_docs >= 0")]:
+                          (["--hf_max_docs=-1"], "hf_max_docs=-1: use an integer >= 0 (0: all)")]:
         r = run("prepare_data.py", f"--data_root={tmp_path / 'data'}", *args, check=False)
         assert_clean_error(r, message)
         assert "online" not in r.stderr
     assert not (tmp_path / "data").exists() and not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--mqar_seed=-1"], "mqar_seed=-1: use an integer >= 0"),
+    (["--dataset=mqar", "--mqar_seed=-1"], "mqar_seed=-1: use an integer >= 0"),
+    (["--dataset=mqar", "--mqar_train_seqs=1000000000000"], "mqar_train_seqs=1000000000000: drawing 1,000,000,000,000 sequences"),
+    (["--dataset=mqar", "--mqar_vocab=10000000000"], "(vocab 10,000,000,000) takes about"),
+    (["--mqar_seq_len=0"], "mqar_seq_len=0: use an integer >= 1"),
+    (["--mqar_offset=-1"], "mqar_offset=-1: use an integer >= 0"),
+    (["--hf_val_docs=0"], "hf_val_docs=0: use an integer >= 1"),
+    (["--val_fraction=1.5"], "val_fraction=1.5: it must lie between 0 and 1"),
+    (["--adopt=True", "--tokenizer=chars"], "tokenizer='chars': --adopt needs a tokenizer with a fixed vocabulary"),
+])
+def test_prepare_settings_are_checked_before_anything_is_written(tmp_path, args, message):
+    """Every setting's range, named in one line, before any allocation: a setting far above what memory or disk
+    holds too; --adopt over nanoGPT's files with the chars tokenizer (its vocabulary comes from text) too."""
+    (tmp_path / "data" / "pystdlib").mkdir(parents=True)
+    for split in ("train", "val"):  # nanoGPT's files, for --adopt
+        np.zeros(10, np.uint16).tofile(tmp_path / "data" / "pystdlib" / f"{split}.bin")
+    before = sorted(p.name for p in (tmp_path / "data").rglob("*"))
+    r = run("prepare_data.py", f"--data_root={tmp_path / 'data'}", *args, check=False)
+    lines = [line for line in r.stderr.splitlines() if not line.startswith("overriding")]
+    assert r.returncode == 1 and len(lines) == 1 and message in lines[0], r.stderr[-3000:]
+    assert sorted(p.name for p in (tmp_path / "data").rglob("*")) == before
+
+
+def test_mqar_larger_than_the_disk_is_refused(tmp_path, monkeypatch):
+    """What MQAR's files need on disk is checked against what the disk has free, before anything is drawn."""
+    monkeypatch.setattr(P.shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10**9, 10**9 - 10**6, 10**6))
+    with pytest.raises(ValueError, match=r"mqar_train_seqs=100000, mqar_val_seqs=1000: their 6,464,000 tokens take "
+                                         r"12 MiB on disk, but .* has 1 MiB free"):
+        P.prepare_mqar(str(tmp_path / "mqar"), seq_len=64, num_pairs=4, num_queries=4, vocab=32, train_seqs=100000,
+                       val_seqs=1000, seed=0)
+    assert not (tmp_path / "mqar").exists()
 
 
 def test_a_full_disk_leaves_no_partial_file(root, tmp_path, monkeypatch):
@@ -691,8 +929,9 @@ def test_a_dataset_is_never_replaced_by_an_empty_one(root, tmp_path):
         for f in (root / name).iterdir():
             (tmp_path / name / f.name).write_bytes(f.read_bytes())
     before = {name: files(tmp_path / name) for name in ("mqar", "text")}
-    for args in (["--dataset=mqar", "--mqar_val_seqs=0"], ["--dataset=mqar", "--mqar_num_pairs=0"]):
-        assert_clean_error(run("prepare_data.py", f"--data_root={tmp_path}", *args, check=False), "mqar needs")
+    for args, message in ((["--dataset=mqar", "--mqar_val_seqs=0"], "mqar_val_seqs=0: use an integer >= 1"),
+                          (["--dataset=mqar", "--mqar_num_pairs=20"], "mqar needs 1 <= num_pairs (20)")):
+        assert_clean_error(run("prepare_data.py", f"--data_root={tmp_path}", *args, check=False), message)
     with pytest.raises(ValueError, match="the val split of .* would be empty: nothing written"):
         P.write_dataset(str(tmp_path / "text"), {"train": ["some text"], "val": []}, P.text_tokenizer("bytes"),
                         source="x")
