@@ -228,7 +228,7 @@ def _why(e):
     return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"
 
 
-def engine(device, dtype, head_dim, kinds, sa_rule="rank"):
+def backend_line(device, dtype, head_dim, kinds, sa_rule="rank"):
     """The line train.py, sample.py and eval.py print: what runs the SWA and SA of these attention kinds (a list) in
     dtype on device. On a GPU, the kernel, whose self-check of each variant runs now, before any training."""
     q = torch.empty(0, 0, 0, head_dim, device=device, dtype=dtype)

@@ -12,8 +12,8 @@ Afterwards the global `config` holds every hyperparameter's final value, for log
 `check(key, ok, rule)` is the scripts' one range check: a ValueError naming the key and its value.
 
 A script that runs this also gets one line, not a traceback, for what its user can fix: a ValueError raised by
-this repo's code (a setting, an input, a file; library code raises nothing else for those) and Ctrl-C. Any
-other exception is a bug, and keeps its traceback.
+this repo's code (a setting, an input, a file; library code raises nothing else for those), exit status 1, and
+Ctrl-C (the shell's 130). Any other exception is a bug, and keeps its traceback.
 """
 import ast
 import builtins  # scripts may shadow builtins with hyperparameters: train.py's `compile`
@@ -81,6 +81,8 @@ def _configure(g, argv):
             except SyntaxError as e:
                 sys.exit(f"{arg}:{e.lineno}: syntax error: {e.msg}")
             for key, value in ns.items():
+                if isinstance(value, (list, tuple, dict, set)) and key[:1].islower():  # no setting takes one
+                    sys.exit(f"{arg}: {key} = {value!r}: a setting takes a number, a bool, a str or None")
                 if not key.startswith("_") and isinstance(value, types):
                     g[key] = keys[key] = check(key, value, arg)
                     if verbose:  # a global edited in the script and set again here: this line says which wins
@@ -97,7 +99,8 @@ def _one_line(kind, error, traceback):
     last = traceback
     while last is not None and last.tb_next is not None:  # the frame that raised it
         last = last.tb_next
-    ours = last is not None and os.path.abspath(last.tb_frame.f_code.co_filename).startswith(root + os.sep)
+    where = last and last.tb_frame.f_globals.get("__file__", last.tb_frame.f_code.co_filename)  # check(): the script
+    ours = last is not None and os.path.abspath(where).startswith(root + os.sep)
     if issubclass(kind, KeyboardInterrupt) or (issubclass(kind, ValueError) and ours):
         print(str(error) or "interrupted", file=sys.stderr)
     else:

@@ -38,7 +38,7 @@ dataset = ""           # dataset for perplexity ("" = the checkpoint's)
 split = "val"          # its split for perplexity (wikitext-103 also has test)
 tasks = ""             # comma list of ppl, lambada, hellaswag, piqa, arc_easy, arc_challenge, winogrande ("" = ppl)
 task_file = ""         # comma list (no commas in paths) of JSONL task files, each a task named after its file; no ppl
-limit = 0              # at most this many documents per task, and windows for ppl (0 = all)
+limit = 0              # at most this many documents per task, and block_size chunks for ppl (0 = all)
 attn = ""              # comma list of attention kinds to swap in: full, swa, sa, sa+swa, moba ("" = the model's own)
 window = None          # the swa/sa window of a swap (None = the model's own)
 windows = ""           # comma list of windows to sweep, e.g. 16,32,64,128,256
@@ -65,7 +65,7 @@ def run(cfg):
     lm, ckpt_dataset = load_model(cfg)
     settings = plan(lm, kinds, ws, cfg)
     c = lm.model.config  # ours or Hugging Face's: what runs the attention of the kinds about to run
-    print(attention.engine(cfg["device"], DTYPES[cfg["dtype"]], c.n_embd // c.n_head if hasattr(c, "n_embd") else
+    print(attention.backend_line(cfg["device"], DTYPES[cfg["dtype"]], c.n_embd // c.n_head if hasattr(c, "n_embd") else
                            c.hidden_size // c.num_attention_heads, [s["attn"] for s in settings if s] or
                            [lm.native["attn"]], getattr(c, "sa_rule", "rank")))
     ppl_name, tokens = perplexity_tokens(cfg, lm, ckpt_dataset) if ppl else (None, None)
@@ -128,7 +128,7 @@ def check_config(cfg):
     check("task_file", clash is None, f"two tasks are named {clash!r} (a task is named after its file): rename one")
     if ws and cfg["window"] is not None:
         raise ValueError("give --window or --windows, not both")
-    ws = [attention.check_positive(w) for w in (ws or ([cfg["window"]] if cfg["window"] is not None else []))]
+    ws = [attention.check_int(w) for w in (ws or ([cfg["window"]] if cfg["window"] is not None else []))]
     for key in ("moba_topk", "seeds", "batch_size", "moba_block", "block_size", "limit", "bootstrap_iters"):
         least = 0 if key in ("limit", "bootstrap_iters") else 1
         check(key, cfg[key] is None and key in ("moba_block", "block_size") or type(cfg[key]) is int
@@ -253,7 +253,7 @@ def register_hf_attention(attn, window=None, moba_block=64, moba_topk=4, generat
                          + (": sa+swa needs gates trained with the model" if attn == "sa+swa" else ""))
     sizes = dict(moba_block=moba_block, moba_topk=moba_topk) if attn == "moba" else dict(window=window)
     for key, value in sizes.items():
-        attention.check_positive(value, key)
+        attention.check_int(value, key)
     generator = torch.Generator() if generator is None else generator
     name = f"moba_b{moba_block}_k{moba_topk}" if attn == "moba" else f"{attn}_w{window}"
     told = []  # the decoding fallback is printed once
@@ -375,32 +375,32 @@ def load_model(cfg):
 
 @torch.no_grad()
 def perplexity(lm, tokens, batch_size, limit=0):
-    """{loss, ppl, bpb} over `tokens` in non-overlapping block_size windows: window i reads
-    tokens[i*bs : (i+1)*bs] and predicts tokens[i*bs+1 : (i+1)*bs+1], so every token but the
+    """{loss, ppl, bpb} over `tokens` in non-overlapping chunks of T = block_size tokens: chunk i reads
+    tokens[i*T : (i+1)*T] and predicts tokens[i*T+1 : (i+1)*T+1], so every token but the
     first is predicted exactly once. bpb, the loss in bits per UTF-8 byte of the predicted text, compares
     tokenizers (None for ids, which have no text). No stderr: lm-eval gives its weighted perplexities none."""
-    bs = lm.block_size
-    starts = list(range(0, len(tokens) - 1, bs))[:limit or None]
+    T = lm.block_size
+    starts = list(range(0, len(tokens) - 1, T))[:limit or None]
     if not starts:
         raise ValueError(f"perplexity needs at least 2 tokens, got {len(tokens)}")
     nll, n = 0.0, 0
     batches = range(0, len(starts), batch_size)
     for b in progress(batches, desc="ppl", total=len(batches), leave=False):
-        rows = [torch.from_numpy(np.asarray(tokens[s:s + bs + 1], dtype=np.int64)) for s in starts[b:b + batch_size]]
-        x = torch.zeros(len(rows), bs, dtype=torch.long)                         # (B, bs)
-        y = torch.full((len(rows), bs), -1, dtype=torch.long)                    # (B, bs), -1: padding, not scored
-        for r, w in enumerate(rows):
-            x[r, :len(w) - 1], y[r, :len(w) - 1] = w[:-1], w[1:]
-        lengths = (y != -1).sum(1)                                               # (B,): the last window may be short
-        T = int(lengths.max())
-        logits = lm.logits(x[:, :T].to(lm.device), lengths)                      # (B, T, vocab)
-        y = y[:, :T].to(logits.device)
+        rows = [torch.from_numpy(np.asarray(tokens[s:s + T + 1], dtype=np.int64)) for s in starts[b:b + batch_size]]
+        x = torch.zeros(len(rows), T, dtype=torch.long)                         # (B, T)
+        y = torch.full((len(rows), T), -1, dtype=torch.long)                    # (B, T), -1: padding, not scored
+        for r, row in enumerate(rows):
+            x[r, :len(row) - 1], y[r, :len(row) - 1] = row[:-1], row[1:]
+        lengths = (y != -1).sum(1)                                               # (B,): the last chunk may be short
+        n_cols = int(lengths.max())
+        logits = lm.logits(x[:, :n_cols].to(lm.device), lengths)                 # (B, n_cols, vocab)
+        y = y[:, :n_cols].to(logits.device)
         for r in range(len(rows)):  # one row at a time: fp32 logits of a whole batch can be large
             nll += F.cross_entropy(logits[r].float(), y[r], ignore_index=-1, reduction="sum").item()
         n += int((y != -1).sum())
     out = {"loss": nll / n, "ppl": math.exp(nll / n), "bpb": None}
     if lm.tok.name != "ids":
-        scored = [int(t) for t in tokens[1:starts[-1] + bs + 1]]  # every predicted token
+        scored = [int(t) for t in tokens[1:starts[-1] + T + 1]]  # every predicted token
         n_bytes = len(scored) if lm.tok.name == "bytes" else len(lm.tok.decode(scored).encode("utf-8"))
         out["bpb"] = nll / math.log(2) / n_bytes
     return out

@@ -201,7 +201,7 @@ def get_tokenizer(meta, source=""):
         return encode, lambda ids: "".join(chars[i] for i in ids if i < len(chars))
     if name == "ids":
         def encode(s):
-            if not all(t.isdigit() for t in s.split()):
+            if not all(t.isascii() and t.isdigit() for t in s.split()):  # "²" is a digit to isdigit, not to int
                 raise ValueError(f"this dataset's tokens are numbers: write the prompt as e.g. '3 17 4', "
                                  f"not {s[:40]!r}")
             return [int(t) for t in s.split()]
@@ -602,6 +602,8 @@ if __name__ == "__main__":
     check("mqar_vocab", mqar_vocab >= 3, "use an integer >= 3 (the filler, a key and a value)")
     check("hf_max_docs", hf_max_docs >= 0, "use an integer >= 0 (0: all)")
     check("val_fraction", 0 < val_fraction < 1, "it must lie between 0 and 1")
+    check("tokenizer", tokenizer == "bytes" or input_file or adopt, "it applies to --input_file and --adopt only "
+          "(a named dataset has its own tokenizer)")
     data_dir = dataset_dir(data_root, dataset or (pathlib.Path(input_file).stem if input_file else "pystdlib"))
     name = os.path.basename(data_dir)
     try:  # a ValueError is one line (configurator.py); so is a read-only or full disk, which leaves the old data whole

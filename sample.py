@@ -9,16 +9,17 @@ Text is encoded and decoded with the tokenizer the training data was prepared wi
 checkpoint carries. SA draws fresh permutations at every forward pass, so --seed fixes them together with
 the sampling itself. Where the model allows it (GPTConfig.cacheable), tokens are decoded from a KV cache,
 one step each; otherwise every token recomputes the whole prefix, which sample.py says once.
-bench.benchmark_generation measures the speed with and without the cache.
+`python results/bench.py --generation=True` measures the speed with and without the cache.
 """
 import os
 import sys
 
 import torch
 
-from attention import engine
+from attention import backend_line
 from checkpoint import check_device, load_checkpoint
-from model import DTYPES, autocast, check_temperature, use_kv_cache
+from guards import check_temperature
+from model import DTYPES, autocast, use_kv_cache
 from prepare_data import get_tokenizer
 
 # -----------------------------------------------------------------------------
@@ -65,7 +66,7 @@ if not start_ids or max(start_ids) >= model.config.vocab_size:
 use_cache = use_kv_cache(model.config, use_cache)  # says so once here, not once per sample
 
 c = model.config  # the line saying what runs the attention (on a GPU: the kernel's self-check)
-print(engine(device, DTYPES[dtype], c.n_embd // c.n_head, [c.attn], c.sa_rule), file=sys.stderr)
+print(backend_line(device, DTYPES[dtype], c.n_embd // c.n_head, [c.attn], c.sa_rule), file=sys.stderr)
 model.eval()
 torch.manual_seed(seed)
 model.seed_sa(seed)

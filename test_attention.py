@@ -439,7 +439,7 @@ def test_the_triton_backend_on_a_cpu_says_why_in_one_line(monkeypatch):
     with pytest.raises(ValueError, match="runs the Triton kernel on a CUDA GPU, not on cpu .* use backend 'auto'"):
         A.sliding_window_attention(q, k, v, 4)
     with pytest.raises(ValueError, match="runs the Triton kernel on a CUDA GPU"):
-        A.engine("cpu", torch.float32, 8, ["sa+swa"])
+        A.backend_line("cpu", torch.float32, 8, ["sa+swa"])
     monkeypatch.setattr(A.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ValueError, match="needs the triton package"):
         A.stochastic_attention(q, k, v, 4, torch.arange(10))

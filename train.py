@@ -121,6 +121,7 @@ if missing:
                      "settings")
 model_args = {f.name: config[f.name] for f in fields(GPTConfig)}
 GPTConfig(**{**model_args, "vocab_size": vocab_size or 1})
+check("out_dir", out_dir != "", "name a directory")
 check("out_dir", not os.path.exists(out_dir) or os.path.isdir(out_dir), "it is a file, not a directory")
 check_writable(out_dir)
 ckpt_path = os.path.join(out_dir, "ckpt.pt")
@@ -250,6 +251,8 @@ if init_from == "resume":
     if ckpt.get("scaler"):  # fp16: the loss scale and its growth tracker
         scaler.load_state_dict(ckpt["scaler"])
     iter_num, best_val_loss = ckpt["iter_num"], ckpt["best_val_loss"]
+    check("max_iters", max_iters >= iter_num or eval_only, f"{ckpt_path} is at iteration {iter_num} already: raise "
+          "max_iters to train on")
     states = ckpt["rng"]
     if rank < len(states):
         s = states[rank]
@@ -323,7 +326,7 @@ def estimate_loss():
 
 def get_lr(it):
     """Linear warmup, then cosine decay to min_lr at lr_decay_iters."""
-    decay_iters = lr_decay_iters or max_iters
+    decay_iters = max_iters if lr_decay_iters is None else lr_decay_iters
     if it < warmup_iters:
         return learning_rate * (it + 1) / (warmup_iters + 1)
     if it >= decay_iters:
@@ -389,7 +392,7 @@ if master:
           f"parameters, attn={attn}, window={window}; {tokens_per_iter:,} tokens per iteration "
           f"({world_size} x {gradient_accumulation_steps} x {batch_size} x {T}) on {device}")
 attention.BACKEND = backend
-attention_line = attention.engine(device, DTYPES[dtype], n_embd // n_head, [attn], sa_rule)  # each rank checks its GPU
+attention_line = attention.backend_line(device, DTYPES[dtype], n_embd // n_head, [attn], sa_rule)  # each rank's GPU
 if master:
     print(attention_line)
 

@@ -5,6 +5,7 @@ and forward+backward, with peak memory. Prints one table; ratios within one run 
     python results/bench.py                                  # T = 1024, 4096, 16384 on the CPU
     python results/bench.py --sizes=4096 --json_out=speed.json   # one size, and the table as JSON
     python results/bench.py --device=cuda --dtype=bfloat16 --backend=auto   # a GPU: the Triton kernel (gpu_check.py)
+    python results/bench.py --generation=True                # GPT.generate, with and without the KV cache
 
 On the CPU each measurement runs in a fresh process, so that its peak resident memory can be read
 (with THP_MEM_ALLOC_ENABLE=thp: huge pages, so fewer page faults on fresh buffers, for every kind);
@@ -48,6 +49,7 @@ dtype = "float32"          # float32, bfloat16 or float16: the dtype of q, k, v
 backend = "torch"          # attention.BACKEND: "auto" runs the Triton kernel on a GPU
 json_out = ""              # also write the rows and the table here
 case = ""                  # internal: "kind,mode,T" measures one case in this process
+generation = False         # time GPT.generate instead, with and without the KV cache (benchmark_generation)
 # -----------------------------------------------------------------------------
 KINDS = ("full", "swa", "sa", "sa-bht", "sa-value", "moba", "flex-swa", "flex-sa")
 MODES = ("fwd", "fwd+bwd")
@@ -165,6 +167,9 @@ if __name__ == "__main__":
         kind, mode, T = case.split(",")
         print(*measure(kind, mode, int(T)))
         sys.exit()
+    if generation:
+        benchmark_generation()
+        sys.exit()
     cuda = device.startswith("cuda")
     where = (f"{torch.cuda.get_device_name(device)}, all cases in one process, peak allocated above the inputs"
              if cuda else f"{threads} threads on {os.cpu_count()} CPUs ({os.uname().machine}), peak RSS above "
@@ -226,7 +231,7 @@ def benchmark_generation(lengths=(256, 1024, 4096), new_tokens=(5, 33), vocab_si
     cache (kv_cache.py), after prompts of each length, on a small random model built here. A step is timed
     from the end of one forward of generate to the end of the next (a forward hook), so the prompt's
     prefill is left out; the median step, to shrug off other processes. new_tokens[use_cache] steps each.
-        python -c "import bench; bench.benchmark_generation()"
+        python results/bench.py --generation=True
     """
     from model import ATTN_KINDS, GPT, GPTConfig
     arch = dict(n_layer=4, n_head=4, n_embd=128, window=64, moba_block=64, moba_topk=4,

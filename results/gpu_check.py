@@ -58,7 +58,7 @@ def self_check_and_memory_stage(batch_size=8, T=2048):
     import attention
     from model import GPT, GPTConfig
     start = time.time()
-    lines = [attention.engine("cuda", dtype, 64, ["sa+swa"], rule) for dtype in (torch.bfloat16, torch.float32)
+    lines = [attention.backend_line("cuda", dtype, 64, ["sa+swa"], rule) for dtype in (torch.bfloat16, torch.float32)
              for rule in ("rank", "value")]
     model = GPT(GPTConfig(block_size=T)).cuda()
     optimizer = model.configure_optimizers(0.1, 6e-4, (0.9, 0.95), "cuda")

@@ -225,7 +225,7 @@ def test_auto_falls_back_to_torch(monkeypatch, cause, match):
     with pytest.warns(UserWarning, match=f"torch path instead: .*{match}"):
         assert_same(lambda *x: A.stochastic_value_attention(*x, 0.2, r), q, k, v,
                     lambda *x: A.sa_value_reference(*x, 0.2, r))
-    line = A.engine(KDEV, torch.float32, 16, ["sa+swa"])
+    line = A.backend_line(KDEV, torch.float32, 16, ["sa+swa"])
     assert re.fullmatch(f"attention: the torch path for swa, sa rank on the CPU interpreter float32: .*{match}.*",
                         line), line
 
@@ -435,20 +435,20 @@ def test_kernel_masks_equal_attentions():
 
 
 def test_a_correct_kernel_passes_the_self_check(monkeypatch):
-    """engine() runs the self-check of each kernel variant a model uses, once, and says so; on the CPU under "auto" it runs
+    """backend_line() runs the self-check of each kernel variant a model uses, once, and says so; on the CPU under "auto" it runs
     no kernel at all."""
     monkeypatch.setattr(kernel, "SELF_CHECKS", {})
-    assert A.engine("cpu", torch.float32, 16, ["sa+swa"]) == "attention: the torch path on cpu"
+    assert A.backend_line("cpu", torch.float32, 16, ["sa+swa"]) == "attention: the torch path on cpu"
     assert kernel.SELF_CHECKS == {}
     monkeypatch.setattr(A, "BACKEND", "triton")
     for kinds, rule in ((["sa+swa"], "rank"), (["sa", "full"], "value")):
-        line = A.engine("cpu", torch.float32, 16, kinds, rule)
+        line = A.backend_line("cpu", torch.float32, 16, kinds, rule)
         assert re.fullmatch(r"attention: Triton kernel, self-check passed on the CPU interpreter float32 "
                             r"\(max err \d\.\de-0[5-9], [\d.]+ s\)", line), line
         print(line)
     assert {key[3]: err < 1e-4 for key, err in kernel.SELF_CHECKS.items()} == \
         {"swa": True, "sa rank": True, "sa value": True}
-    assert A.engine("cpu", torch.float32, 16, ["full", "moba"]) == "attention: no SWA or SA on cpu"
+    assert A.backend_line("cpu", torch.float32, 16, ["full", "moba"]) == "attention: no SWA or SA on cpu"
 
 
 def inject(monkeypatch, fault, dtype=None):
@@ -532,6 +532,6 @@ def test_a_failed_dtype_leaves_the_other_alone(monkeypatch, bf16_dot, faulty):
     assert {key[1]: err <= kernel.TOLERANCE[key[1]] for key, err in kernel.SELF_CHECKS.items()} == \
         {torch.bfloat16: faulty != torch.bfloat16, torch.float32: faulty != torch.float32}
     for dtype in (torch.bfloat16, torch.float32):
-        line = A.engine("cpu", dtype, 16, ["swa"])
+        line = A.backend_line("cpu", dtype, 16, ["swa"])
         failed = f"attention: the torch path for swa on the CPU interpreter {str(dtype)[6:]}: Unsupported: the Triton"
         assert line.startswith(failed + " kernel failed" if dtype == faulty else "attention: Triton kernel"), line
