@@ -88,12 +88,12 @@ def test_moba_cache_breaks_ties_as_moba_select():
 
 def test_past_block_size_the_cache_is_refilled_from_half_a_block():
     """The documented rule (GPT.generate): a full cache is refilled from the last block_size // 2 tokens."""
-    model, bs = tiny("swa", block_size=32), 32
+    model, block_size = tiny("swa", block_size=32), 32
     got = model.generate(tokens(1, 20), 50, temperature=0)[0].tolist()
     seq, start = got[:20], 0
     while len(seq) < 70:
-        if len(seq) - start > bs:
-            start = len(seq) - bs // 2
+        if len(seq) - start > block_size:
+            start = len(seq) - block_size // 2
         seq.append(model(torch.tensor([seq[start:]]))[0][0, -1].argmax().item())
     assert got == seq
 
