@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 import blocked
-from guards import check_draw, check_int, sdpa_inputs, v_seen_only
+from guards import check_delta, check_draw, check_int, sdpa_inputs, v_seen_only
 
 # The one switch, which implementation the fast functions run: "auto": the Triton kernel for CUDA tensors (a
 #   Triton of TRITON_VERSIONS, a head dim and dtype it has); "torch": blocked.py, O(T * window) time and memory,
@@ -72,14 +72,14 @@ def swa_mask(T, window, pos=None, device=None):
 
 @sdpa_inputs
 def swa_reference(q, k, v, window, pos=None):
-    return masked_attention(q, k, v, swa_mask(q.shape[2], window, pos, q.device))
+    return masked_attention(q, k, v, swa_mask(q.shape[2], check_int(window), check_draw(pos, "pos", q), q.device))
 
 
 @sdpa_inputs
 def sliding_window_attention(q, k, v, window, pos=None):
     """SWA, with positions (the rule above): out (B, H, T, D) for q, k, v (B, H, T, D); pos a LongTensor (T,) or
     broadcastable to (B, H, T). Without pos, FlashAttention's window_size=(window-1, 0). Equals swa_reference."""
-    return _band(q, k, v, pos, window=check_int(window))
+    return _band(q, k, v, check_draw(pos, "pos", q), window=check_int(window))
 
 
 def sa_mask(window, perm):
@@ -89,7 +89,7 @@ def sa_mask(window, perm):
 
 @sdpa_inputs
 def sa_reference(q, k, v, window, perm):
-    return masked_attention(q, k, v, sa_mask(window, perm))
+    return masked_attention(q, k, v, sa_mask(check_int(window), check_draw(perm, "perm", q)))
 
 
 def gather(t, perm):
@@ -131,16 +131,14 @@ def sa_value_mask(delta, r):
 
 @sdpa_inputs
 def sa_value_reference(q, k, v, delta, r):
-    return masked_attention(q, k, v, sa_value_mask(delta, r))
+    return masked_attention(q, k, v, sa_value_mask(check_delta(delta), check_draw(r, "r", q)))
 
 
 @sdpa_inputs
 def stochastic_value_attention(q, k, v, delta, r):
     """SA by the value rule (above), r (T,) or broadcastable to (B, H, T): delta = window / T connects a pair as often
     as the rank rule. Sorted by r, a block of queries sees one contiguous key span. Equals sa_value_reference."""
-    check_draw(r, "r", q)
-    if not 0 < delta:
-        raise ValueError(f"delta must be > 0, got {delta!r}")
+    check_draw(r, "r", q), check_delta(delta)
     perm = torch.argsort(r, dim=-1, stable=True)                       # (T,) or (B, H, T): ascending r
     r_sorted = r.gather(-1, perm).float()                              # (T,) or (B, H, T): each slot's r
     return scatter(_band(gather(q, perm), gather(k, perm), gather(v, perm), perm, delta=delta, r_sorted=r_sorted), perm)
@@ -163,7 +161,7 @@ def moba_mask(q, k, moba_block, top_k):
 
 @sdpa_inputs
 def moba_reference(q, k, v, moba_block, top_k):
-    return masked_attention(q, k, v, moba_mask(q, k, moba_block, top_k))
+    return masked_attention(q, k, v, moba_mask(q, k, check_int(moba_block, "moba_block"), check_int(top_k, "top_k")))
 
 
 @sdpa_inputs
@@ -231,7 +229,7 @@ def _why(e):
 def backend_line(device, dtype, head_dim, kinds, sa_rule="rank"):
     """The line train.py, sample.py and eval.py print: what runs the SWA and SA of these attention kinds (a list) in
     dtype on device. On a GPU, the kernel, whose self-check of each variant runs now, before any training."""
-    q = torch.empty(0, 0, 0, head_dim, device=device, dtype=dtype)
+    q, kinds = torch.empty(0, 0, 0, head_dim, device=device, dtype=dtype), [kinds] if isinstance(kinds, str) else kinds
     variants = [r for r, users in (("swa", {"swa", "sa+swa"}), ("sa " + sa_rule, {"sa", "sa+swa"}))
                 if users & set(kinds)]
     if not variants or _backend(q) != "triton":

@@ -69,14 +69,19 @@ def check_temperature(temperature):
         raise ValueError(f"temperature={temperature!r}: use a number > 0, or 0 for greedy decoding")
 
 
-def check_tokens(idx, vocab_size, lengths=None):
-    """A model's input: idx a (B, T) int64 (or int32) tensor of ids in [0, vocab_size); lengths None or the real
-    tokens of each right-padded row, a (B,) integer tensor with 1 <= lengths <= T."""
-    if not isinstance(idx, torch.Tensor) or idx.dim() != 2 or idx.dtype not in (torch.long, torch.int):
-        raise ValueError(f"idx must be a (B, T) tensor of token ids (int64), got {getattr(idx, 'dtype', type(idx))} "
-                         f"{tuple(getattr(idx, 'shape', ()))}")
-    if idx.numel() and not torch.compiler.is_compiling() and not (0 <= idx.min() and idx.max() < vocab_size):
-        raise ValueError(f"idx holds token ids outside [0, vocab_size={vocab_size})")
+def check_tokens(idx, vocab_size, lengths=None, targets=None):
+    """A model's input: idx a (B, T) int64 (or int32) tensor of ids in [0, vocab_size); targets None or ids of idx's
+    shape, -1 where ignored; lengths None or the real tokens of each right-padded row, a (B,) integer tensor with
+    1 <= lengths <= T."""
+    for name, t, least in (("idx", idx, 0), ("targets", targets, -1)):
+        if name == "targets" and t is None:
+            continue
+        if not isinstance(t, torch.Tensor) or t.dim() != 2 or t.dtype not in (torch.long, torch.int) or \
+                name == "targets" and t.shape != idx.shape:
+            raise ValueError(f"{name} must be a (B, T) tensor of token ids (int64) of idx's shape, got "
+                             f"{getattr(t, 'dtype', type(t))} {tuple(getattr(t, 'shape', ()))}")
+        if t.numel() and not torch.compiler.is_compiling() and not (least <= t.min() and t.max() < vocab_size):
+            raise ValueError(f"{name} holds token ids outside [{least}, vocab_size={vocab_size})")
     (B, T), ok = idx.shape, isinstance(lengths, torch.Tensor) and lengths.dtype in (torch.long, torch.int)
     if lengths is not None and not (ok and lengths.shape == (B,) and bool(((lengths >= 1) & (lengths <= T)).all())):
         raise ValueError(f"lengths must be a (B,)=({B},) integer tensor of real tokens per row, 1 <= lengths <= T={T}, "
@@ -84,12 +89,14 @@ def check_tokens(idx, vocab_size, lengths=None):
 
 
 def check_draw(draw, name, q):
-    """SA's draw for q's rows: permutations `perm` of range(T), or finite value keys `r`; (T,) or broadcastable to
-    (B, H, T), on q's device."""
-    (B, H, T), kind = q.shape[:3], "a LongTensor" if name == "perm" else "a float tensor"
+    """draw, if it is SA's draw for q's rows: permutations `perm` of range(T) or finite value keys `r` (or SWA's
+    positions `pos`, any integers, None by default); (T,) or broadcastable to (B, H, T), on q's device."""
+    if name == "pos" and draw is None:
+        return None
+    (B, H, T), kind = q.shape[:3], "a float tensor" if name == "r" else "a LongTensor"
     if not isinstance(draw, torch.Tensor):
         raise ValueError(f"{name} must be {kind} of shape (T,) or (B, H, T), got {type(draw).__name__}")
-    ok = draw.dtype == torch.long if name == "perm" else draw.is_floating_point()
+    ok = draw.is_floating_point() if name == "r" else draw.dtype == torch.long
     if not ok or draw.dim() not in (1, 3) or any(n not in (1, m) for n, m in zip(draw.shape[:-1], (B, H))) \
             or draw.shape[-1] != T:
         raise ValueError(f"{name} must be {kind} of shape (T,) or broadcastable to (B, H, T)=({B}, {H}, {T}), "
@@ -97,7 +104,7 @@ def check_draw(draw, name, q):
     if draw.device != q.device:
         raise ValueError(f"{name} must be on q's device {q.device}, got {draw.device}")
     if torch.compiler.is_compiling():                                   # values unknown while tracing: eager only
-        return
+        return draw
     rows = draw.reshape(-1, T)                                          # (R, T)
     if name == "r" and not bool(rows.isfinite().all()):
         raise ValueError("r must be finite, got NaN or inf")
@@ -105,3 +112,13 @@ def check_draw(draw, name, q):
         hit = torch.zeros_like(rows, dtype=torch.bool).scatter_(1, rows.clamp(0, T - 1), True)  # (R, T): O(T)
         if not bool(hit.all() & (rows >= 0).all() & (rows < T).all()):
             raise ValueError(f"perm must be a permutation of range({T}) in every row")
+    return draw
+
+
+def check_delta(delta):
+    """delta, if it is a width for the value rule: a finite number no smaller than fp32's smallest normal, below
+    which the rule's fp32 comparison would round it to 0 and hide even a query's own key."""
+    tiny = torch.finfo(torch.float32).tiny
+    if not (isinstance(delta, (int, float)) and not isinstance(delta, bool) and tiny <= delta < math.inf):
+        raise ValueError(f"delta must be a finite number >= {tiny:.2g} (fp32's smallest normal), got {delta!r}")
+    return delta

@@ -11,6 +11,7 @@ are one contiguous run found by two binary searches: about 2 * window keys at T 
 Rank-rule SA has no cache (GPTConfig.cacheable says why).
 """
 import math
+import sys
 
 import torch
 import torch.nn.functional as F
@@ -18,6 +19,14 @@ import torch.nn.functional as F
 import attention
 import blocked
 from guards import check_draw
+
+
+def use_kv_cache(config, use_cache):
+    """use_cache where config.cacheable. Asked for on rank-rule SA, it is False, and stderr says so."""
+    if use_cache and not config.cacheable:
+        print(f"attn={config.attn!r} with sa_rule='rank' cannot be decoded from a KV cache exactly: "
+              "every token recomputes the whole prefix", file=sys.stderr)
+    return use_cache and config.cacheable
 
 
 class KVCache:

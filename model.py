@@ -6,7 +6,6 @@ GPT.generate decodes from a KV cache (kv_cache.py) where the rule allows it exac
 """
 import inspect
 import math
-import sys
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, fields, replace
 
@@ -16,7 +15,7 @@ from torch.nn import functional as F
 
 import attention
 from guards import check_int, check_seed, check_temperature, check_tokens
-from kv_cache import KVCache
+from kv_cache import KVCache, use_kv_cache
 
 ATTN_KINDS = ("full", "swa", "sa", "sa+swa", "moba")
 SA_PERM_MODES = ("layer", "head")
@@ -24,9 +23,10 @@ SA_RULES = ("rank", "value")
 POS_EMBS = ("rope", "learned")
 GPT2_SIZES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-# The fields that shape the weights. Every other field carries none: a training-free swap (swap_attention)
-# may change it, and from_pretrained may set it on GPT-2's weights.
+# The fields that shape the weights: from_pretrained may set every other one on GPT-2's weights. A training-free
+# swap (swap_attention) changes only the attention's fields, which the modules read at each forward.
 WEIGHT_FIELDS = ("vocab_size", "n_layer", "n_head", "n_embd", "bias", "pos_emb", "block_size")
+SWAP_FIELDS = ("attn", "window", "moba_block", "moba_topk", "sa_perm", "sa_rule")
 
 
 @dataclass
@@ -85,19 +85,11 @@ class GPTConfig:
         return self.attn not in ("sa", "sa+swa") or self.sa_rule == "value"
 
 
-def use_kv_cache(config, use_cache):
-    """use_cache where config.cacheable. Asked for on rank-rule SA, it is False, and stderr says so."""
-    if use_cache and not config.cacheable:
-        print(f"attn={config.attn!r} with sa_rule='rank' cannot be decoded from a KV cache exactly: "
-              "every token recomputes the whole prefix", file=sys.stderr)
-    return use_cache and config.cacheable
-
-
 def swapped(config, **changes):
     """config with changes, for a training-free swap (GPT.swap_attention); a ValueError where the weights cannot."""
+    if other := sorted(set(changes) - set(SWAP_FIELDS)):  # dropout and RoPE were built once: no swap reaches them
+        raise ValueError(f"swap_attention changes the attention ({', '.join(SWAP_FIELDS)}), not {', '.join(other)}")
     new = replace(config, **changes)
-    if field := next((f for f in WEIGHT_FIELDS if getattr(new, f) != getattr(config, f)), None):
-        raise ValueError(f"swap_attention cannot change {field}: it changes the weights")
     if (new.attn == "sa+swa") != (config.attn == "sa+swa"):
         raise ValueError(f"cannot swap attn={config.attn!r} -> {new.attn!r} without training: the gates of sa+swa are "
                          "learned with both paths, so only an sa+swa model has them (a swap may change the window)")
@@ -278,7 +270,7 @@ class GPT(nn.Module):
         cache: a KVCache (kv_cache.py); idx continues the tokens it has seen, all at once
         into an empty cache or one at a time. draws: SA's draw per layer, instead of fresh ones."""
         cfg = self.config
-        check_tokens(idx, cfg.vocab_size, lengths)
+        check_tokens(idx, cfg.vocab_size, lengths, targets)
         B, T = idx.size()
         start = 0 if cache is None else cache.start                              # idx[:, 0]'s absolute position
         if start + T > cfg.block_size:
@@ -383,7 +375,7 @@ class GPT(nn.Module):
                 from transformers import GPT2LMHeadModel
             except ImportError:
                 raise ValueError("loading GPT-2 weights needs transformers: pip install transformers") from None
-            hf = GPT2LMHeadModel.from_pretrained(model_type)
+            hf = GPT2LMHeadModel.from_pretrained(model_type)  # offline: transformers' OSError (eval.py: one line)
         c = hf.config
         # our Block must compute exactly what GPT-2's does
         for field, value, supported in (

@@ -19,7 +19,8 @@ import torch
 from attention import backend_line
 from checkpoint import check_device, load_checkpoint
 from guards import check_temperature
-from model import DTYPES, autocast, use_kv_cache
+from kv_cache import use_kv_cache
+from model import DTYPES, autocast
 from prepare_data import get_tokenizer
 
 # -----------------------------------------------------------------------------

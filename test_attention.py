@@ -431,6 +431,31 @@ def test_bad_inputs_raise_clear_errors(monkeypatch):
         A.sliding_window_attention(q, k, v, 4)
 
 
+def test_the_references_check_their_arguments_as_the_fast_paths_do():
+    """The dense references used to answer window 0, a perm that is no permutation, delta 0 or MoBA's block 0
+    (silently, or with ZeroDivisionError); SWA's pos of the wrong length was a RuntimeError in blocked.py; a delta
+    that fp32 rounds to 0 hid every key, even the query's own."""
+    q, k, v = qkv(1, 2, 8, 4)
+    perm, r = torch.randperm(8), torch.rand(8)
+    for fn, problem in ((lambda: A.swa_reference(q, k, v, 0), "window must be an integer >= 1"),
+                        (lambda: A.sa_reference(q, k, v, 0, perm), "window must be an integer >= 1"),
+                        (lambda: A.sa_reference(q, k, v, 4, torch.zeros(8, dtype=torch.long)), "perm must be a perm"),
+                        (lambda: A.sa_value_reference(q, k, v, 0, r), "delta must be a finite number >= 1.2e-38"),
+                        (lambda: A.stochastic_value_attention(q, k, v, 1e-300, r), "delta must be a finite number"),
+                        (lambda: A.stochastic_value_attention(q, k, v, True, r), "delta must be a finite number"),
+                        (lambda: A.stochastic_value_attention(q, k, v, "0.1", r), "delta must be a finite number"),
+                        (lambda: A.moba_reference(q, k, v, 0, 2), "moba_block must be an integer >= 1"),
+                        (lambda: A.moba_reference(q, k, v, 4, 0), "top_k must be an integer >= 1"),
+                        (lambda: A.sliding_window_attention(q, k, v, 4, pos=torch.arange(7)), "pos must be a LongTensor"),
+                        (lambda: A.swa_reference(q, k, v, 4, torch.arange(8.0)), "pos must be a LongTensor")):
+        with pytest.raises(ValueError, match=problem):
+            fn()
+    tiny_delta = torch.finfo(torch.float32).tiny   # the smallest accepted: every query sees exactly itself
+    torch.testing.assert_close(A.stochastic_value_attention(q, k, v, tiny_delta, r), v)
+    torch.testing.assert_close(A.sa_value_reference(q, k, v, tiny_delta, r), v)
+    assert A.backend_line("cpu", torch.float32, 8, "swa") == "attention: the torch path on cpu"  # a str, one kind
+
+
 def test_the_triton_backend_on_a_cpu_says_why_in_one_line(monkeypatch):
     """--backend=triton on a CPU used to end in ModuleNotFoundError (no triton) or `0 active drivers`."""
     q, k, v = qkv(1, 2, 10, 8)
@@ -494,6 +519,11 @@ def test_bad_model_inputs_raise_one_line():
             model(bad)
     with pytest.raises(ValueError, match="perm must be a LongTensor .* got NoneType"):
         model(idx, draws=[None, None])
+    for targets, problem in ((idx.float(), "targets must be a .B, T. tensor"), (idx[:, :4], "of idx's shape"),
+                             (idx + 64, r"targets holds token ids outside \[-1, vocab_size=64\)"), (idx - 2, "outside")):
+        with pytest.raises(ValueError, match=problem):
+            model(idx, targets)
+    assert model(idx, idx - 1)[1] is not None  # -1: ignored
     for seed in (2**70, -2**64, 1.5, "1", True):
         with pytest.raises(ValueError, match="seed must be an integer that fits in 64 bits"):
             model.seed_sa(seed)
@@ -587,6 +617,9 @@ def test_swap_attention_refuses_untrained_gates():
         model.swap_attention(attn="sa+swa")
     with pytest.raises(ValueError, match="window"):
         model.swap_attention(window=0)
+    for change in (dict(dropout=0.5), dict(rope_base=500.0), dict(block_size=64), dict(foo=1)):  # dropout and RoPE
+        with pytest.raises(ValueError, match=f"swap_attention changes the attention .*, not {next(iter(change))}"):
+            model.swap_attention(**change)                                  # were built once: silently unchanged
 
 
 # -----------------------------------------------------------------------------
