@@ -20,6 +20,7 @@ import builtins  # scripts may shadow builtins with hyperparameters: train.py's 
 import math
 import os
 import sys
+import traceback
 import typing
 
 
@@ -77,9 +78,15 @@ def _configure(g, argv):
                 sys.exit(f"config file {arg} not found (presets live in config/)")
             ns = {}
             try:
-                exec(builtins.compile(open(arg).read(), arg, "exec"), ns)
+                with open(arg, encoding="utf-8") as f:
+                    exec(builtins.compile(f.read(), arg, "exec"), ns)
             except SyntaxError as e:
                 sys.exit(f"{arg}:{e.lineno}: syntax error: {e.msg}")
+            except UnicodeDecodeError:
+                sys.exit(f"{arg}: not UTF-8 text")
+            except Exception as e:  # the config file's own code failed: its line, not this file's traceback
+                line = [t.lineno for t in traceback.extract_tb(e.__traceback__) if t.filename == arg][-1:]
+                sys.exit(f"{arg}:{''.join(map(str, line))}: {type(e).__name__}: {e}")
             for key, value in ns.items():
                 if isinstance(value, (list, tuple, dict, set)) and key[:1].islower():  # no setting takes one
                     sys.exit(f"{arg}: {key} = {value!r}: a setting takes a number, a bool, a str or None")
@@ -92,11 +99,11 @@ def _configure(g, argv):
     return dict(keys)
 
 
-def _one_line(kind, error, traceback):
+def _one_line(kind, error, tb):
     """sys.excepthook of a script: a ValueError raised in this repo's files, or Ctrl-C, as one line."""
     root = os.path.dirname(os.path.abspath(sys.argv[0]))
     root = root if os.path.isfile(os.path.join(root, "configurator.py")) else os.path.dirname(root)  # results/
-    last = traceback
+    last = tb
     while last is not None and last.tb_next is not None:  # the frame that raised it
         last = last.tb_next
     where = last and last.tb_frame.f_globals.get("__file__", last.tb_frame.f_code.co_filename)  # check(): the script
@@ -104,7 +111,7 @@ def _one_line(kind, error, traceback):
     if issubclass(kind, KeyboardInterrupt) or (issubclass(kind, ValueError) and ours):
         print(str(error) or "interrupted", file=sys.stderr)
     else:
-        sys.__excepthook__(kind, error, traceback)
+        sys.__excepthook__(kind, error, tb)
 
 
 def check(key, ok, rule):

@@ -100,7 +100,7 @@ for key in ("eval_interval", "log_interval", "eval_iters", "batch_size", "gradie
     check(key, config[key] >= 1, "use an integer >= 1")
 for key in ("max_iters", "warmup_iters", "seed") + (("lr_decay_iters",) if lr_decay_iters is not None else ()):
     check(key, config[key] >= 0, "use an integer >= 0")
-check("learning_rate", learning_rate > 0, "use a value > 0 (a negative one is gradient ascent)")
+check("learning_rate", 0 < learning_rate <= 1, "use a value in (0, 1]: AdamW moves a weight by about that much a step")
 for key in ("min_lr", "weight_decay", "grad_clip"):
     check(key, config[key] >= 0, "use a value >= 0")
 for key in ("beta1", "beta2"):

@@ -447,7 +447,8 @@ def test_mqar_config_without_data_names_its_prepare_line(tmp_path):
     (["--backend=cuda"], "backend='cuda': use one of auto, torch, triton, reference"),
     (["--rope_base=0"], "GPTConfig.rope_base=0.0 is invalid"),
     (["--rope_base=-10000"], "GPTConfig.rope_base=-10000.0 is invalid"),
-    (["--learning_rate=-1e-3"], "learning_rate=-0.001: use a value > 0"),
+    (["--learning_rate=-1e-3"], "learning_rate=-0.001: use a value in (0, 1]"),
+    (["--learning_rate=1e308"], "learning_rate=1e+308: use a value in (0, 1]"),  # was an overflow in AdamW
     (["--min_lr=-1e-5"], "min_lr=-1e-05: use a value >= 0"),
     (["--weight_decay=-0.1"], "weight_decay=-0.1: use a value >= 0"),
     (["--warmup_iters=-1"], "warmup_iters=-1: use an integer >= 0"),
@@ -951,6 +952,11 @@ def test_settings_that_used_to_be_ignored_or_misread(root, tmp_path, monkeypatch
     config.write_text("betas = [0.9, 0.95]\n")
     assert one_line_error(monkeypatch, "train.py", str(config)) == \
         f"{config}: betas = [0.9, 0.95]: a setting takes a number, a bool, a str or None"
+    config.write_text("window = 64\nbatch_size = 8 // 0\n")   # a config file is code: its own error, in one line
+    assert one_line_error(monkeypatch, "train.py", str(config)) == \
+        f"{config}:2: ZeroDivisionError: integer division or modulo by zero"
+    config.write_bytes("attn = 'sa'  # caf\xe9\n".encode("latin-1"))
+    assert one_line_error(monkeypatch, "train.py", str(config)) == f"{config}: not UTF-8 text"
     out = tmp_path / "decay"
     run("train.py", *train_args, "--max_iters=3", "--warmup_iters=0", "--lr_decay_iters=0", "--min_lr=1e-5",
         f"--out_dir={out}")
