@@ -214,6 +214,9 @@ memory = (torch.cuda.mem_get_info(device)[1] if device_type == "cuda"
 if 16 * n_params > memory:
     sys.exit(f"n_layer={n_layer}, n_embd={n_embd}: {n_params / 1e9:,.1f}B parameters need {16 * n_params / 2**30:,.0f} "
              f"GiB for weights, gradients and AdamW's moments; {device} has {memory / 2**30:,.0f} GiB: make it smaller")
+logits = 4 * batch_size * T * vocab_size  # a micro-step's fp32 logits alone (and as much again for their gradient)
+check("batch_size", 16 * n_params + 2 * logits <= memory, f"{batch_size} sequences of {T} tokens need "
+      f"{2 * logits / 2**30:,.0f} GiB for their logits alone; {device} has {memory / 2**30:,.0f} GiB: use fewer")
 torch.manual_seed(seed)
 dropout_seed, sampler_seed, sa_seed = np.random.SeedSequence([seed, rank]).generate_state(3).tolist()
 raw_model = GPT(gptconf, sa_seed=sa_seed).to(device)
