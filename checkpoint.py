@@ -20,7 +20,7 @@ SCALER = {"scale": float, "growth_factor": float, "backoff_factor": float, "grow
 
 def check_device(device, dtype):
     """A one-line ValueError unless this machine can run on device (cpu, cuda, cuda:N) in dtype."""
-    if not re.fullmatch(r"cpu|cuda(:\d+)?", device):
+    if not isinstance(device, str) or not re.fullmatch(r"cpu|cuda(:\d+)?", device):
         raise ValueError(f"device={device!r}: use cpu, cuda or cuda:N")
     if device != "cpu" and not torch.cuda.is_available():
         raise ValueError(f"device={device!r}: CUDA is not available here: use --device=cpu")

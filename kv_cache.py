@@ -32,6 +32,8 @@ def use_kv_cache(config, use_cache):
 class KVCache:
 
     def __init__(self, config):
+        if not hasattr(config, "cacheable"):
+            raise ValueError(f"a KV cache takes a model's GPTConfig, got {type(config).__name__}")
         if not config.cacheable:
             raise ValueError(f"a KV cache takes a cacheable model (not rank-rule SA), got attn={config.attn!r} "
                              f"with sa_rule={config.sa_rule!r}")

@@ -278,8 +278,10 @@ class GPT(nn.Module):
         if cache is not None and (lengths is not None or (start and T > 1)):
             raise ValueError(f"a KV cache takes no lengths, and one token at a time after the prompt; "
                              f"got {T} at {start}")
-        if draws is not None and len(draws) != cfg.n_layer:  # zip would run only the first len(draws) layers
-            raise ValueError(f"draws must hold one draw per layer, {cfg.n_layer}, got {len(draws)}")
+        if draws is not None and (not isinstance(draws, (list, tuple)) or len(draws) != cfg.n_layer):  # zip: fewer
+            raise ValueError(f"draws must be a list of one draw per layer, {cfg.n_layer}, got {str(draws)[:60]}")
+        if cache is not None and cache.config != cfg:  # another model's, or this one's before a swap_attention
+            raise ValueError("this KV cache was made for another config than the model's: make a new KVCache(config)")
         x = self.transformer.wte(idx)                                            # (B, T, C)
         if cfg.pos_emb == "learned":
             x = x + self.transformer.wpe(torch.arange(start, start + T, device=idx.device))  # (B, T, C)

@@ -235,6 +235,10 @@ def test_bad_generate_and_cache_inputs_raise_one_line():
     value = tiny("sa", **VALUE)
     with pytest.raises(ValueError, match="r must be a float tensor .* got NoneType"):
         value(idx, cache=KVCache(value.config), draws=[None, None])
+    with pytest.raises(ValueError, match="this KV cache was made for another config"):  # was an IndexError
+        tiny("swa", n_layer=3)(idx, cache=KVCache(model.config))
+    with pytest.raises(ValueError, match="a KV cache takes a model's GPTConfig, got str"):
+        KVCache("swa")
 
 
 @pytest.mark.parametrize("attn,kw", [("full", {}), ("swa", {}), ("moba", {}), ("sa", VALUE), ("sa+swa", VALUE)])
