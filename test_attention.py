@@ -446,7 +446,7 @@ def test_the_references_check_their_arguments_as_the_fast_paths_do():
                         (lambda: A.stochastic_value_attention(q, k, v, "0.1", r), "delta must be a finite number"),
                         (lambda: A.moba_reference(q, k, v, 0, 2), "moba_block must be an integer >= 1"),
                         (lambda: A.moba_reference(q, k, v, 4, 0), "top_k must be an integer >= 1"),
-                        (lambda: A.sliding_window_attention(q, k, v, 4, pos=torch.arange(7)), "pos must be a LongTensor"),
+                        (lambda: A.sliding_window_attention(q, k, v, 4, pos=torch.arange(7)), "pos must be a Long"),
                         (lambda: A.swa_reference(q, k, v, 4, torch.arange(8.0)), "pos must be a LongTensor")):
         with pytest.raises(ValueError, match=problem):
             fn()
@@ -520,7 +520,8 @@ def test_bad_model_inputs_raise_one_line():
     with pytest.raises(ValueError, match="perm must be a LongTensor .* got NoneType"):
         model(idx, draws=[None, None])
     for targets, problem in ((idx.float(), "targets must be a .B, T. tensor"), (idx[:, :4], "of idx's shape"),
-                             (idx + 64, r"targets holds token ids outside \[-1, vocab_size=64\)"), (idx - 2, "outside")):
+                             (idx + 64, r"targets holds token ids outside \[-1, vocab_size=64\)"),
+                             (idx - 2, "outside")):
         with pytest.raises(ValueError, match=problem):
             model(idx, targets)
     assert model(idx, idx - 1)[1] is not None  # -1: ignored
