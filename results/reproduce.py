@@ -1010,24 +1010,30 @@ def copy_paths_plot(p, paths, T):
     """lm1024_paths.png: each SA+SWA copy model's copied-half loss on direct and on other queries, beside its first
     half, against the window; and its SA gate by layer."""
     fig, axes = p.subplots(1, 2, figsize=(10, 3.6))
-    for name, q in paths.items():
-        x = q["window"] * (1.08 if q["sa_perm"] == "layer" else 1)
+    windows = sorted({q["window"] for q in paths.values()})
+    for q in paths.values():
+        layer = q["sa_perm"] == "layer"
         for key, color, label in (("first", "0.6", "first half"), ("loss_other", "C0", "copied half, other"),
                                   ("loss_direct", "C3", "copied half, direct")):
             if q[key] is not None:
-                axes[0].scatter(x, q[key], color=color, marker="s" if q["sa_perm"] == "layer" else "o", s=14,
-                                label=label if q["seed"] == 0 and q["sa_perm"] == "head" else None)
-        axes[1].plot(range(1, len(q["layers"]) + 1), [layer["gate_sa"] for layer in q["layers"]],
-                     color={32: "C0", 64: "C1", 128: "C3"}.get(q["window"], "k"), marker=".", alpha=0.7,
-                     ls="-." if q["sa_perm"] == "layer" else "-", label=f"w={q['window']}" if q["seed"] == 0 else None)
+                axes[0].scatter(q["window"] * (1.1 if layer else 1), q[key], color=color, marker="s" if layer else "o",
+                                s=14, label=label)
+        axes[1].plot(range(1, len(q["layers"]) + 1), [x["gate_sa"] for x in q["layers"]], marker=".", alpha=0.7,
+                     color=f"C{windows.index(q['window'])}", ls="-." if layer else "-",
+                     label=f"w={q['window']}" + ", one permutation per layer" * layer)
     axes[0].set_xscale("log", base=2)
+    axes[0].set_xticks(windows, [str(w) for w in windows])
     axes[0].set_xlabel("window w (squares: one permutation per layer)")
     axes[0].set_ylabel("loss (nats per byte)")
     axes[0].set_title(f"what carries the copy (T={T}): source in an SA window or not", fontsize=9)
+    axes[1].set_xticks(range(1, len(q["layers"]) + 1))
     axes[1].set_xlabel("layer")
     axes[1].set_ylabel("mean SA gate, copied-half queries")
     for ax in axes:
-        ax.legend(fontsize=7)
+        once = {}
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            once.setdefault(label, handle)                                     # each label once, its first marker
+        ax.legend(once.values(), once.keys(), fontsize=7)
     fig.tight_layout()
     fig.savefig(os.path.join(out, "lm1024_paths.png"), dpi=120)
 
