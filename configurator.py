@@ -89,7 +89,7 @@ def _configure(g, argv):
                 sys.exit(f"{arg}:{''.join(map(str, line))}: {type(e).__name__}: {e}")
             for key, value in ns.items():
                 if isinstance(value, (list, tuple, dict, set)) and key[:1].islower():  # no setting takes one
-                    sys.exit(f"{arg}: {key} = {value!r}: a setting takes a number, a bool, a str or None")
+                    sys.exit(f"{arg}: the setting {key} takes a number, a bool, a str or None, not {value!r}")
                 if not key.startswith("_") and isinstance(value, types):
                     g[key] = keys[key] = check(key, value, arg)
                     if verbose:  # a global edited in the script and set again here: this line says which wins

@@ -588,8 +588,10 @@ def adopt_nanogpt(data_dir, tokenizer_name):
         if not os.path.isfile(path) or os.path.getsize(path) % 2:
             raise ValueError(f"{path} is missing or not a uint16 token file")
         counts[split] = os.path.getsize(path) // 2
-    return write_meta(data_dir, {**fields, "dtype": "uint16", "source": f"adopted nanoGPT data in {data_dir}",
-                                 "tokens": counts, "eot": eot})
+    meta = {**fields, "dtype": "uint16", "source": f"adopted nanoGPT data in {data_dir}", "tokens": counts, "eot": eot}
+    for split in ("train", "val"):  # every id within the tokenizer's vocabulary, before a meta.json says so
+        load_tokens(data_dir, split, meta)
+    return write_meta(data_dir, meta)
 
 
 if __name__ == "__main__":

@@ -952,7 +952,7 @@ def test_settings_that_used_to_be_ignored_or_misread(root, tmp_path, monkeypatch
     config = tmp_path / "betas.py"
     config.write_text("betas = [0.9, 0.95]\n")
     assert one_line_error(monkeypatch, "train.py", str(config)) == \
-        f"{config}: betas = [0.9, 0.95]: a setting takes a number, a bool, a str or None"
+        f"{config}: the setting betas takes a number, a bool, a str or None, not [0.9, 0.95]"
     config.write_text("window = 64\nbatch_size = 8 // 0\n")   # a config file is code: its own error, in one line
     assert one_line_error(monkeypatch, "train.py", str(config)) == \
         f"{config}:2: ZeroDivisionError: integer division or modulo by zero"
@@ -968,3 +968,19 @@ def test_settings_that_used_to_be_ignored_or_misread(root, tmp_path, monkeypatch
     encode = P.get_tokenizer({"tokenizer": "ids", "vocab_size": 32})[0]
     with pytest.raises(ValueError, match="this dataset's tokens are numbers"):
         encode("3 ²")
+
+
+def test_adopt_checks_every_id_before_it_writes_meta(tmp_path):
+    """--adopt wrote a meta.json of vocab 256 over ids up to 65535 (nanoGPT's GPT-2 data adopted as bytes): every
+    later load refused it. Now the ids are checked first, and nothing is written."""
+    data = tmp_path / "ng"
+    data.mkdir()
+    for split in ("train", "val"):
+        np.arange(300, dtype=np.uint16).tofile(data / f"{split}.bin")
+    with pytest.raises(ValueError, match=r"train.bin holds token id 256 at token 256, but vocab_size is 256"):
+        P.adopt_nanogpt(str(data), "bytes")
+    assert not (data / "meta.json").exists()
+    for split in ("train", "val"):
+        (np.arange(300, dtype=np.uint16) % 256).tofile(data / f"{split}.bin")
+    P.adopt_nanogpt(str(data), "bytes")
+    assert P.load_meta(str(data))["tokens"] == {"train": 300, "val": 300}
