@@ -119,10 +119,11 @@ def load_checkpoint(path, device="cpu", require=()):
         raise ValueError(f"{path}: its {problem}: the file was edited or written by other code; use a checkpoint "
                          "that train.py wrote")
     try:
-        model = GPT(GPTConfig(**ckpt["model_args"]))
+        with torch.device("meta"):  # shapes only: model_args that do not fit the weights allocate nothing
+            expected = GPT(GPTConfig(**ckpt["model_args"])).state_dict()
     except ValueError as e:
         raise ValueError(f"{path} has an incompatible config: {e}") from None
-    expected, saved = model.state_dict(), ckpt["model"]
+    saved = ckpt["model"]
     mismatched = sorted(expected.keys() ^ saved.keys()) + sorted(
         k for k in expected.keys() & saved.keys() if (expected[k].shape, expected[k].dtype) != (saved[k].shape,
                                                                                                 saved[k].dtype))
@@ -133,5 +134,6 @@ def load_checkpoint(path, device="cpu", require=()):
     if nan:
         raise ValueError(f"{path}: {len(nan)} weights hold NaN or inf (e.g. {nan[0]}): the run that wrote it diverged; "
                          "train again with a lower learning_rate")
+    model = GPT(GPTConfig(**ckpt["model_args"]))
     model.load_state_dict(saved)
     return model.to(device), ckpt

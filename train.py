@@ -341,7 +341,7 @@ def get_lr(it):
 def read_log(path):
     """log.jsonl's records. Blank lines are skipped, and so is a last line cut short (a killed run);
     any other line that is not a JSON record stops the run with one line naming it."""
-    with open(path) as f:
+    with open(path, encoding="utf-8", errors="replace") as f:  # a line that is not UTF-8 is no record (below)
         lines = f.readlines()
     records = []
     for i, line in enumerate(lines, 1):

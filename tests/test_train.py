@@ -330,11 +330,13 @@ def test_resume_stops_at_a_corrupt_log_line(trained, train_args, tmp_path):
     for name, content in files(trained).items():
         (tmp_path / name).write_bytes(content)
     lines = (tmp_path / "log.jsonl").read_text().splitlines(keepends=True)
-    (tmp_path / "log.jsonl").write_text("".join(lines[:2] + ["oops, not JSON\n"] + lines[2:]))
-    before = files(tmp_path)
-    r = run("train.py", *train_args, "--max_iters=8", f"--out_dir={tmp_path}", "--init_from=resume", check=False)
-    assert_clean_error(r, f"{tmp_path / 'log.jsonl'}:3 is not a log record ('oops, not JSON')")
-    assert files(tmp_path) == before
+    for bad, shown in (("oops, not JSON\n", "'oops, not JSON'"), ("caf\xe9\n", "'caf\ufffd'")):  # Latin-1: a traceback
+        text = "".join(lines[:2]).encode() + bad.encode("latin-1") + "".join(lines[2:]).encode()
+        (tmp_path / "log.jsonl").write_bytes(text)
+        before = files(tmp_path)
+        r = run("train.py", *train_args, "--max_iters=8", f"--out_dir={tmp_path}", "--init_from=resume", check=False)
+        assert_clean_error(r, f"{tmp_path / 'log.jsonl'}:3 is not a log record ({shown})")
+        assert files(tmp_path) == before
 
 
 def test_a_diverged_run_stops_and_keeps_the_last_checkpoint(trained, train_args, root, tmp_path):
@@ -774,6 +776,8 @@ def rng_with(**states):
     (lambda good: {"scaler": {"scale": "x"}}, "its 'scaler' is {'scale': 'x'}, not a GradScaler's state_dict"),
     (lambda good: {"model": [1]}, "its 'model' is [1], not a state_dict"),
     (lambda good: {"model_args": [1]}, "its 'model_args' are not GPTConfig's fields"),
+    (lambda good: {"model_args": {**good["model_args"], "vocab_size": 2**40}},  # was a 2**40-row allocation
+     "its weights do not fit its model_args (2 mismatched entries"),
     (lambda good: {"rng": []}, "its 'rng' is [], not a list of each rank's RNG states"),
     (lambda good: {"rng": [1]}, "its 'rng' has rank 0's states as 1, not a dict"),
     (rng_with(torch=torch.zeros(3, dtype=torch.uint8)), "its 'rng' has rank 0's 'torch' state as a uint8 tensor of shape (3,), not a "
