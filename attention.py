@@ -67,12 +67,12 @@ def full_attention(q, k, v):
 def swa_mask(T, window, pos=None, device=None):
     """SWA's mask in slot order: val = the slot index, pos = arange(T) by default."""
     idx = torch.arange(T, device=device)
-    return rule_mask(idx, idx if pos is None else pos, window)
+    return rule_mask(idx, idx if pos is None else pos, check_int(window))
 
 
 @sdpa_inputs
 def swa_reference(q, k, v, window, pos=None):
-    return masked_attention(q, k, v, swa_mask(q.shape[2], check_int(window), check_draw(pos, "pos", q), q.device))
+    return masked_attention(q, k, v, swa_mask(q.shape[2], window, check_draw(pos, "pos", q), q.device))
 
 
 @sdpa_inputs
@@ -84,12 +84,12 @@ def sliding_window_attention(q, k, v, window, pos=None):
 
 def sa_mask(window, perm):
     """SA's rank rule in ORIGINAL token order: val = each token's slot, pos = arange(T)."""
-    return rule_mask(torch.argsort(perm, dim=-1), torch.arange(perm.shape[-1], device=perm.device), window)
+    return rule_mask(torch.argsort(perm, dim=-1), torch.arange(perm.shape[-1], device=perm.device), check_int(window))
 
 
 @sdpa_inputs
 def sa_reference(q, k, v, window, perm):
-    return masked_attention(q, k, v, sa_mask(check_int(window), check_draw(perm, "perm", q)))
+    return masked_attention(q, k, v, sa_mask(window, check_draw(perm, "perm", q)))
 
 
 def gather(t, perm):
@@ -126,12 +126,12 @@ def row_perms(seed, lengths, T, heads=1):
 
 def sa_value_mask(delta, r):
     """SA's value rule in token order: val = r, width = delta, pos = arange(T)."""
-    return rule_mask(r, torch.arange(r.shape[-1], device=r.device), delta)
+    return rule_mask(r, torch.arange(r.shape[-1], device=r.device), check_delta(delta))
 
 
 @sdpa_inputs
 def sa_value_reference(q, k, v, delta, r):
-    return masked_attention(q, k, v, sa_value_mask(check_delta(delta), check_draw(r, "r", q)))
+    return masked_attention(q, k, v, sa_value_mask(delta, check_draw(r, "r", q)))
 
 
 @sdpa_inputs
@@ -150,7 +150,8 @@ def stochastic_value_attention(q, k, v, delta, r):
 def moba_mask(q, k, moba_block, top_k):
     """MoBA's rule: (B, H, T, T) bool, True where query i sees key j: j <= i, in i's block or one moba_select picked."""
     T = q.shape[2]
-    moba_block = min(moba_block, T)  # one block of T keys, or more: the same rule; memory follows T
+    moba_block = min(check_int(moba_block, "moba_block"), T)  # a block of T keys or more: the same rule, in memory of T
+    check_int(top_k, "top_k")
     idx, ok = blocked.moba_select(q, k, moba_block, top_k)
     chosen = torch.zeros(*idx.shape[:3], math.ceil(T / moba_block), dtype=torch.bool, device=q.device)
     chosen.scatter_(-1, idx, ok)                                         # (B, H, T, nblk)
@@ -161,7 +162,7 @@ def moba_mask(q, k, moba_block, top_k):
 
 @sdpa_inputs
 def moba_reference(q, k, v, moba_block, top_k):
-    return masked_attention(q, k, v, moba_mask(q, k, check_int(moba_block, "moba_block"), check_int(top_k, "top_k")))
+    return masked_attention(q, k, v, moba_mask(q, k, moba_block, top_k))
 
 
 @sdpa_inputs

@@ -102,6 +102,7 @@ def load_checkpoint(path, device="cpu", require=()):
     writes (entry_problem) or NaN weights raise a one-line ValueError."""
     if not os.path.isfile(path):
         raise ValueError(f"checkpoint {path} not found: train one with train.py, which writes out_dir/ckpt.pt")
+    check_device(str(device), "float32")
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # truncated zips, random bytes and pickles of arbitrary classes all land here

@@ -85,7 +85,7 @@ def check_tokens(idx, vocab_size, lengths=None, targets=None):
     (B, T), ok = idx.shape, isinstance(lengths, torch.Tensor) and lengths.dtype in (torch.long, torch.int)
     if lengths is not None and not (ok and lengths.shape == (B,) and bool(((lengths >= 1) & (lengths <= T)).all())):
         raise ValueError(f"lengths must be a (B,)=({B},) integer tensor of real tokens per row, 1 <= lengths <= T={T}, "
-                         f"got {str(lengths)[:80]}")
+                         f"got {' '.join(str(lengths).split())[:80]}")
 
 
 def check_draw(draw, name, q):
@@ -117,8 +117,8 @@ def check_draw(draw, name, q):
 
 def check_delta(delta):
     """delta, if it is a width for the value rule: a finite number no smaller than fp32's smallest normal, below
-    which the rule's fp32 comparison would round it to 0 and hide even a query's own key."""
+    which the rule's fp32 comparison would round it to 0 and hide even a query's own key (NaN: no number)."""
     tiny = torch.finfo(torch.float32).tiny
-    if not (isinstance(delta, (int, float)) and not isinstance(delta, bool) and tiny <= delta < math.inf):
-        raise ValueError(f"delta must be a finite number >= {tiny:.2g} (fp32's smallest normal), got {delta!r}")
+    if not (isinstance(delta, (int, float)) and not isinstance(delta, bool) and tiny <= delta):  # inf: every key
+        raise ValueError(f"delta must be a number >= {tiny:.2g} (fp32's smallest normal), got {delta!r}")
     return delta

@@ -409,6 +409,6 @@ class GPT(nn.Module):
 def autocast(device, dtype):
     """The mixed-precision context of train.py, sample.py and eval.py: none for "float32",
     else torch.autocast to "bfloat16" or "float16" on device's type."""
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype={dtype!r}: use one of {', '.join(DTYPES)}")
+    if dtype not in DTYPES or not isinstance(device, str):
+        raise ValueError(f"device={device!r}, dtype={dtype!r}: use a device's name and one of {', '.join(DTYPES)}")
     return nullcontext() if dtype == "float32" else torch.autocast(device.split(":")[0], dtype=DTYPES[dtype])

@@ -51,6 +51,7 @@ DATASETS = ("pystdlib", "mqar", "shakespeare_char", "fineweb-edu", "wikitext-103
 EXCLUDED_DIRS = {"test", "tests", "idle_test", "site-packages", "dist-packages"}  # pystdlib leaves these out
 SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 TOKEN_DTYPES = ("uint8", "uint16", "uint32")  # a .bin's token ids: unsigned, wide enough for the vocabulary
+TOKENIZERS = ("bytes", "chars", "ids")  # get_tokenizer's own; any other name is a tiktoken encoding
 
 
 # -----------------------------------------------------------------------------
@@ -92,7 +93,8 @@ def meta_problem(meta, data=True):
     V, name, dtype, tokens, chars = (meta.get(k) for k in ("vocab_size", "tokenizer", "dtype", "tokens", "chars"))
     if not (count(V) and 1 <= V <= 2**32):
         return f"has vocab_size={shown(V)}, not an integer from 1 to 2**32"
-    checks = [("tokenizer", isinstance(name, str) and name != "", "a tokenizer's name"),
+    known = name in TOKENIZERS or name in tiktoken_names() or not data  # a checkpoint's: checked where it loads
+    checks = [("tokenizer", isinstance(name, str) and name != "" and known, "a tokenizer's name"),
               ("vocab_size", name != "bytes" or V == 256, "the 256 ids of bytes"),
               ("chars", name != "chars" or isinstance(chars, str) and len(set(chars)) == len(chars) == V,
                f"the {V} distinct characters of its tokens"),
@@ -184,6 +186,8 @@ def get_tokenizer(meta, source=""):
     "ids" (token ids written as decimal numbers: mqar) or a tiktoken encoding ("gpt2", vocab 50257). decode
     drops ids past the vocabulary: models pad vocab_size up to a multiple of 64, and those extra ids have no text.
     A tokenizer that does not load is a one-line ValueError that names source, where meta comes from."""
+    if problem := meta_problem(meta, data=False):
+        raise ValueError(f"{source or 'the tokenizer'}: its meta {problem}")
     name, n = meta["tokenizer"], meta["vocab_size"]
     if name == "bytes":
         return (lambda s: list(s.encode("utf-8")),
@@ -250,6 +254,15 @@ def mqar_batch(rng, n, meta):
 
 # -----------------------------------------------------------------------------
 # Tokenise and write
+
+def tiktoken_names():
+    """The tiktoken encodings that are known here (their rank tables may still need a download): [] without tiktoken."""
+    try:
+        import tiktoken
+    except ImportError:
+        return []
+    return tiktoken.list_encoding_names()
+
 
 def tiktoken_encoding(name):
     try:

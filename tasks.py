@@ -103,6 +103,8 @@ def load_task_file(path, limit=0):
     """(task_name(path), kind, docs) from a JSONL file of UTF-8 text: one doc per line, all of one kind."""
     if not os.path.isfile(path):
         raise ValueError(f"task file {path} not found")
+    if not (type(limit) is int and limit >= 0):
+        raise ValueError(f"limit={limit!r}: use an integer >= 0 (0: every document)")
     docs, kind = [], None
     with open(path, "rb") as f:  # bytes: a line that is not UTF-8 is named like any other bad line
         for lineno, raw in enumerate(f, 1):

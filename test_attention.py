@@ -263,7 +263,7 @@ def attention_kinds(T, window=16, B=2, H=3):
     """Every kind as a function of (q, k, v), with its dense reference: {name: (fast, reference)}."""
     perm, perm_bht = random_perm((), T), random_perm((B, H), T)
     r = torch.rand(T, generator=torch.Generator().manual_seed(4))
-    return {"full": (A.full_attention, lambda q, k, v: A.masked_attention(q, k, v, A.swa_mask(T, T))),
+    return {"full": (A.full_attention, lambda q, k, v: A.masked_attention(q, k, v, A.swa_mask(T, max(T, 1)))),
             "swa": (lambda q, k, v: A.sliding_window_attention(q, k, v, window),
                     lambda q, k, v: A.swa_reference(q, k, v, window)),
             "sa": (lambda q, k, v: A.stochastic_attention(q, k, v, window, perm),
@@ -440,10 +440,10 @@ def test_the_references_check_their_arguments_as_the_fast_paths_do():
     for fn, problem in ((lambda: A.swa_reference(q, k, v, 0), "window must be an integer >= 1"),
                         (lambda: A.sa_reference(q, k, v, 0, perm), "window must be an integer >= 1"),
                         (lambda: A.sa_reference(q, k, v, 4, torch.zeros(8, dtype=torch.long)), "perm must be a perm"),
-                        (lambda: A.sa_value_reference(q, k, v, 0, r), "delta must be a finite number >= 1.2e-38"),
-                        (lambda: A.stochastic_value_attention(q, k, v, 1e-300, r), "delta must be a finite number"),
-                        (lambda: A.stochastic_value_attention(q, k, v, True, r), "delta must be a finite number"),
-                        (lambda: A.stochastic_value_attention(q, k, v, "0.1", r), "delta must be a finite number"),
+                        (lambda: A.sa_value_reference(q, k, v, 0, r), "delta must be a number >= 1.2e-38"),
+                        (lambda: A.stochastic_value_attention(q, k, v, 1e-300, r), "delta must be a number"),
+                        (lambda: A.stochastic_value_attention(q, k, v, True, r), "delta must be a number"),
+                        (lambda: A.stochastic_value_attention(q, k, v, "0.1", r), "delta must be a number"),
                         (lambda: A.moba_reference(q, k, v, 0, 2), "moba_block must be an integer >= 1"),
                         (lambda: A.moba_reference(q, k, v, 4, 0), "top_k must be an integer >= 1"),
                         (lambda: A.sliding_window_attention(q, k, v, 4, pos=torch.arange(7)), "pos must be a Long"),
@@ -453,6 +453,12 @@ def test_the_references_check_their_arguments_as_the_fast_paths_do():
     tiny_delta = torch.finfo(torch.float32).tiny   # the smallest accepted: every query sees exactly itself
     torch.testing.assert_close(A.stochastic_value_attention(q, k, v, tiny_delta, r), v)
     torch.testing.assert_close(A.sa_value_reference(q, k, v, tiny_delta, r), v)
+    torch.testing.assert_close(A.stochastic_value_attention(q, k, v, math.inf, r), A.full_attention(q, k, v))
+    for bad in (math.nan, -1.0):
+        with pytest.raises(ValueError, match="delta must be a number"):
+            A.sa_value_mask(bad, r)
+    with pytest.raises(ValueError, match="window must be an integer >= 1, got -1"):  # a mask of no key, not even its own
+        A.sa_mask(-1, perm)
     assert A.backend_line("cpu", torch.float32, 8, "swa") == "attention: the torch path on cpu"  # a str, one kind
 
 

@@ -37,6 +37,7 @@ import tiktoken
 import torch
 
 import prepare_data as P
+import tasks
 from checkpoint import load_checkpoint, save_checkpoint
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -682,6 +683,7 @@ def test_data_errors(root, tmp_path):
     ("text", dict(tokens={"train": -1, "val": 2}), "has tokens={'train': -1, 'val': 2}, not a map"),
     ("text", dict(eot=256), "has eot=256, not a token id below vocab_size 256"),
     ("text", dict(source=3), "has source=3, not a text"),
+    ("text", dict(tokenizer="foo"), "has tokenizer='foo', not a tokenizer's name"),  # train.py trained on it
     ("chars", dict(chars=None), "has chars=None, not the 200 distinct characters of its tokens"),
     ("chars", dict(chars="abc"), "has chars='abc', not the 200 distinct characters"),
     ("mqar", dict(mqar="x"), "has mqar='x', not an MQAR layout"),
@@ -988,3 +990,18 @@ def test_adopt_checks_every_id_before_it_writes_meta(tmp_path):
         (np.arange(300, dtype=np.uint16) % 256).tofile(data / f"{split}.bin")
     P.adopt_nanogpt(str(data), "bytes")
     assert P.load_meta(str(data))["tokens"] == {"train": 300, "val": 300}
+
+
+def test_api_loaders_take_only_what_they_can_use(trained, tmp_path):
+    """get_tokenizer on an incomplete meta (a KeyError), load_task_file with a negative limit (it dropped the last
+    document), load_checkpoint onto a device that is none: one line each."""
+    for meta, problem in (({"tokenizer": "chars", "vocab_size": 3}, "has chars=None"), ({"tokenizer": "bytes"},
+                          "has no 'vocab_size' entry"), ({}, "has no 'vocab_size' and no 'tokenizer'"), ([1], "is a list")):
+        with pytest.raises(ValueError, match=f"the tokenizer: its meta {problem}"):
+            P.get_tokenizer(meta)
+    task = tmp_path / "t.jsonl"
+    task.write_text('{"context": "a", "choices": ["b", "c"], "label": 0}\n')
+    with pytest.raises(ValueError, match="limit=-1: use an integer >= 0"):
+        tasks.load_task_file(str(task), -1)
+    with pytest.raises(ValueError, match="device='gpu': use cpu, cuda or cuda:N"):
+        load_checkpoint(str(trained / "ckpt.pt"), "gpu")
