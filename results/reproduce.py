@@ -1095,8 +1095,10 @@ def lm1024():
             loss = nll(load_checkpoint(os.path.join(od, "ckpt.pt"))[0].eval(), x, y)  # (N, T)
             row.update(split={p: float(loss[m].mean()) if m.any() else None for p, m in parts.items()},
                        curve=[(r["iter"], r["val_loss"]) for r in log])
-        if name in old:  # trained again where its checkpoint was lost: one thread is deterministic, so it must match
-            row["reproduces_committed"] = row["curve"] == [list(point) for point in old[name]["curve"]]
+        if name in old:  # trained again where its checkpoint was lost: one thread is deterministic, so it must match;
+            same = [list(p) for p in row["curve"]] == [list(p) for p in old[name]["curve"]]  # if not, the committed
+            row = row if same else dict(old[name], committed=True, retrain=row)   # numbers stay (pre-registered)
+            row["reproduces_committed"] = same
         rows.append(row)
     rows.sort(key=lambda r: list(runs).index(r["name"]) if r["name"] in runs else len(runs))
     xc, yc = copy_val(c["copy_val"], T)                                        # (n, T) each: one set for all
