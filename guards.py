@@ -1,7 +1,8 @@
-"""The guards of attention.py's functions: inputs taken as PyTorch's scaled_dot_product_attention (SDPA) takes them,
-each problem one ValueError line, and a NaN or inf in v kept from the queries that cannot see its key. They run
-around the attention itself, which attention.py holds; kv_cache.py and model.py check SA's draws and integer
-settings here too.
+"""The input checks of the library, one place for each kind of input, each problem one ValueError line: q, k, v
+taken as PyTorch's scaled_dot_product_attention (SDPA) takes them, with a NaN or inf in v kept from the queries that
+cannot see its key (attention.py's functions run inside these two wrappers); SA's draws, windows, deltas, seeds and
+the model's tokens (attention.py, model.py, kv_cache.py). The scripts' settings are configurator.py's to check, and
+files are their loaders' (prepare_data.load_meta and load_tokens, checkpoint.load_checkpoint, tasks.load_task_file).
 """
 import functools
 import math
@@ -29,7 +30,7 @@ def sdpa_inputs(fn, any_length=False):
                 return run(*(t.to(torch.get_autocast_dtype(device)) for t in (q, k, v)), *args, **kwargs)
         if not q.dtype == k.dtype == v.dtype:  # as SDPA: no silent cast of the others to q's dtype
             raise ValueError(f"q, k, v must have one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
-        if q.numel() == 0 or k.numel() == 0:
+        if q.numel() == 0 or k.numel() == 0:  # a B, H, T or D of 0
             return q.new_zeros(*q.shape[:3], v.shape[3]) + (q.sum() + k.sum() + v.sum())
         return fn(q, k, v, *args, **kwargs)
     return run
@@ -116,9 +117,9 @@ def check_draw(draw, name, q):
 
 
 def check_delta(delta):
-    """delta, if it is a width for the value rule: a finite number no smaller than fp32's smallest normal, below
-    which the rule's fp32 comparison would round it to 0 and hide even a query's own key (NaN: no number)."""
+    """delta, if it is a width for the value rule: a number (inf: every key) no smaller than fp32's smallest normal,
+    below which the rule's fp32 comparison would round it to 0 and hide even a query's own key."""
     tiny = torch.finfo(torch.float32).tiny
-    if not (isinstance(delta, (int, float)) and not isinstance(delta, bool) and tiny <= delta):  # inf: every key
+    if not (isinstance(delta, (int, float)) and not isinstance(delta, bool) and tiny <= delta):  # False for NaN
         raise ValueError(f"delta must be a number >= {tiny:.2g} (fp32's smallest normal), got {delta!r}")
     return delta
