@@ -121,9 +121,10 @@ def load_checkpoint(path, device="cpu", require=()):
                          "that train.py wrote")
     try:
         with torch.device("meta"):  # shapes only: model_args that do not fit the weights allocate nothing
-            expected = GPT(GPTConfig(**ckpt["model_args"])).state_dict()
+            shapes = GPT(GPTConfig(**ckpt["model_args"]))
     except ValueError as e:
         raise ValueError(f"{path} has an incompatible config: {e}") from None
+    expected = shapes.state_dict()
     saved = ckpt["model"]
     mismatched = sorted(expected.keys() ^ saved.keys()) + sorted(
         k for k in expected.keys() & saved.keys() if (expected[k].shape, expected[k].dtype) != (saved[k].shape,
@@ -131,6 +132,10 @@ def load_checkpoint(path, device="cpu", require=()):
     if mismatched:
         raise ValueError(f"{path}: its weights do not fit its model_args ({len(mismatched)} mismatched entries, "
                          f"e.g. {mismatched[:3]}): the file was edited or written by other code")
+    need = sum(t.numel() * t.element_size() for t in [*shapes.parameters(), *shapes.buffers()])  # RoPE's tables too
+    if need > os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"):
+        raise ValueError(f"{path}: its model_args make a model of {need / 2**30:,.0f} GiB, more than this machine's "
+                         "memory: the file was edited or written by other code")
     nan = [k for k, v in saved.items() if v.is_floating_point() and not torch.isfinite(v).all()]
     if nan:
         raise ValueError(f"{path}: {len(nan)} weights hold NaN or inf (e.g. {nan[0]}): the run that wrote it diverged; "

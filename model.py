@@ -279,7 +279,8 @@ class GPT(nn.Module):
             raise ValueError(f"a KV cache takes no lengths, and one token at a time after the prompt; "
                              f"got {T} at {start}")
         if draws is not None and (not isinstance(draws, (list, tuple)) or len(draws) != cfg.n_layer):  # zip: fewer
-            raise ValueError(f"draws must be a list of one draw per layer, {cfg.n_layer}, got {str(draws)[:60]}")
+            raise ValueError(f"draws must be a list of one draw per layer, {cfg.n_layer}, got a {type(draws).__name__}"
+                             + (f" of {len(draws)}" if isinstance(draws, (list, tuple)) else ""))
         if cache is not None and cache.config != cfg:  # another model's, or this one's before a swap_attention
             raise ValueError("this KV cache was made for another config than the model's: make a new KVCache(config)")
         x = self.transformer.wte(idx)                                            # (B, T, C)

@@ -341,15 +341,16 @@ def get_lr(it):
 def read_log(path):
     """log.jsonl's records. Blank lines are skipped, and so is a last line cut short (a killed run);
     any other line that is not a JSON record stops the run with one line naming it."""
-    with open(path, encoding="utf-8", errors="replace") as f:  # a line that is not UTF-8 is no record (below)
+    with open(path, "rb") as f:  # bytes: a line that is not UTF-8 is no record either, and is named like one
         lines = f.readlines()
     records = []
-    for i, line in enumerate(lines, 1):
+    for i, raw in enumerate(lines, 1):
+        line = raw.decode("utf-8", errors="replace")
         if not line.strip() or (i == len(lines) and not line.endswith("\n")):
             continue
         try:
-            record = json.loads(line)
-        except ValueError:
+            record = json.loads(raw.decode("utf-8"))
+        except ValueError:  # UnicodeDecodeError too
             record = None
         if not isinstance(record, dict) or type(record.get("iter")) is not int or record["iter"] < 0:
             sys.exit(f"{path}:{i} is not a log record ({line.strip()[:60]!r}): delete that line, then resume again")

@@ -331,7 +331,8 @@ def test_resume_stops_at_a_corrupt_log_line(trained, train_args, tmp_path):
     for name, content in files(trained).items():
         (tmp_path / name).write_bytes(content)
     lines = (tmp_path / "log.jsonl").read_text().splitlines(keepends=True)
-    for bad, shown in (("oops, not JSON\n", "'oops, not JSON'"), ("caf\xe9\n", "'caf\ufffd'")):  # Latin-1: a traceback
+    for bad, shown in (("oops, not JSON\n", "'oops, not JSON'"), ("caf\xe9\n", "'caf\ufffd'"),  # Latin-1: a traceback
+                       ('{"iter": 1, "note": "caf\xe9"}\n', "'{\"iter\": 1, \"note\": \"caf\ufffd\"}'")):  # was read as UTF-8
         text = "".join(lines[:2]).encode() + bad.encode("latin-1") + "".join(lines[2:]).encode()
         (tmp_path / "log.jsonl").write_bytes(text)
         before = files(tmp_path)
@@ -780,6 +781,8 @@ def rng_with(**states):
     (lambda good: {"model_args": [1]}, "its 'model_args' are not GPTConfig's fields"),
     (lambda good: {"model_args": {**good["model_args"], "vocab_size": 2**40}},  # was a 2**40-row allocation
      "its weights do not fit its model_args (2 mismatched entries"),
+    (lambda good: {"model_args": {**good["model_args"], "block_size": 10**12}},  # RoPE's tables: no weights, 10**12 rows
+     "its model_args make a model of "),
     (lambda good: {"rng": []}, "its 'rng' is [], not a list of each rank's RNG states"),
     (lambda good: {"rng": [1]}, "its 'rng' has rank 0's states as 1, not a dict"),
     (rng_with(torch=torch.zeros(3, dtype=torch.uint8)), "its 'rng' has rank 0's 'torch' state as a uint8 tensor of shape (3,), not a "
