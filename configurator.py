@@ -9,7 +9,7 @@ fit its default's type (an int takes an integer within 64 bits, a float 3e-4 or 
 the raw text; a None default takes its annotation's type or any literal), and a float must be finite. Anything
 else stops the script with one line, so that a typo never trains with a default silently. --help lists the keys.
 Afterwards the global `config` holds every hyperparameter's final value, for logs and checkpoints, and
-`check(key, ok, rule)` is the scripts' one range check: a ValueError naming the key and its value.
+`check_setting(key, ok, rule)` is the scripts' one range check: a ValueError naming the key and its value.
 
 A script that runs this also gets one line, not a traceback, for what its user can fix: a ValueError raised by
 this repo's code (a setting, an input, a file; library code raises nothing else for those), exit status 1, and
@@ -106,7 +106,7 @@ def _one_line(kind, error, tb):
     last = tb
     while last is not None and last.tb_next is not None:  # the frame that raised it
         last = last.tb_next
-    where = last and last.tb_frame.f_globals.get("__file__", last.tb_frame.f_code.co_filename)  # check(): the script
+    where = last and last.tb_frame.f_globals.get("__file__", last.tb_frame.f_code.co_filename)  # check_setting: script
     ours = last is not None and os.path.abspath(where).startswith(root + os.sep)
     if issubclass(kind, KeyboardInterrupt) or (issubclass(kind, ValueError) and ours):
         print(str(error) or "interrupted", file=sys.stderr)
@@ -114,7 +114,7 @@ def _one_line(kind, error, tb):
         sys.__excepthook__(kind, error, tb)
 
 
-def check(key, ok, rule):
+def check_setting(key, ok, rule):
     """A one-line ValueError naming key and its value (in config) unless ok."""
     if not ok:
         raise ValueError(f"{key}={config[key]!r}: {rule}")

@@ -105,7 +105,7 @@ def run(cfg):
 
 def check_config(cfg):
     """(ppl?, tasks, task files, kinds, windows, plot path) asked for, after checking every setting, up front."""
-    def check(key, ok, rule):  # configurator.py's check, on cfg: tests call run(cfg) with a dict
+    def check(key, ok, rule):  # configurator.py's check_setting, on cfg: tests call run(cfg) with a dict
         if not ok:
             raise ValueError(f"{key}={cfg[key]!r}: {rule}")
 

@@ -611,14 +611,14 @@ if __name__ == "__main__":
     exec(open("configurator.py").read())
     for key in ("mqar_seq_len", "mqar_num_pairs", "mqar_num_queries", "mqar_train_seqs", "mqar_val_seqs",
                 "hf_val_docs"):
-        check(key, config[key] >= 1, "use an integer >= 1")
+        check_setting(key, config[key] >= 1, "use an integer >= 1")
     for key in ("mqar_seed", "mqar_offset"):
-        check(key, config[key] >= 0, "use an integer >= 0")
-    check("mqar_vocab", mqar_vocab >= 3, "use an integer >= 3 (the filler, a key and a value)")
-    check("hf_max_docs", hf_max_docs >= 0, "use an integer >= 0 (0: all)")
-    check("val_fraction", 0 < val_fraction < 1, "it must lie between 0 and 1")
-    check("tokenizer", tokenizer == "bytes" or input_file or adopt, "it applies to --input_file and --adopt only "
-          "(a named dataset has its own tokenizer)")
+        check_setting(key, config[key] >= 0, "use an integer >= 0")
+    check_setting("mqar_vocab", mqar_vocab >= 3, "use an integer >= 3 (the filler, a key and a value)")
+    check_setting("hf_max_docs", hf_max_docs >= 0, "use an integer >= 0 (0: all)")
+    check_setting("val_fraction", 0 < val_fraction < 1, "it must lie between 0 and 1")
+    check_setting("tokenizer", tokenizer == "bytes" or input_file or adopt, "it applies to --input_file and --adopt "
+                  "only (a named dataset has its own tokenizer)")
     data_dir = dataset_dir(data_root, dataset or (pathlib.Path(input_file).stem if input_file else "pystdlib"))
     name = os.path.basename(data_dir)
     try:  # a ValueError is one line (configurator.py); so is a read-only or full disk, which leaves the old data whole

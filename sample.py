@@ -38,11 +38,11 @@ dtype = "bfloat16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported
 exec(open("configurator.py").read())
 # -----------------------------------------------------------------------------
 
-# each bad setting stops here, with one line (configurator.py's check), before any model is loaded
-check("num_samples", num_samples >= 1, "use an integer >= 1")
+# each bad setting stops here, with one line (configurator.py's check_setting), before any model is loaded
+check_setting("num_samples", num_samples >= 1, "use an integer >= 1")
 for key in ("max_new_tokens", "seed"):
-    check(key, config[key] >= 0, "use an integer >= 0")
-check("top_k", top_k >= 0, "use a value >= 1, or 0 to sample among all tokens")
+    check_setting(key, config[key] >= 0, "use an integer >= 0")
+check_setting("top_k", top_k >= 0, "use a value >= 1, or 0 to sample among all tokens")
 check_temperature(temperature)
 check_device(device, dtype)
 prompt = start

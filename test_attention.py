@@ -457,7 +457,7 @@ def test_the_references_check_their_arguments_as_the_fast_paths_do():
     for bad in (math.nan, -1.0):
         with pytest.raises(ValueError, match="delta must be a number"):
             A.sa_value_mask(bad, r)
-    with pytest.raises(ValueError, match="window must be an integer >= 1, got -1"):  # a mask of no key, not even its own
+    with pytest.raises(ValueError, match="window must be an integer >= 1, got -1"):  # a mask of no key, even its own
         A.sa_mask(-1, perm)
     assert A.backend_line("cpu", torch.float32, 8, "swa") == "attention: the torch path on cpu"  # a str, one kind
 

@@ -95,23 +95,24 @@ exec(open("configurator.py").read())  # overrides from config files and --key=va
 # -----------------------------------------------------------------------------
 
 
-# bad settings stop here with one line (configurator.py's check), before any data is read or anything written
+# bad settings stop here with one line (configurator.py's check_setting), before any data is read or anything written
 for key in ("eval_interval", "log_interval", "eval_iters", "batch_size", "gradient_accumulation_steps"):
-    check(key, config[key] >= 1, "use an integer >= 1")
+    check_setting(key, config[key] >= 1, "use an integer >= 1")
 for key in ("max_iters", "warmup_iters", "seed") + (("lr_decay_iters",) if lr_decay_iters is not None else ()):
-    check(key, config[key] >= 0, "use an integer >= 0")
-check("learning_rate", 0 < learning_rate <= 1, "use a value in (0, 1]: AdamW moves a weight by about that much a step")
+    check_setting(key, config[key] >= 0, "use an integer >= 0")
+check_setting("learning_rate", 0 < learning_rate <= torch.finfo(torch.float32).max,
+              "use a value > 0 (a negative one is gradient ascent) that fp32 holds (AdamW's steps are fp32)")
 for key in ("min_lr", "weight_decay", "grad_clip"):
-    check(key, config[key] >= 0, "use a value >= 0")
+    check_setting(key, config[key] >= 0, "use a value >= 0")
 for key in ("beta1", "beta2"):
-    check(key, 0 <= config[key] < 1, "AdamW's betas lie in [0, 1)")
-check("vocab_size", vocab_size >= 0, "use 0 (the data's vocabulary, padded) or at least the data's vocab_size")
-check("copy_task", not copy_task or block_size % 2 == 0, "it needs an even block_size (two equal halves)")
-check("init_from", init_from in ("scratch", "resume"), "use scratch or resume")
-check("backend", backend in attention.BACKENDS, f"use one of {', '.join(attention.BACKENDS)}")
+    check_setting(key, 0 <= config[key] < 1, "AdamW's betas lie in [0, 1)")
+check_setting("vocab_size", vocab_size >= 0, "use 0 (the data's vocabulary, padded) or at least the data's vocab_size")
+check_setting("copy_task", not copy_task or block_size % 2 == 0, "it needs an even block_size (two equal halves)")
+check_setting("init_from", init_from in ("scratch", "resume"), "use scratch or resume")
+check_setting("backend", backend in attention.BACKENDS, f"use one of {', '.join(attention.BACKENDS)}")
 ddp_backends = [b for b in dist.Backend.backend_list if b != "undefined"]
-check("ddp_backend", ddp_backend in ["", *ddp_backends], f"use \"\" (nccl on CUDA, gloo on the CPU) or one of "
-      f"{', '.join(ddp_backends)}")
+check_setting("ddp_backend", ddp_backend in ["", *ddp_backends], f"use \"\" (nccl on CUDA, gloo on the CPU) or one of "
+              f"{', '.join(ddp_backends)}")
 check_device(device, dtype)
 data_dir = dataset_dir(data_root, dataset)
 # the model's settings, one global per GPTConfig field, are GPTConfig's to check (vocab_size is the data's, later)
@@ -121,8 +122,8 @@ if missing:
                      "settings")
 model_args = {f.name: config[f.name] for f in fields(GPTConfig)}
 GPTConfig(**{**model_args, "vocab_size": vocab_size or 1})
-check("out_dir", out_dir != "", "name a directory")
-check("out_dir", not os.path.exists(out_dir) or os.path.isdir(out_dir), "it is a file, not a directory")
+check_setting("out_dir", out_dir != "", "name a directory")
+check_setting("out_dir", not os.path.exists(out_dir) or os.path.isdir(out_dir), "it is a file, not a directory")
 check_writable(out_dir)
 ckpt_path = os.path.join(out_dir, "ckpt.pt")
 if init_from == "scratch" and os.path.exists(ckpt_path) and not overwrite:
@@ -215,8 +216,9 @@ if 16 * n_params > memory:
     sys.exit(f"n_layer={n_layer}, n_embd={n_embd}: {n_params / 1e9:,.1f}B parameters need {16 * n_params / 2**30:,.0f} "
              f"GiB for weights, gradients and AdamW's moments; {device} has {memory / 2**30:,.0f} GiB: make it smaller")
 logits = 4 * batch_size * T * vocab_size  # a micro-step's fp32 logits alone (and as much again for their gradient)
-check("batch_size", 16 * n_params + 2 * logits <= memory, f"{batch_size} sequences of {T} tokens need "
-      f"{2 * logits / 2**30:,.0f} GiB for their logits alone; {device} has {memory / 2**30:,.0f} GiB: use fewer")
+check_setting("batch_size", 16 * n_params + 2 * logits <= memory, f"{batch_size} sequences of {T} tokens need "
+              f"{2 * logits / 2**30:,.0f} GiB for their logits alone; {device} has {memory / 2**30:,.0f} GiB: use "
+              "fewer")
 torch.manual_seed(seed)
 dropout_seed, sampler_seed, sa_seed = np.random.SeedSequence([seed, rank]).generate_state(3).tolist()
 raw_model = GPT(gptconf, sa_seed=sa_seed).to(device)
@@ -254,8 +256,8 @@ if init_from == "resume":
     if ckpt.get("scaler"):  # fp16: the loss scale and its growth tracker
         scaler.load_state_dict(ckpt["scaler"])
     iter_num, best_val_loss = ckpt["iter_num"], ckpt["best_val_loss"]
-    check("max_iters", max_iters >= iter_num or eval_only, f"{ckpt_path} is at iteration {iter_num} already: raise "
-          "max_iters to train on")
+    check_setting("max_iters", max_iters >= iter_num or eval_only, f"{ckpt_path} is at iteration {iter_num} already: "
+                  "raise max_iters to train on")
     states = ckpt["rng"]
     if rank < len(states):
         s = states[rank]

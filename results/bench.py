@@ -138,20 +138,20 @@ def measure(kind, mode, T):
 
 
 def check_settings():
-    """Every setting's range, through configurator.py's check: a ValueError naming the first bad one."""
-    check("sizes", all(t.strip().isdigit() and int(t) >= 1 for t in sizes.split(",")), "give sequence lengths >= 1, "
-          "comma separated, e.g. --sizes=1024,4096")
+    """Every setting's range, through configurator.py's check_setting: a ValueError naming the first bad one."""
+    check_setting("sizes", all(t.strip().isdigit() and int(t) >= 1 for t in sizes.split(",")),
+                  "give sequence lengths >= 1, comma separated, e.g. --sizes=1024,4096")
     bad_kind = next((k for k in kinds.split(",") if k not in KINDS), None)
-    check("kinds", bad_kind is None, f"unknown kind {bad_kind!r} (kinds: {','.join(KINDS)})")
+    check_setting("kinds", bad_kind is None, f"unknown kind {bad_kind!r} (kinds: {','.join(KINDS)})")
     bad_mode = next((m for m in modes.split(",") if m not in MODES), None)
-    check("modes", bad_mode is None, f"unknown mode {bad_mode!r} (modes: {','.join(MODES)})")
-    check("thp", thp in (0, 1), "use 1 (huge pages) or 0")
-    check("backend", backend in A.BACKENDS, f"use one of {', '.join(A.BACKENDS)}")
+    check_setting("modes", bad_mode is None, f"unknown mode {bad_mode!r} (modes: {','.join(MODES)})")
+    check_setting("thp", thp in (0, 1), "use 1 (huge pages) or 0")
+    check_setting("backend", backend in A.BACKENDS, f"use one of {', '.join(A.BACKENDS)}")
     for key in ("reps", "threads", "batch", "heads", "head_dim", "window", "moba_block", "moba_topk", "flex_block"):
-        check(key, config[key] >= 1, "use an integer >= 1")
+        check_setting(key, config[key] >= 1, "use an integer >= 1")
     one = case.split(",")
-    check("case", not case or len(one) == 3 and one[0] in KINDS and one[1] in MODES and one[2].isdigit()
-          and int(one[2]) >= 1, "use kind,mode,T (internal: the one case that a fresh process measures)")
+    check_setting("case", not case or len(one) == 3 and one[0] in KINDS and one[1] in MODES and one[2].isdigit()
+                  and int(one[2]) >= 1, "use kind,mode,T (internal: the one case that a fresh process measures)")
     check_device(device, dtype)
     if json_out:  # before the benchmark, not after it
         check_output_file("json_out", json_out)

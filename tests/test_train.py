@@ -451,8 +451,9 @@ def test_mqar_config_without_data_names_its_prepare_line(tmp_path):
     (["--backend=cuda"], "backend='cuda': use one of auto, torch, triton, reference"),
     (["--rope_base=0"], "GPTConfig.rope_base=0.0 is invalid"),
     (["--rope_base=-10000"], "GPTConfig.rope_base=-10000.0 is invalid"),
-    (["--learning_rate=-1e-3"], "learning_rate=-0.001: use a value in (0, 1]"),
-    (["--learning_rate=1e308"], "learning_rate=1e+308: use a value in (0, 1]"),  # was an overflow in AdamW
+    (["--learning_rate=-1e-3"], "learning_rate=-0.001: use a value > 0"),
+    (["--learning_rate=1e308"], "learning_rate=1e+308: use a value > 0 (a negative one is gradient ascent) that fp32 "
+                                "holds"),  # was an overflow in AdamW
     (["--batch_size=1000000000000"], "batch_size=1000000000000: 1000000000000 sequences of 64 tokens need"),  # OOM
     (["--min_lr=-1e-5"], "min_lr=-1e-05: use a value >= 0"),
     (["--weight_decay=-0.1"], "weight_decay=-0.1: use a value >= 0"),
