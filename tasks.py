@@ -200,6 +200,8 @@ def loglikelihoods(lm, requests, batch_size, desc="score"):
 def mean_stderr(xs):
     """(mean, sample std / sqrt(n)): the harness's mean and mean_stderr."""
     n = len(xs)
+    if n == 0:
+        raise ValueError("mean_stderr of no values: the task has no documents")
     return float(np.mean(xs)), (float(np.std(xs, ddof=1) / math.sqrt(n)) if n > 1 else None)
 
 

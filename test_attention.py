@@ -507,6 +507,9 @@ def test_draws_of_the_wrong_length_raise():
         # had no len(); a stacked tensor's message printed it on many lines
         with pytest.raises(ValueError, match="draws must be a list of one draw per layer, 2, got a [A-Za-z]+( of .)?$"):
             model(idx, draws=draws)
+    for B, T, name in ((-1, 8, "B"), (1, -1, "T"), (1, 2.0, "T")):  # were torch's negative-dimension traceback
+        with pytest.raises(ValueError, match=f"^{name} must be an integer >= 0"):
+            model.draw_sa(B, T, "cpu")
 
 
 def test_bad_model_inputs_raise_one_line():

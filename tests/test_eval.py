@@ -154,6 +154,8 @@ def test_task_file_errors(tmp_path):
     bad.write_text('{"context": "q", "choices": ["a", "b"], "label": 0}\n{"text": "one two"}\n')
     with pytest.raises(ValueError, match="bad.jsonl:2: a lambada line in a file of choice lines"):
         tasks.load_task_file(str(bad))
+    with pytest.raises(ValueError, match="mean_stderr of no values"):  # was (nan, None), a mean of nothing
+        tasks.mean_stderr([])
     with pytest.raises(ValueError, match="tasks='hellaswagg': unknown 'hellaswagg': choose from ppl, lambada"):
         ev.run({"tasks": "hellaswagg"})
 
