@@ -104,7 +104,7 @@ def check_draw(draw, name, q):
                          f"got {draw.dtype} {tuple(draw.shape)}")
     if draw.device != q.device:
         raise ValueError(f"{name} must be on q's device {q.device}, got {draw.device}")
-    if torch.compiler.is_compiling():                                   # values unknown while tracing: eager only
+    if torch.compiler.is_compiling() or name == "pos":  # values unknown while tracing (eager only); pos: any integers
         return draw
     rows = draw.reshape(-1, T)                                          # (R, T)
     if name == "r" and not bool(rows.isfinite().all()):

@@ -88,6 +88,10 @@ def test_copy_verdicts_follow_the_preregistered_rule(reproduce):
     rows = {("full", 0): (2.0, 0.0), ("swa", 0): (2.0, 2.1), ("sa+swa", 0): (2.3, 1.3)}  # D: -2.0, +0.1, -1.0
     assert reproduce.copy_r_prime(rows, [0]) == pytest.approx([(0.1 + 1.0) / (0.1 + 2.0)])
     assert reproduce.copy_verdict(rows, [0])[1] == pytest.approx([(2.1 - 1.3) / 2.1])  # R does not subtract L1
+    reading = reproduce.copy_reading
+    assert reading("partial", [0.7, 0.6], [0.8, 0.5]) == "copies, at a cost in local modelling"  # only L1 failed
+    assert reading("partial", [0.7, 0.4], [0.8, 0.9]) is None  # R fails too: partial, no more
+    assert reading("partial", [0.7, 0.6], [0.8, 0.4]) is None and reading("confirms", [0.7], [0.8]) is None
     T = reproduce.LM1024["T"]
     swa = {T // 8: 2.0, T // 4: 1.5, T // 2: 0.1}
     assert reproduce.swap_verdict({T // 8: 1.9, T // 4: 1.4, T // 2: 0.2}, swa) == "confirms"  # w = T/2: not counted
