@@ -3,6 +3,7 @@ so that results/reproduce.py cannot rot. Run: python -m pytest -q tests/test_rep
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -248,3 +249,22 @@ def test_train_all_resumes_only_a_checkpoint_of_the_same_args(reproduce, tmp_pat
     assert reproduce.resumable(str(tmp_path), args)                         # values compare as train.py parses them
     assert not reproduce.resumable(str(tmp_path), {**args, "seed": 2})
     assert not reproduce.resumable(str(tmp_path), {**args, "beta2": 0.999})
+
+
+def test_the_far_copy_write_up_quotes_the_summary():
+    """Issue 38: every number with two or more decimals in the far-copy write-up (results/README.md's issue-38
+    results and README.md's claim-5 row) stands in results/summary.md, which reproduce.py writes from lm1024.json:
+    the verdicts are written from the JSON, never by hand."""
+    def numbers(text):
+        return re.findall(r"\d+\.\d{2,}", text)
+    with open(os.path.join(REPO, "results", "summary.md")) as f:
+        quoted = set(numbers(f.read()))
+    with open(os.path.join(REPO, "results", "README.md")) as f:
+        results = f.read()
+    with open(os.path.join(REPO, "README.md")) as f:
+        row = next(line for line in f if line.startswith("| SA+SWA ≈ full in perplexity"))
+    start = results.index("### Far copying at w/T = 1/16 and 1/8: the results (issue 38)")
+    section = results[start:results.index("\n## ", start)]
+    assert numbers(section) and numbers(row)
+    assert [x for x in numbers(section + row) if x not in quoted] == []
+
