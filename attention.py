@@ -138,7 +138,8 @@ def sa_value_reference(q, k, v, delta, r):
 def stochastic_value_attention(q, k, v, delta, r):
     """SA by the value rule (above), r (T,) or broadcastable to (B, H, T): delta = window / T connects a pair as often
     as the rank rule. Sorted by r, a block of queries sees one contiguous key span. Equals sa_value_reference."""
-    check_draw(r, "r", q), check_delta(delta)
+    check_draw(r, "r", q)
+    check_delta(delta)
     perm = torch.argsort(r, dim=-1, stable=True)                       # (T,) or (B, H, T): ascending r
     r_sorted = r.gather(-1, perm).float()                              # (T,) or (B, H, T): each slot's r
     return scatter(_band(gather(q, perm), gather(k, perm), gather(v, perm), perm, delta=delta, r_sorted=r_sorted), perm)

@@ -140,6 +140,6 @@ def load_checkpoint(path, device="cpu", require=()):
     if nan:
         raise ValueError(f"{path}: {len(nan)} weights hold NaN or inf (e.g. {nan[0]}): the run that wrote it diverged; "
                          "train again with a lower learning_rate")
-    model = GPT(GPTConfig(**ckpt["model_args"]))
+    model = GPT(shapes.config)
     model.load_state_dict(saved)
     return model.to(device), ckpt

@@ -74,9 +74,7 @@ def check_tokens(idx, vocab_size, lengths=None, targets=None):
     """A model's input: idx a (B, T) int64 (or int32) tensor of ids in [0, vocab_size); targets None or ids of idx's
     shape, -1 where ignored; lengths None or the real tokens of each right-padded row, a (B,) integer tensor with
     1 <= lengths <= T."""
-    for name, t, least in (("idx", idx, 0), ("targets", targets, -1)):
-        if name == "targets" and t is None:
-            continue
+    for name, t, least in [("idx", idx, 0)] + ([("targets", targets, -1)] if targets is not None else []):
         if not isinstance(t, torch.Tensor) or t.dim() != 2 or t.dtype not in (torch.long, torch.int) or \
                 name == "targets" and t.shape != idx.shape:
             raise ValueError(f"{name} must be a (B, T) tensor of token ids (int64) of idx's shape, got "

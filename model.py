@@ -246,7 +246,8 @@ class GPT(nn.Module):
         never on the batch: the rank rule permutes only each row's first lengths[b] tokens (pads keep their
         slots after them); the value rule's r are already so (token t's r depends on the seed and t)."""
         cfg = self.config
-        check_int(B, "B", 0), check_int(T, "T", 0)
+        check_int(B, "B", 0)
+        check_int(T, "T", 0)
         heads = 1 if cfg.sa_perm == "layer" else cfg.n_head
         if cfg.attn not in ("sa", "sa+swa"):
             return [None] * cfg.n_layer

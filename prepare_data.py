@@ -93,7 +93,7 @@ def meta_problem(meta, data=True):
     V, name, dtype, tokens, chars = (meta.get(k) for k in ("vocab_size", "tokenizer", "dtype", "tokens", "chars"))
     if not (count(V) and 1 <= V <= 2**32):
         return f"has vocab_size={shown(V)}, not an integer from 1 to 2**32"
-    known = name in TOKENIZERS or name in tiktoken_names() or not data  # a checkpoint's: checked where it loads
+    known = not data or name in TOKENIZERS or name in tiktoken_names()  # a checkpoint's: checked where it loads
     checks = [("tokenizer", isinstance(name, str) and name != "" and known, "a tokenizer's name"),
               ("vocab_size", name != "bytes" or V == 256, "the 256 ids of bytes"),
               ("chars", name != "chars" or isinstance(chars, str) and len(set(chars)) == len(chars) == V,
