@@ -54,7 +54,8 @@ if fast:
     COVER = ["--grid_n=256,1024", "--seeds=2"]
     SPEED = ["--sizes=256", "--kinds=full,swa,sa,moba", "--reps=1"]
     LM1024 = dict(T=64, window=4, wide=8, windows=[4, 8], seeds=[0], plain_iters=6, copy_iters=6, val_windows=4, copy_val=4,
-                  swap_windows=[4, 8, 32], draws=2, path_draws=2, extra=dict(eval_interval=3, eval_iters=2))
+                  swap_windows=[4, 8, 32], draws=2, path_draws=2, extra=dict(eval_interval=3, eval_iters=2),
+                  long_iters=12, long_eval=6)
 else:
     MQAR = dict(iters=12000, seeds=[0, 1, 2], depths=[2, 4], T=64, window=4,
                 swap_windows=[2, 4, 8, 16, 32, 64], swap_seeds=3, swap_seqs=300, data=["--mqar_val_seqs=1000"],
@@ -65,7 +66,8 @@ else:
     SPEED = []
     LM1024 = dict(T=1024, window=32, wide=128, windows=[32, 64, 128], seeds=[0, 1, 2], plain_iters=4500, copy_iters=4000, val_windows=48,
                   copy_val=32, swap_windows=[16, 32, 64, 128, 256, 512], draws=3, path_draws=8,
-                  extra=dict(eval_interval=250, eval_iters=16))
+                  extra=dict(eval_interval=250, eval_iters=16),
+                  long_iters=12000, long_eval=500)  # issue 45: SA+SWA and SWA at c["wide"], 3x the copy task's iterations
 
 
 def run(*args, threads=None):
@@ -99,6 +101,16 @@ def resumable(out_dir, args):
         return False
     config = load_checkpoint(path)[1]["config"]
     return all(str(config.get(k)) == str(v) for k, v in args.items() if k != "config")
+
+
+def wall_and_resumes(out_dir):
+    """A train.py run's wall time in seconds over all its sessions, and the iterations it resumed at: a resumed run
+    cuts its log back to its checkpoint's eval and logs on with elapsed_s counted from its own start."""
+    with open(os.path.join(out_dir, "log.jsonl")) as f:
+        log = [json.loads(line) for line in f if line.strip()]
+    drops = [i for i in range(1, len(log)) if log[i]["elapsed_s"] < log[i - 1]["elapsed_s"]]
+    return dict(wall_s=round(sum(log[i - 1]["elapsed_s"] for i in drops) + log[-1]["elapsed_s"], 2),
+                resumes=[log[i]["iter"] for i in drops])
 
 
 def finished(out_dir, iters):
@@ -845,7 +857,8 @@ def swap_at(T):
 
 def lm1024_runs(data):
     """{name: (out_dir, train.py args)} in training order: issue 33's copy task seed by seed, its plain LM and its
-    runs beside the rule; then issue 38's windows (c["windows"], every one past the first) and its per-layer arm.
+    runs beside the rule; then issue 38's windows (c["windows"], every one past the first) and its per-layer arm;
+    then issue 45's long runs at c["wide"], c["long_iters"] iterations with the cosine over them, named -i<iters>.
     Full attention reads no window: its runs at c["window"] serve every window (full_window_check)."""
     c, w = LM1024, LM1024["window"]
     cells = [("copy", kind, w, s) for s in c["seeds"] for kind in ("full", "sa+swa", "swa")]
@@ -853,20 +866,25 @@ def lm1024_runs(data):
     cells += [("copy", "sa+swa", c["wide"], s) for s in c["seeds"]] + [("copy", "moba", w, c["seeds"][0])]
     cells += [("copy", kind, wi, s) for wi in c["windows"][1:] for s in c["seeds"] for kind in ("swa", "sa+swa")]
     cells += [("copy", "sa+swa", c["wide"], c["seeds"][0], "layer")]
+    cells += [("copy", kind, c["wide"], s, "head", c["long_iters"]) for s in c["seeds"] for kind in ("sa+swa", "swa")]
     runs = {}
-    for task, kind, window, seed, *perm in cells:  # a repeated cell (issue 33's w=128 arm) keeps its first place
-        name = f"{task}-{kind}-w{window}-s{seed}" + "".join(f"-{p}" for p in perm)
+    for task, kind, window, seed, perm, iters in ((*cell, *(None, None)[len(cell) - 4:]) for cell in cells):
+        name = f"{task}-{kind}-w{window}-s{seed}" + (f"-{perm}" if perm and perm != "head" else "") \
+            + (f"-i{iters}" if iters else "")  # a repeated cell (issue 33's w=128 arm) keeps its first place
+        long = dict(max_iters=iters, lr_decay_iters=iters, eval_interval=c["long_eval"]) if iters else {}
         runs.setdefault(name, (os.path.join(work, "lm1024", name), dict(
             config=["config/quick.py"], data_root=data, attn=kind, window=window, **moba_budget(window),
-            sa_perm=(perm or ["head"])[0], block_size=c["T"], batch_size=2, seed=seed, copy_task=task == "copy",
-            max_iters=c[f"{task}_iters"], **c["extra"])))
+            sa_perm=perm or "head", block_size=c["T"], batch_size=2, seed=seed, copy_task=task == "copy",
+            **{"max_iters": c[f"{task}_iters"], **c["extra"], **long})))
     return runs
 
 
 def lm1024_cell(name):
-    """A run name's task, attn, window, seed and sa_perm: copy-sa+swa-w128-s0-layer -> copy, sa+swa, 128, 0, layer."""
-    task, kind, window, seed, *perm = name.split("-")
-    return task, kind, int(window[1:]), int(seed[1:]), (perm or ["head"])[0]
+    """A run name's task, attn, window, seed, sa_perm and iterations (None: the task's own):
+    copy-sa+swa-w128-s0-layer -> copy, sa+swa, 128, 0, layer, None; copy-swa-w128-s1-i12000 -> ..., head, 12000."""
+    task, kind, window, seed, *rest = name.split("-")
+    iters = int(rest.pop()[1:]) if rest and rest[-1].startswith("i") else None
+    return task, kind, int(window[1:]), int(seed[1:]), (rest or ["head"])[0], iters
 
 
 def copy_verdict(rows, seeds):
@@ -1091,11 +1109,12 @@ def lm1024():
     # committed row (committed: True)
     old = {r["name"]: r for r in committed("lm1024.json").get("runs", [])}
     rows = [dict(r, committed=True) for name, r in old.items() if name not in done]
+    long_rows = []  # issue 45's runs (-i<iters>): kept apart, so that the rule above reads only its own runs
     for name, od in done.items():
-        task, kind, window, seed, sa_perm = lm1024_cell(name)
+        task, kind, window, seed, sa_perm, long = lm1024_cell(name)
         log = evals(od)
         row = dict(name=name, task=task, attn=kind, window=window, seed=seed, sa_perm=sa_perm, n_layer=4, T=T,
-                   iters=log[-1]["iter"], val_loss=log[-1]["val_loss"], wall_s=log[-1]["elapsed_s"])
+                   iters=log[-1]["iter"], val_loss=log[-1]["val_loss"], **wall_and_resumes(od))
         if task == "copy":
             row.update(first=log[-1]["val_first"], second=log[-1]["val_second"],
                        curve=[(r["iter"], r["val_first"], r["val_second"]) for r in log])
@@ -1107,13 +1126,13 @@ def lm1024():
             same = [list(p) for p in row["curve"]] == [list(p) for p in old[name]["curve"]]  # evals; if not, the
             row = row if same else dict(old[name], committed=True, retrain=row)  # committed numbers stay (pre-registered)
             row["reproduces_committed"] = same
-        rows.append(row)
+        (long_rows if long else rows).append(row)
     rows.sort(key=lambda r: list(runs).index(r["name"]) if r["name"] in runs else len(runs))
     xc, yc = copy_val(c["copy_val"], T)                                        # (n, T) each: one set for all
     paths = committed("lm1024.json").get("copy_paths", {})  # what carries the copy, per SA+SWA copy model
     for name, od in done.items():
-        task, kind, window, seed, sa_perm = lm1024_cell(name)
-        if (task, kind) == ("copy", "sa+swa"):
+        task, kind, window, seed, sa_perm, long = lm1024_cell(name)
+        if (task, kind) == ("copy", "sa+swa") and not long:
             model = load_checkpoint(os.path.join(od, "ckpt.pt"))[0].eval()
             paths[name] = dict(window=window, seed=seed, sa_perm=sa_perm, **copy_paths(model, xc, yc, c["path_draws"]))
     verdicts = {}  # the rule per window; full attention's runs at w0 serve every window
@@ -1154,7 +1173,7 @@ def lm1024():
                              copy_verdict=verdict, R=R, verdicts=verdicts, full_window_check=check,
                              copy_paths=dict(sorted(paths.items(), key=lambda kv: (kv[1]["window"], kv[0]))),
                              swap_source=source, swap_full=unswapped, swap=swaps,
-                             swap_verdict=swap_v,
+                             swap_verdict=swap_v, long_runs=long_rows,
                              halves="first: targets 0..T/2-2 (plain LM); second: targets T/2-1..T-2 (copies)"))
 
     p = plt()

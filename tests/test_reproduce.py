@@ -264,7 +264,7 @@ def test_the_far_copy_write_up_quotes_the_summary():
     with open(os.path.join(REPO, "README.md")) as f:
         row = next(line for line in f if line.startswith("| SA+SWA ≈ full in perplexity"))
     start = results.index("### Far copying at w/T = 1/16 and 1/8: the results (issue 38)")
-    section = results[start:results.index("\n## ", start)]
+    section = results[start:results.index("\n#", start + 1)]  # to the next heading
     assert numbers(section) and numbers(row)
     assert [x for x in numbers(section + row) if x not in quoted] == []
 
