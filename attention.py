@@ -1,18 +1,18 @@
-"""Causal attention, q, k, v (B, H, T, D) -> (B, H, T, D): full, sliding-window (SWA), stochastic (SA) and MoBA.
+"""Read first. Causal attention, q, k, v (B, H, T, D) -> (B, H, T, D): full, sliding-window (SWA), stochastic (SA), MoBA.
 
-SWA and both SA rules are one rule over a value and a position per token, stated here once; the dense references,
-blocked.py's engine and kernel.py's Triton kernel all follow it, and test_attention.py holds them to it:
+SWA and both SA rules are one rule over a slot and a position per token, stated here once; the dense references,
+tiled.py's engine and kernel.py's Triton kernel all follow it, and test_attention.py holds them to it:
 
-    key j is visible to query i  iff  |val[i] - val[j]| < width  and  pos[j] <= pos[i]
+    key j is visible to query i  iff  |slot[i] - slot[j]| < width  and  pos[j] <= pos[i]
 
-SWA: val = the slot index, width = window, pos = arange(T) by default (i - window < j <= i); with pos given, the
-band reaches both sides and causality acts on pos. SA, the rank rule (the paper's): slot s holds token perm[s] of a
-permutation perm; gather q, k, v by perm, run SWA with pos = perm, scatter back: tokens a >= b interact iff their
-slots are fewer than `window` apart. SA, the value rule: one i.i.d. uniform r per token, val = r, width = delta,
-pos = the token index: a >= b interact iff |r_a - r_b| < delta, by r_a and r_b alone, so a KV cache decodes it.
-MoBA: query i sees its own block of keys (j <= i) and the top_k - 1 past blocks of largest q_i . mean(K_block).
-Every query sees itself, and no query reads a key it may not see, not even a NaN in its k or v. Scores are fp32.
-Each function takes q, k, v as SDPA does (guards.py); this file holds the attention, the dense references first.
+SWA: slot = the index, width = window, pos = arange(T) by default (i - window < j <= i); with pos given, the band
+reaches both sides and causality acts on pos. SA, the rank rule (the paper's): slot s holds token perm[s] of a
+permutation perm; gather q, k, v by perm, run SWA with pos = perm, gather back by perm's inverse: tokens a >= b
+interact iff their slots are fewer than `window` apart. SA, the value rule: one i.i.d. uniform number r per token is
+its slot, width = delta, pos = the token index: a >= b interact iff |r_a - r_b| < delta, by r_a and r_b alone, so a
+KV cache decodes it. MoBA: query i sees its own chunk of keys (j <= i) and the top_k - 1 past chunks of largest
+q_i . mean(K_chunk). Every query sees itself, and no query reads a key it may not see, not even a NaN in its k or v.
+Scores are fp32. Each function takes q, k, v as PyTorch's SDPA does, checked at its door (guards.check_inputs).
 """
 import functools
 import importlib.util
@@ -24,15 +24,15 @@ import warnings
 import torch
 import torch.nn.functional as F
 
-import blocked
-from guards import check_delta, check_draw, check_int, sdpa_inputs, v_seen_only
+import tiled
+from guards import InputError, check_count, check_delta, check_inputs
 
-# The one switch, which implementation the fast functions run: "auto": the Triton kernel for CUDA tensors (a
-#   Triton of TRITON_VERSIONS, a head dim and dtype it has); "torch": blocked.py, O(T * window) time and memory,
-#   no T x T tensor; "triton": the kernel (on the CPU too, under TRITON_INTERPRET=1); "reference": the O(T^2)
-#   oracle, the masks below, which a debugger steps through line by line
-BACKEND = "auto"
-BACKENDS = ("auto", "torch", "triton", "reference")
+# Which implementation runs the band of SWA and SA: "auto": the Triton kernel for CUDA tensors (a Triton of
+#   TRITON_VERSIONS, a head dim and dtype it has), else "torch"; "torch": tiled.py, O(T * window) time and memory,
+#   no T x T tensor; "triton": the kernel (on the CPU too, under TRITON_INTERPRET=1); "reference": the band as a dense
+#   O(T^2) mask in slot order (rule_mask), plain code for a debugger. Full attention is SDPA's, MoBA tiled.py's, always.
+IMPL = "auto"
+IMPLS = ("auto", "torch", "triton", "reference")
 TRITON_VERSIONS = ((3, 2), (3, 9))  # Triton minors tested: results/kernel_triton_versions.txt
 VALUE_MARGIN = 1e-6  # the value rule's key spans reach this much past delta: fp32 rounding of |r_i - r_j| (r < 1)
 
@@ -40,80 +40,83 @@ VALUE_MARGIN = 1e-6  # the value rule's key spans reach this much past delta: fp
 # -----------------------------------------------------------------------------
 # The dense references: O(T^2), the oracle of every test; each kind's mask sits next to its fast path.
 
-def rule_mask(val, pos, width):
-    """THE rule, dense: (..., T, T) bool, True where query i may see key j; val and pos (T,) or (..., T)."""
-    near = (val[..., :, None] - val[..., None, :]).abs() < width         # (..., T, T)
+def rule_mask(slot, pos, width):
+    """THE rule, dense: (..., T, T) bool, True where query i may see key j; slot and pos (T,) or (..., T)."""
+    near = (slot[..., :, None] - slot[..., None, :]).abs() < width       # (..., T, T)
     return near & (pos[..., None, :] <= pos[..., :, None])
 
 
-@functools.partial(sdpa_inputs, any_length=True)
-@v_seen_only
 def masked_attention(q, k, v, mask):
-    """softmax(q k^T / sqrt(D) where mask else -inf) @ v, the scores and softmax in fp32 (no fp16 overflow)."""
-    scores = (q.float() @ k.float().transpose(-1, -2) / math.sqrt(q.shape[-1])).masked_fill_(
-        ~mask, torch.finfo(torch.float32).min)                                     # (B, H, T, T)
-    return torch.softmax(scores, dim=-1).to(v.dtype) @ v                          # (B, H, T, D)
+    """softmax(q k^T / sqrt(D) where mask else -inf) @ v, the scores and softmax in fp32 (no fp16 overflow); keys may
+    be fewer than queries (a KV cache's). A non-finite v[j, d] reaches out[i, d] only where mask[i, j]."""
+    q, k, v = check_inputs(q, k, v, any_length=True, mask=mask)
+    with torch.autocast(q.device.type, enabled=False):
+        scores = (q.float() @ k.float().transpose(-1, -2) / math.sqrt(q.shape[-1])).masked_fill_(
+            ~mask, torch.finfo(torch.float32).min)                                 # (B, H, T, S)
+        p = torch.softmax(scores, dim=-1).to(v.dtype)                             # (B, H, T, S)
+        bad = ~v.isfinite()                                                       # (B, H, S, D)
+        if not bad.any():
+            return p @ v                                                          # (B, H, T, D)
+        seen = (mask.to(v.dtype) @ bad.to(v.dtype)) > 0                           # (B, H, T, D): i sees a bad v[j, d]
+        return (p @ v.masked_fill(bad, 0)).masked_fill(seen, math.nan)
 
 
-@sdpa_inputs
-@v_seen_only
 def full_attention(q, k, v):
-    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    """Causal attention, PyTorch's SDPA (its flash kernels where they run)."""
+    q, k, v = check_inputs(q, k, v)
+    return _exact(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), q, k, v)
 
 
 # -----------------------------------------------------------------------------
 # SWA, and both SA rules through it.
 
 def swa_mask(T, window, pos=None, device=None):
-    """SWA's mask in slot order: val = the slot index, pos = arange(T) by default."""
+    """SWA's mask in slot order: slot = the index, pos = arange(T) by default."""
     idx = torch.arange(T, device=device)
-    return rule_mask(idx, idx if pos is None else pos, check_int(window))
+    return rule_mask(idx, idx if pos is None else pos, min(check_count(window, "window"), T))  # no int64 overflow
 
 
-@sdpa_inputs
 def swa_reference(q, k, v, window, pos=None):
-    return masked_attention(q, k, v, swa_mask(q.shape[2], window, check_draw(pos, "pos", q), q.device))
+    check_inputs(q, k, v, window=window, pos=pos)
+    return masked_attention(q, k, v, swa_mask(q.shape[2], window, pos, q.device))
 
 
-@sdpa_inputs
 def sliding_window_attention(q, k, v, window, pos=None):
     """SWA, with positions (the rule above): out (B, H, T, D) for q, k, v (B, H, T, D); pos a LongTensor (T,) or
     broadcastable to (B, H, T). Without pos, FlashAttention's window_size=(window-1, 0). Equals swa_reference."""
-    return _band(q, k, v, check_draw(pos, "pos", q), window=check_int(window))
+    q, k, v = check_inputs(q, k, v, window=window, pos=pos)
+    return _engine(q, k, v)(q, k, v, pos, None, float(window), VALUE_MARGIN)   # IMPL's engine runs the band
 
 
 def sa_mask(window, perm):
-    """SA's rank rule in ORIGINAL token order: val = each token's slot, pos = arange(T)."""
-    return rule_mask(torch.argsort(perm, dim=-1), torch.arange(perm.shape[-1], device=perm.device), check_int(window))
+    """SA's rank rule in ORIGINAL token order: slot = each token's slot (perm's inverse), pos = arange(T)."""
+    T = perm.shape[-1]
+    return rule_mask(torch.argsort(perm, dim=-1), torch.arange(T, device=perm.device), min(check_count(window, "window"),
+                                                                                        T))
 
 
-@sdpa_inputs
 def sa_reference(q, k, v, window, perm):
-    return masked_attention(q, k, v, sa_mask(window, check_draw(perm, "perm", q)))
+    check_inputs(q, k, v, window=window, perm=perm)
+    return masked_attention(q, k, v, sa_mask(window, perm))
 
 
 def gather(t, perm):
-    """t (B, H, T, D) in slot order, slot s holding token perm[..., s]; perm (T,) or broadcastable to (B, H, T)."""
+    """t (B, H, T, D) in slot order, slot s holding token perm[..., s]; perm (T,) or broadcastable to (B, H, T).
+    gather(t_slots, perm.argsort(-1)) undoes it: slot order back to token order."""
     if perm.dim() == 1:
         return t.index_select(2, perm)                                       # (B, H, T, D): the fast row copy
     b, h = (torch.arange(n, device=t.device) for n in t.shape[:2])           # (B,), (H,)
     return t[b[:, None, None], h[None, :, None], perm.expand(*t.shape[:3])]  # (B, H, T, D)
 
 
-def scatter(ys, perm):
-    """gather's inverse: ys (B, H, T, D) in slot order, back in token order."""
-    return gather(ys, torch.argsort(perm, dim=-1))                           # (B, H, T, D)
-
-
-@sdpa_inputs
 def stochastic_attention(q, k, v, window, perm):
     """SA by the rank rule (above), perm (T,) or broadcastable to (B, H, T): a query sees ~`window` keys, window >= T
     is full attention, the identity perm is SWA. Equals sa_reference. The last three lines are README.md's recipe;
     in slot order each slot's original position is perm itself, so perm is SWA's pos there."""
-    check_draw(perm, "perm", q)
-    qs, ks, vs = gather(q, perm), gather(k, perm), gather(v, perm)  # gather into permuted order
+    q, k, v = check_inputs(q, k, v, window=window, perm=perm)
+    qs, ks, vs = gather(q, perm), gather(k, perm), gather(v, perm)  # (B, H, T, D) each, in permuted (slot) order
     ys = sliding_window_attention(qs, ks, vs, window, pos=perm)     # SWA there, causal on original positions
-    return scatter(ys, perm)                                        # scatter back to token order
+    return gather(ys, perm.argsort(-1))                             # back to token order: gather by perm's inverse
 
 
 def row_perms(seed, lengths, T, heads=1):
@@ -125,102 +128,129 @@ def row_perms(seed, lengths, T, heads=1):
 
 
 def sa_value_mask(delta, r):
-    """SA's value rule in token order: val = r, width = delta, pos = arange(T)."""
+    """SA's value rule in token order: slot = r, width = delta, pos = arange(T)."""
     return rule_mask(r, torch.arange(r.shape[-1], device=r.device), check_delta(delta))
 
 
-@sdpa_inputs
 def sa_value_reference(q, k, v, delta, r):
-    return masked_attention(q, k, v, sa_value_mask(delta, check_draw(r, "r", q)))
+    check_inputs(q, k, v, delta=delta, r=r)
+    return masked_attention(q, k, v, sa_value_mask(delta, r))
 
 
-@sdpa_inputs
 def stochastic_value_attention(q, k, v, delta, r):
     """SA by the value rule (above), r (T,) or broadcastable to (B, H, T): delta = window / T connects a pair as often
-    as the rank rule. Sorted by r, a block of queries sees one contiguous key span. Equals sa_value_reference."""
-    check_draw(r, "r", q)
-    check_delta(delta)
+    as the rank rule. Sorted by r, a tile of queries sees one contiguous key span. Equals sa_value_reference."""
+    q, k, v = check_inputs(q, k, v, delta=delta, r=r)
     perm = torch.argsort(r, dim=-1, stable=True)                       # (T,) or (B, H, T): ascending r
     r_sorted = r.gather(-1, perm).float()                              # (T,) or (B, H, T): each slot's r
-    return scatter(_band(gather(q, perm), gather(k, perm), gather(v, perm), perm, delta=delta, r_sorted=r_sorted), perm)
+    qs, ks, vs = gather(q, perm), gather(k, perm), gather(v, perm)   # (B, H, T, D) each, sorted by r
+    ys = _engine(qs, ks, vs)(qs, ks, vs, perm, r_sorted, float(delta), VALUE_MARGIN)  # the band over r, causal on perm
+    return gather(ys, perm.argsort(-1))                                # back to token order
 
 
 # -----------------------------------------------------------------------------
-# MoBA: each query's own block plus the past blocks its router (blocked.moba_select) picks.
+# MoBA: each query's own chunk plus the past chunks its router (tiled.moba_select) picks.
 
-def moba_mask(q, k, moba_block, top_k):
-    """MoBA's rule: (B, H, T, T) bool, True where query i sees key j: j <= i, in i's block or one moba_select picked."""
-    T = q.shape[2]
-    moba_block = min(check_int(moba_block, "moba_block"), T)  # a block of T keys or more: the same rule, in memory of T
-    check_int(top_k, "top_k")
-    idx, ok = blocked.moba_select(q, k, moba_block, top_k)
-    chosen = torch.zeros(*idx.shape[:3], math.ceil(T / moba_block), dtype=torch.bool, device=q.device)
-    chosen.scatter_(-1, idx, ok)                                         # (B, H, T, nblk)
-    blk = torch.arange(T, device=q.device) // moba_block
-    chosen[..., torch.arange(T), blk] = True                             # own block
-    return chosen[..., blk] & torch.ones(T, T, dtype=torch.bool, device=q.device).tril()  # (B, H, T, T): causal
-
-
-@sdpa_inputs
-def moba_reference(q, k, v, moba_block, top_k):
-    return masked_attention(q, k, v, moba_mask(q, k, moba_block, top_k))
+def moba_mask(q, k, moba_chunk, top_k):
+    """MoBA's rule: (B, H, T, T) bool, True where query i sees key j: j <= i, in i's chunk or one moba_select picked."""
+    T, top_k = q.shape[2], check_count(top_k, "top_k")
+    moba_chunk = max(1, min(check_count(moba_chunk, "moba_chunk"), T))  # a chunk of T keys or more: the same rule
+    idx, ok = tiled.moba_select(q, k, moba_chunk, top_k)
+    chosen = torch.zeros(*idx.shape[:3], math.ceil(T / moba_chunk), dtype=torch.bool, device=q.device)
+    chosen.scatter_(-1, idx, ok)                                         # (B, H, T, nchunks)
+    chunk = torch.arange(T, device=q.device) // moba_chunk
+    chosen[..., torch.arange(T), chunk] = True                           # own chunk
+    return chosen[..., chunk] & torch.ones(T, T, dtype=torch.bool, device=q.device).tril()  # (B, H, T, T): causal
 
 
-@sdpa_inputs
-def moba_attention(q, k, v, moba_block, top_k):
-    """MoBA (Mixture of Block Attention, the rule above): out (B, H, T, D). Equals moba_reference."""
-    moba_block, top_k = min(check_int(moba_block, "moba_block"), q.shape[2]), check_int(top_k, "top_k")
-    if _backend(q) == "reference":
-        return moba_reference(q, k, v, moba_block, top_k)
-    idx, ok = blocked.moba_select(q, k, moba_block, top_k)             # routed once, on the true q, k
-    return v_seen_only(lambda q, k, v: blocked.moba(q, k, v, idx, ok, moba_block)[0])(q, k, v)
+def moba_reference(q, k, v, moba_chunk, top_k):
+    q, k, v = check_inputs(q, k, v, moba_chunk=moba_chunk, top_k=top_k)
+    return masked_attention(q, k, v, moba_mask(q, k, moba_chunk, top_k))
+
+
+def moba_attention(q, k, v, moba_chunk, top_k):
+    """MoBA (Mixture of Block Attention, the rule above; its blocks are our chunks): out (B, H, T, D). Equals
+    moba_reference."""
+    q, k, v = check_inputs(q, k, v, moba_chunk=moba_chunk, top_k=top_k)
+    moba_chunk = max(1, min(int(moba_chunk), q.shape[2]))  # a chunk of T keys or more: the same rule, in memory of T
+    idx, ok = tiled.moba_select(q, k, moba_chunk, int(top_k))         # routed once, on the true q, k
+    return _exact(lambda q, k, v: tiled.moba(q, k, v, idx, ok, moba_chunk)[0], q, k, v)
 
 
 # -----------------------------------------------------------------------------
-# The backends: which implementation runs the band of SWA and SA.
+# Support, which a first reading skips: the implementations that run the band, and SDPA's semantics where an engine
+# alone would differ (an empty dimension; a NaN in v, which p @ v spreads to every query: 0 * NaN = NaN).
 
-@v_seen_only
-def _band(q, k, v, pos, window=None, delta=None, r_sorted=None):
-    """The rule over slots, by window (val = the slot index) or by delta over r_sorted (ascending); pos None: SWA."""
-    backend, width, val = _backend(q), window if r_sorted is None else delta, r_sorted
-    if backend == "reference":
-        return masked_attention(q, k, v, rule_mask(val, pos, width) if val is not None else
-                                swa_mask(q.shape[2], width, pos, q.device))
-    if backend == "triton":
-        import kernel
-        try:  # the kernel checks itself at each variant's first use (kernel.check_once)
-            return kernel.triton_swa(q, k, v, width, pos, val, VALUE_MARGIN)
-        except kernel.CANNOT_RUN as e:
-            if BACKEND == "triton":
-                raise
-            warnings.warn(f"the Triton kernel cannot run, using the torch path instead: {_why(e)}")
-    return blocked.band(q, k, v, pos, val, width, VALUE_MARGIN)[0]
+def _exact(engine, q, k, v, *args):
+    """engine(q, k, v, *args), autocast off (q, k, v are in its dtype already: check_inputs), as SDPA answers where
+    an engine alone would not: an empty B, H, T or D gives the empty output on the autograd graph, and a non-finite
+    v[j, d] reaches out[i, d] only if query i sees key j (else: engine on v's bad entries zeroed, then NaN where the
+    engine on q = k = 0, which weighs every visible key >= 1/T and every hidden one 0, reads a bad entry)."""
+    if q.numel() == 0 or k.numel() == 0:
+        return q.new_zeros(*q.shape[:3], v.shape[3]) + (q.sum() + k.sum() + v.sum())
+    with torch.autocast(q.device.type, enabled=False):
+        if torch.compiler.is_compiling() or bool(v.sum().isfinite()):  # compiled: bool() would break the graph
+            return engine(q, k, v, *args)
+        bad = ~v.isfinite()                                                # (B, H, T, D)
+        with torch.no_grad():
+            seen = engine(torch.zeros_like(q), torch.zeros_like(k), bad.to(v.dtype), *args) > 0
+        return engine(q, k, v.masked_fill(bad, 0), *args).masked_fill(seen, math.nan)  # (B, H, T, D)
 
 
 @functools.lru_cache  # decided, and warned about, once
 def _triton_supported():
-    """Whether "auto" may run the kernel with the installed Triton; if not, a warning says so."""
+    """Whether "auto" may run the kernel with the installed Triton; if not, a warning says so (once)."""
     if importlib.util.find_spec("triton") is None:
         return False
     import triton
     if TRITON_VERSIONS[0] <= tuple(int(x) for x in triton.__version__.split(".")[:2]) <= TRITON_VERSIONS[1]:
         return True
     warnings.warn(f"Triton {triton.__version__} is outside the tested range {TRITON_VERSIONS}: using the torch path")
+    return False
 
 
-def _backend(q):
-    if BACKEND not in BACKENDS:
-        raise ValueError(f"attention.BACKEND must be one of {BACKENDS}, got {BACKEND!r}")
-    if BACKEND == "triton" and importlib.util.find_spec("triton") is None:
-        raise ValueError("backend 'triton' needs the triton package (pip install triton); 'auto' or 'torch' runs "
+def _impl(q):
+    """The implementation IMPL picks for q's band: "triton", "torch" or "reference"."""
+    if IMPL not in IMPLS:
+        raise InputError(f"attention.IMPL must be one of {IMPLS}, got {IMPL!r}")
+    if IMPL == "triton" and importlib.util.find_spec("triton") is None:
+        raise InputError("attn_impl 'triton' needs the triton package (pip install triton); 'auto' or 'torch' runs "
                          "without it")
-    if BACKEND == "triton" and not q.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
-        raise ValueError(f"backend 'triton' runs the Triton kernel on a CUDA GPU, not on {q.device} (except under "
-                         "TRITON_INTERPRET=1, slowly, for tests): use backend 'auto' or 'torch'")
-    if BACKEND == "auto" and q.is_cuda and _triton_supported():
+    if IMPL == "triton" and not q.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
+        raise InputError(f"attn_impl 'triton' runs the Triton kernel on a CUDA GPU, not on {q.device} (except under "
+                         "TRITON_INTERPRET=1, slowly, for tests): use attn_impl 'auto' or 'torch'")
+    if IMPL == "auto" and q.is_cuda and _triton_supported():
         import kernel
         return "triton" if q.shape[-1] in kernel.HEAD_DIMS and q.dtype in kernel.SUPPORTED_DTYPES else "torch"
-    return "torch" if BACKEND == "auto" else BACKEND
+    return "torch" if IMPL == "auto" else IMPL
+
+
+def _engine(q, k, v):
+    """The function that runs the band of q, k, v, (q, k, v, pos, r, width, margin) -> out, on _impl's choice; within
+    _exact where the engine alone would answer otherwise than SDPA (an empty dimension, a NaN in v)."""
+    run = {"torch": tiled.band_attention, "triton": _kernel, "reference": _dense}[_impl(q)]
+    if q.numel() and (torch.compiler.is_compiling() or bool(v.sum().isfinite())):  # the usual case: as it is
+        return run
+    return functools.partial(_exact, run)
+
+
+def _kernel(q, k, v, pos, r, width, margin):
+    """kernel.triton_swa, which checks itself at each variant's first use (kernel.check_once); where it cannot run,
+    tiled.py's band with a warning, unless IMPL is "triton"."""
+    import kernel
+    try:
+        return kernel.triton_swa(q, k, v, width, pos, r, margin)
+    except kernel.CANNOT_RUN as e:
+        if IMPL == "triton":
+            raise
+        warnings.warn(f"the Triton kernel cannot run, using the torch path instead: {_why(e)}")
+    return tiled.band_attention(q, k, v, pos, r, width, margin)
+
+
+def _dense(q, k, v, pos, r, width, margin):
+    """The band as a dense mask in slot order: rule_mask, plain code to step through."""
+    return masked_attention(q, k, v, rule_mask(r, pos, width) if r is not None else swa_mask(q.shape[2], width, pos,
+                                                                                             q.device))
 
 
 def _why(e):
@@ -228,21 +258,22 @@ def _why(e):
     return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"
 
 
-def backend_line(device, dtype, head_dim, kinds, sa_rule="rank"):
+def impl_line(device, dtype, head_dim, kinds, sa_rule="rank"):
     """The line train.py, sample.py and eval.py print: what runs the SWA and SA of these attention kinds (a list) in
     dtype on device. On a GPU, the kernel, whose self-check of each variant runs now, before any training."""
     q, kinds = torch.empty(0, 0, 0, head_dim, device=device, dtype=dtype), [kinds] if isinstance(kinds, str) else kinds
     variants = [r for r, users in (("swa", {"swa", "sa+swa"}), ("sa " + sa_rule, {"sa", "sa+swa"}))
                 if users & set(kinds)]
-    if not variants or _backend(q) != "triton":
-        return f"attention: {'the ' + _backend(q) + ' path' if variants else 'no SWA or SA'} on {q.device}"
+    impl = _impl(q)
+    if not variants or impl != "triton":
+        return f"attention: {'the ' + impl + ' path' if variants else 'no SWA or SA'} on {q.device}"
     import kernel
     failed, start, where = {}, time.perf_counter(), f"{kernel.where(q.device)} {str(dtype)[6:]}"
     for variant in variants:
         try:
             kernel.check_once(q.device, dtype, head_dim, variant, VALUE_MARGIN)
         except kernel.CANNOT_RUN as e:  # as at the first call: "triton" raises, "auto" takes the torch path
-            if BACKEND == "triton":
+            if IMPL == "triton":
                 raise
             failed[variant] = _why(e)
     if failed:

@@ -1,123 +1,291 @@
-"""The input checks of the library, one place for each kind of input, each problem one ValueError line: q, k, v
-taken as PyTorch's scaled_dot_product_attention (SDPA) takes them, with a NaN or inf in v kept from the queries that
-cannot see its key (attention.py's functions run inside these two wrappers); SA's draws, windows, deltas, seeds and
-the model's tokens (attention.py, model.py, kv_cache.py). The scripts' settings are configurator.py's to check, and
-files are their loaders' (prepare_data.load_meta and load_tokens, checkpoint.load_checkpoint, tasks.load_task_file).
+"""Support, skipped on a first reading: every input check of the repo, each input checked once, at its door.
+
+A setting is checked by configurator.py (its type, and its range here: SETTINGS), a file by its one loader against a
+schema here (check_schema), a tensor by the public function it enters, with one call (check_inputs, check_tokens).
+A bad input raises InputError, which a script prints as one line (one_line); any other exception is a bug, here or
+below, and keeps its traceback.
 """
-import functools
 import math
+import numbers
+import operator
+import os
+import re
+import sys
+import tempfile
 
-import torch
-
-
-def sdpa_inputs(fn, any_length=False):
-    """fn(q, k, v, ...) taking q, k, v as SDPA does: tensors (B, H, T, D) of one shape (any_length: keys of their
-    own T), floating point (softmax @ v would truncate integers), of one device and one dtype (under autocast,
-    its dtype); an empty B, H, T or D gives SDPA's empty output, on the autograd graph."""
-    @functools.wraps(fn)
-    def run(q, k, v, *args, **kwargs):
-        if not all(isinstance(t, torch.Tensor) for t in (q, k, v)):
-            raise ValueError(f"q, k, v must be tensors, got {', '.join(type(t).__name__ for t in (q, k, v))}")
-        if q.dim() != 4 or k.shape != v.shape or q.shape[:2] != k.shape[:2] or q.shape[3] != k.shape[3] \
-                or not (any_length or q.shape == k.shape):
-            raise ValueError(f"q, k, v must be (B, H, T, D) of one shape, got {[tuple(t.shape) for t in (q, k, v)]}")
-        if not all(t.is_floating_point() for t in (q, k, v)):
-            raise ValueError(f"q, k, v must be floating point, got {q.dtype}, {k.dtype}, {v.dtype}")
-        if not q.device == k.device == v.device:
-            raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
-        if torch.is_autocast_enabled(device := q.device.type):
-            with torch.autocast(device, enabled=False):
-                return run(*(t.to(torch.get_autocast_dtype(device)) for t in (q, k, v)), *args, **kwargs)
-        if not q.dtype == k.dtype == v.dtype:  # as SDPA: no silent cast of the others to q's dtype
-            raise ValueError(f"q, k, v must have one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
-        if q.numel() == 0 or k.numel() == 0:  # a B, H, T or D of 0
-            return q.new_zeros(*q.shape[:3], v.shape[3]) + (q.sum() + k.sum() + v.sum())
-        return fn(q, k, v, *args, **kwargs)
-    return run
+# torch is imported where it is used, so that prepare_data.py, whose files are checked here, starts without it
+FP32_MAX = 3.4028234663852886e38  # torch.finfo(torch.float32).max
+FP32_TINY = 1.1754943508222875e-38  # its smallest normal
 
 
-def v_seen_only(fn):
-    """fn(q, k, v, ...), rule fixed by the rest, where non-finite v[j, d] reaches out[i, d] only if query i sees key j
-    (p @ v has 0 * NaN = NaN). Fast: one sum shows v finite (as blocked._finite). Else fn on v's non-finite entries
-    zeroed, NaN where fn on q = k = 0 (visible keys weigh >= 1/T, hidden 0) reads them: no path changes. Eager only."""
-    @functools.wraps(fn)
-    def run(q, k, v, *args, **kwargs):
-        if torch.compiler.is_compiling() or bool(v.sum().isfinite()):    # compiled: bool() would break the graph
-            return fn(q, k, v, *args, **kwargs)
-        nonfinite = ~v.isfinite()                                           # (B, H, T, D)
-        with torch.no_grad():
-            seen = fn(torch.zeros_like(q), torch.zeros_like(k), nonfinite.to(v.dtype), *args, **kwargs) > 0
-        return fn(q, k, v.masked_fill(nonfinite, 0), *args, **kwargs).masked_fill(seen, math.nan)  # (B, H, T, D)
-    return run
+class InputError(ValueError):
+    """A setting, file or tensor this repo cannot take; its message names it and the fix, on one line."""
 
 
-def check_int(value, name="window", least=1):
-    """value, if it is an integer >= least (a window, a block size, a count, ...); else a ValueError naming it."""
-    if not isinstance(value, int) or isinstance(value, bool) or value < least:
-        raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")
+def need(ok, message):
+    """InputError(message) unless ok."""
+    if not ok:
+        raise InputError(message)
+
+
+def one_line(kind, error, tb):
+    """A script's sys.excepthook (configurator.py sets it): an InputError or Ctrl-C as its one-line message."""
+    if issubclass(kind, (InputError, KeyboardInterrupt)):
+        print(str(error) or "interrupted", file=sys.stderr)
+    else:
+        sys.__excepthook__(kind, error, tb)
+
+
+# -----------------------------------------------------------------------------
+# Settings: configurator.py checks each against its default's type, then these ranges. A name means one thing in
+# every script; a number not named here is >= 0. rule(value, settings) -> ok, and what to use instead.
+
+def device_problem(device):
+    """Why this machine cannot run on device (a str), or None."""
+    import torch
+    if not re.fullmatch(r"cpu(:0)?|cuda(:\d+)?", device):
+        return "use cpu, cuda or cuda:N"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        return "CUDA is not available here: use --device=cpu"
+    return None
+
+
+def nearest_dir(path):
+    """path, if it is a directory, else the nearest directory above it, where makedirs would create it; None where
+    a file stands in the way."""
+    d = os.path.abspath(path or ".")
+    while not os.path.isdir(d):
+        if os.path.exists(d):
+            return None
+        d = os.path.dirname(d)
+    return d
+
+
+def path_problem(path, is_file=False):
+    """Why path cannot be written, as a directory or (is_file) a file, or None: it, or the nearest directory above it,
+    must take a new file."""
+    if os.path.isdir(path) if is_file else os.path.isfile(path):
+        return f"it is a {'directory' if is_file else 'file'}, not a {'file' if is_file else 'directory'}"
+    d = nearest_dir(os.path.dirname(path) if is_file else path)
+    if d is None:
+        return "a file stands where a directory of it should be"
+    try:
+        tempfile.TemporaryFile(dir=d).close()
+    except OSError as e:
+        return f"cannot write to {path} ({e.strerror or e} in {d}): choose a writable path"
+    return None
+
+
+SETTINGS = {
+    **dict.fromkeys(("eval_interval", "log_interval", "eval_iters", "batch_size", "gradient_accumulation_steps",
+                     "num_samples", "seeds", "moba_topk", "block_size", "window", "moba_chunk", "n_layer", "n_head",
+                     "n_embd", "mqar_seq_len", "mqar_num_pairs", "mqar_num_queries", "mqar_train_seqs",
+                     "mqar_val_seqs", "hf_val_docs", "jobs", "reps", "threads", "heads", "head_dim", "flex_block",
+                     "batch", "n", "max_layers", "train_iters"), (lambda x, s: x >= 1, "use an integer >= 1")),
+    "temperature": (lambda x, s: x >= 0, "use a number > 0, or 0 for greedy decoding"),
+    "top_k": (lambda x, s: x >= 0, "use a value >= 1, or 0 to sample among all tokens"),
+    "mqar_vocab": (lambda x, s: x >= 3, "use an integer >= 3 (the filler, a key and a value)"),
+    "learning_rate": (lambda x, s: 0 < x <= FP32_MAX, "use a value > 0 (a negative one is gradient ascent) that fp32 "
+                      "holds (AdamW's steps are fp32)"),
+    "min_lr": (lambda x, s: 0 <= x <= s.get("learning_rate", x), "use a value from 0 to learning_rate (the cosine "
+               "decays to it)"),
+    **dict.fromkeys(("beta1", "beta2"), (lambda x, s: 0 <= x < 1, "AdamW's betas lie in [0, 1)")),
+    "dropout": (lambda x, s: 0 <= x < 1, "use a value in [0, 1)"),
+    "val_fraction": (lambda x, s: 0 < x < 1, "it must lie between 0 and 1"),
+    "rope_base": (lambda x, s: x > 1, "use a number > 1 (RoPE's frequencies are base^(-2i/hs); 10000 is usual)"),
+    "copy_task": (lambda x, s: not x or s.get("block_size", 0) % 2 == 0, "it needs an even block_size (two halves)"),
+    "tokenizer": (lambda x, s: x == "bytes" or bool(s.get("input_file") or s.get("adopt")), "it applies to "
+                  "--input_file and --adopt only (a named dataset has its own tokenizer)"),
+    "dtype": (lambda x, s: x in ("float32", "bfloat16", "float16"), "use one of float32, bfloat16, float16"),
+    "device": (lambda x, s: device_problem(x) or True, None),
+    "backend": (lambda x, s: x in ("", "nccl", "gloo", "mpi", "ucc", "xccl"), "use \"\" (nccl on CUDA, gloo on the "
+                "CPU) or one of torch.distributed's: nccl, gloo, mpi, ucc, xccl"),
+    "attn_impl": (lambda x, s: x in ("auto", "torch", "triton", "reference"), "use one of auto, torch, triton, "
+                  "reference"),
+    "out_dir": (lambda x, s: x != "" and (path_problem(x) or True), "name a directory"),
+    "overwrite": (lambda x, s: x or s.get("init_from") != "scratch" or not os.path.exists(os.path.join(
+        s["out_dir"], "ckpt.pt")) or f"{os.path.join(s['out_dir'], 'ckpt.pt')} exists: continue it with "
+        "--init_from=resume, train in a new --out_dir, or replace it with --overwrite=True", None),
+    "json_out": (lambda x, s: not x or path_problem(x, is_file=True) or True, None),
+    "dataset": (lambda x, s: x == os.path.basename(x) and x not in (".", ".."), "use a plain name, no path: a dataset "
+                "is the directory data_root/<dataset>/"),
+}
+
+
+def setting_problem(key, value, settings=None):
+    """What is wrong with value for the setting key, or None: a number must be finite (an integer within 64 bits) and
+    fit SETTINGS[key], or be >= 0 where SETTINGS has no rule for it; rules may read the other settings."""
+    rule, why = SETTINGS.get(key, (None, None))
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if number and not math.isfinite(value) or isinstance(value, int) and not -2**63 <= value < 2**63:
+        return "use a finite number" + " (an integer within 64 bits)" * isinstance(value, int)
+    if rule is None or value is None:
+        return f"use {'an integer' if isinstance(value, int) else 'a value'} >= 0" if number and value < 0 else None
+    got = rule(value, settings or {})  # True, False or what is wrong
+    return None if got is True else got if isinstance(got, str) else why
+
+
+def memory(device):
+    """Bytes of memory on device: a GPU's, or this machine's."""
+    import torch
+    if str(device).startswith("cuda"):
+        return torch.cuda.mem_get_info(device)[1]
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def check_memory(device, n_layer, n_embd, vocab_size, batch_size, T):
+    """A model or batch too large stops in one line, not in the OOM killer: the weights, gradients and AdamW's two
+    moments (16 bytes per fp32 parameter; n_params a lower bound) and one micro-step's fp32 logits and their gradient
+    must fit in device's memory."""
+    n_params, have = n_layer * 12 * n_embd ** 2 + vocab_size * n_embd, memory(device)  # the blocks, the embedding
+    need(16 * n_params <= have, f"n_layer={n_layer}, n_embd={n_embd}: {n_params / 1e9:,.1f}B parameters need "
+         f"{16 * n_params / 2**30:,.0f} GiB for weights, gradients and AdamW's moments; {device} has "
+         f"{have / 2**30:,.0f} GiB: make it smaller")
+    logits = 4 * batch_size * T * vocab_size
+    need(16 * n_params + 2 * logits <= have, f"batch_size={batch_size}: {batch_size} sequences of {T} tokens need "
+         f"{2 * logits / 2**30:,.0f} GiB for their logits alone; {device} has {have / 2**30:,.0f} GiB: use fewer")
+
+
+# -----------------------------------------------------------------------------
+# Files: each loader checks what it read against a schema, {entry: (test, what it must be)}.
+
+def schema_problem(record, schema, required=()):
+    """What is wrong with record, or None: a dict whose entries each pass their test in schema, {entry: (test(value,
+    record) -> True, False or what is wrong, what it must be)}; entries that are not there are checked if required."""
+    if not isinstance(record, dict):
+        return f"it is {shown(record)}, not a dict of entries"
+    missing = [k for k in required if k not in record]
+    if missing:
+        return f"no {' and no '.join(map(repr, missing))} entry"
+    for key, (test, want) in schema.items():
+        got = test(record[key], record) if key in record else True
+        if got is not True:
+            return f"{key!r} {got}" if isinstance(got, str) else f"{key!r} is {shown(record[key])}, not {want}"
+    return None
+
+
+def check_schema(record, schema, where, required=()):
+    """record, if schema_problem finds nothing; else InputError naming `where`, the entry and what it must be."""
+    problem = schema_problem(record, schema, required)
+    need(problem is None, f"{where}: {problem}: it was edited, or is not what this repo writes")
+    return record
+
+
+def shown(x):
+    """x in a one-line message: its repr when short, else its type (a tensor: its dtype and shape)."""
+    if type(x).__name__ in ("Tensor", "Parameter"):
+        return f"a {str(x.dtype)[6:]} tensor of shape {tuple(x.shape)}"
+    text = repr(x)
+    return text if len(text) <= 40 and "\n" not in text else f"a {type(x).__name__}"
+
+
+def count(x):
+    """Whether x is an integer >= 0 (True is no count)."""
+    return type(x) is int and x >= 0
+
+
+# -----------------------------------------------------------------------------
+# Tensors: the one call at the door of each public function.
+
+def check_count(value, name, least=1):
+    """value, if it is an integer >= least (a Python or numpy integer, not a bool); else InputError naming it."""
+    try:
+        ok = not isinstance(value, bool) and operator.index(value) >= least
+    except TypeError:
+        ok = False
+    need(ok, f"{name} must be an integer >= {least}, got {value!r}")
     return value
 
 
-def check_seed(seed):
-    """seed, if an integer of 64 bits (what torch.Generator.manual_seed takes); else a ValueError."""
-    if not isinstance(seed, int) or isinstance(seed, bool) or not -2**63 <= seed < 2**64:
-        raise ValueError(f"seed must be an integer that fits in 64 bits, got {seed!r}")
-    return seed
+def check_delta(delta):
+    """delta, the value rule's width, if it is a number >= fp32's smallest normal (below it, |r_i - r_j| < delta would
+    hide even a query's own key); inf: every key."""
+    need(isinstance(delta, numbers.Real) and not isinstance(delta, bool) and delta >= FP32_TINY,  # False for NaN
+         f"delta must be a number >= {FP32_TINY:.2g} (fp32's smallest normal), got {delta!r}")
+    return delta
 
 
-def check_temperature(temperature):
-    if not (isinstance(temperature, (int, float)) and not isinstance(temperature, bool) and temperature >= 0):  # NaN
-        raise ValueError(f"temperature={temperature!r}: use a number > 0, or 0 for greedy decoding")
+def check_inputs(q, k, v, any_length=False, **args):
+    """q, k, v of an attention function, as PyTorch's scaled_dot_product_attention takes them: tensors (B, H, T, D) of
+    one shape (any_length: keys of their own T), floating point, on one device (not meta), of one dtype, or under
+    autocast any, cast to its dtype: returned. And its other arguments, by name: counts (window, moba_chunk, top_k:
+    integers >= 1), delta (a number >= fp32's smallest normal, below which |r_i - r_j| < delta would hide even a
+    query's own key), and draws, (T,) or broadcastable to (B, H, T) on q's device: SA's permutation perm of range(T),
+    its finite numbers r, or SWA's positions pos (any integers; None by default). One function, no calls: it runs
+    in every attention call."""
+    import torch
+    if not all(isinstance(t, torch.Tensor) for t in (q, k, v)):
+        raise InputError(f"q, k, v must be tensors, got {', '.join(type(t).__name__ for t in (q, k, v))}")
+    if q.dim() != 4 or k.shape != v.shape or q.shape[:2] != k.shape[:2] or q.shape[3] != k.shape[3] \
+            or not (any_length or q.shape == k.shape):
+        raise InputError(f"q, k, v must be (B, H, T, D) of one shape, got {[tuple(t.shape) for t in (q, k, v)]}")
+    if not all(t.is_floating_point() for t in (q, k, v)):  # softmax @ v would truncate integers
+        raise InputError(f"q, k, v must be floating point, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not q.device == k.device == v.device or q.is_meta:
+        raise InputError(f"q, k, v must be on one device that holds data, got {q.device}, {k.device}, {v.device}")
+    if torch.is_autocast_enabled(q.device.type):  # as SDPA: the autocast dtype, whatever the inputs' dtypes
+        q, k, v = (t.to(torch.get_autocast_dtype(q.device.type)) for t in (q, k, v))
+    elif not q.dtype == k.dtype == v.dtype:  # as SDPA: no silent cast of the others to q's dtype
+        raise InputError(f"q, k, v must have one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    (B, H, T), tiny = q.shape[:3], FP32_TINY
+    for name, x in args.items():
+        if name == "delta" and not (isinstance(x, numbers.Real) and not isinstance(x, bool) and x >= tiny):  # NaN too
+            raise InputError(f"delta must be a number >= {tiny:.2g} (fp32's smallest normal), got {x!r}")
+        if name in ("window", "moba_chunk", "top_k") and (isinstance(x, bool) or not hasattr(x, "__index__")
+                                                          or operator.index(x) < 1):
+            raise InputError(f"{name} must be an integer >= 1, got {x!r}")
+        if name == "mask" and not (isinstance(x, torch.Tensor) and x.dtype == torch.bool and x.dim() <= 4 and all(
+                n in (1, m) for n, m in zip(x.shape[::-1], (k.shape[2], T, H, B)))):
+            raise InputError(f"mask must be a bool tensor broadcastable to (B, H, T, S)=({B}, {H}, {T}, {k.shape[2]}), "
+                             f"got {shown(x)}")
+        if name not in ("perm", "r", "pos") or x is None and name == "pos":
+            continue
+        kind = "a float tensor" if name == "r" else "a LongTensor"
+        if not isinstance(x, torch.Tensor):
+            raise InputError(f"{name} must be {kind} of shape (T,) or (B, H, T), got {type(x).__name__}")
+        if not (x.is_floating_point() if name == "r" else x.dtype == torch.long) or x.dim() not in (1, 3) \
+                or any(n not in (1, m) for n, m in zip(x.shape[:-1], (B, H))) or x.shape[-1] != T:
+            raise InputError(f"{name} must be {kind} of shape (T,) or broadcastable to (B, H, T)=({B}, {H}, {T}), "
+                             f"got {x.dtype} {tuple(x.shape)}")
+        if x.device != q.device:
+            raise InputError(f"{name} must be on q's device {q.device}, got {x.device}")
+        if torch.compiler.is_compiling() or name == "pos" or not x.numel():  # values unknown while tracing; pos: any
+            continue
+        rows = x.reshape(-1, T)                                          # (R, T)
+        if name == "r" and not bool(rows.isfinite().all()):
+            raise InputError("r must be finite, got NaN or inf")
+        if name == "perm":
+            hit = torch.zeros_like(rows, dtype=torch.bool).scatter_(1, rows.clamp(0, T - 1), True)  # (R, T): O(T)
+            if not bool(hit.all() & (rows >= 0).all() & (rows < T).all()):
+                raise InputError(f"perm must be a permutation of range({T}) in every row")
+    return q, k, v
 
 
-def check_tokens(idx, vocab_size, lengths=None, targets=None):
-    """A model's input: idx a (B, T) int64 (or int32) tensor of ids in [0, vocab_size); targets None or ids of idx's
-    shape, -1 where ignored; lengths None or the real tokens of each right-padded row, a (B,) integer tensor with
-    1 <= lengths <= T."""
+def check_tokens(idx, config, targets=None, lengths=None, cache=None, draws=None):
+    """A GPT's input (model.py), for the model of config: idx a (B, T) int64 (or int32) tensor of ids in
+    [0, vocab_size), not on the meta device, T within block_size after what the cache holds; targets None or ids of
+    idx's shape, -1 where ignored; lengths None or the real tokens of each right-padded row, a (B,) integer tensor with
+    1 <= lengths <= T; cache None or a KVCache of this config, which takes no lengths and one token at a time after
+    the prompt; draws None or a list of one draw per layer."""
+    import torch
     for name, t, least in [("idx", idx, 0)] + ([("targets", targets, -1)] if targets is not None else []):
-        if not isinstance(t, torch.Tensor) or t.dim() != 2 or t.dtype not in (torch.long, torch.int) or \
-                name == "targets" and t.shape != idx.shape:
-            raise ValueError(f"{name} must be a (B, T) tensor of token ids (int64) of idx's shape, got "
-                             f"{getattr(t, 'dtype', type(t))} {tuple(getattr(t, 'shape', ()))}")
-        if t.numel() and not torch.compiler.is_compiling() and not (least <= t.min() and t.max() < vocab_size):
-            raise ValueError(f"{name} holds token ids outside [{least}, vocab_size={vocab_size})")
+        if not isinstance(t, torch.Tensor) or t.dim() != 2 or t.dtype not in (torch.long, torch.int) or t.is_meta \
+                or name == "targets" and t.shape != idx.shape:
+            raise InputError(f"{name} must be a (B, T) tensor of token ids (int64) of idx's shape, with data (not on "
+                             f"meta), got {getattr(t, 'dtype', type(t))} {tuple(getattr(t, 'shape', ()))}")
+        if t.numel() and not torch.compiler.is_compiling() and not (least <= t.min() and t.max() < config.vocab_size):
+            raise InputError(f"{name} holds token ids outside [{least}, vocab_size={config.vocab_size})")
     (B, T), ok = idx.shape, isinstance(lengths, torch.Tensor) and lengths.dtype in (torch.long, torch.int)
     if lengths is not None and not (ok and lengths.shape == (B,) and bool(((lengths >= 1) & (lengths <= T)).all())):
-        raise ValueError(f"lengths must be a (B,)=({B},) integer tensor of real tokens per row, 1 <= lengths <= T={T}, "
-                         f"got {' '.join(str(lengths).split())[:80]}")
-
-
-def check_draw(draw, name, q):
-    """draw, if it is SA's draw for q's rows: permutations `perm` of range(T) or finite value keys `r` (or SWA's
-    positions `pos`, any integers, None by default); (T,) or broadcastable to (B, H, T), on q's device."""
-    if name == "pos" and draw is None:
-        return None
-    (B, H, T), kind = q.shape[:3], "a float tensor" if name == "r" else "a LongTensor"
-    if not isinstance(draw, torch.Tensor):
-        raise ValueError(f"{name} must be {kind} of shape (T,) or (B, H, T), got {type(draw).__name__}")
-    ok = draw.is_floating_point() if name == "r" else draw.dtype == torch.long
-    if not ok or draw.dim() not in (1, 3) or any(n not in (1, m) for n, m in zip(draw.shape[:-1], (B, H))) \
-            or draw.shape[-1] != T:
-        raise ValueError(f"{name} must be {kind} of shape (T,) or broadcastable to (B, H, T)=({B}, {H}, {T}), "
-                         f"got {draw.dtype} {tuple(draw.shape)}")
-    if draw.device != q.device:
-        raise ValueError(f"{name} must be on q's device {q.device}, got {draw.device}")
-    if torch.compiler.is_compiling() or name == "pos":  # values unknown while tracing (eager only); pos: any integers
-        return draw
-    rows = draw.reshape(-1, T)                                          # (R, T)
-    if name == "r" and not bool(rows.isfinite().all()):
-        raise ValueError("r must be finite, got NaN or inf")
-    if name == "perm":
-        hit = torch.zeros_like(rows, dtype=torch.bool).scatter_(1, rows.clamp(0, T - 1), True)  # (R, T): O(T)
-        if not bool(hit.all() & (rows >= 0).all() & (rows < T).all()):
-            raise ValueError(f"perm must be a permutation of range({T}) in every row")
-    return draw
-
-
-def check_delta(delta):
-    """delta, if it is a width for the value rule: a number (inf: every key) no smaller than fp32's smallest normal,
-    below which the rule's fp32 comparison would round it to 0 and hide even a query's own key."""
-    tiny = torch.finfo(torch.float32).tiny
-    if not (isinstance(delta, (int, float)) and not isinstance(delta, bool) and tiny <= delta):  # False for NaN
-        raise ValueError(f"delta must be a number >= {tiny:.2g} (fp32's smallest normal), got {delta!r}")
-    return delta
+        raise InputError(f"lengths must be a (B,)=({B},) integer tensor of real tokens per row, 1 <= lengths <= "
+                         f"T={T}, got {' '.join(str(lengths).split())[:80]}")
+    start = 0 if cache is None else cache.start
+    if start + T > config.block_size:
+        raise InputError(f"sequence length {start + T} exceeds block_size {config.block_size}")
+    if cache is not None and (lengths is not None or (start and T > 1)):
+        raise InputError(f"a KV cache takes no lengths, and one token at a time after the prompt; got {T} at {start}")
+    if cache is not None and cache.config != config:  # another model's, or this one's before a swap_attention
+        raise InputError("this KV cache was made for another config than the model's: make a new KVCache(config)")
+    if draws is not None and (not isinstance(draws, (list, tuple)) or len(draws) != config.n_layer):  # zip: fewer
+        raise InputError(f"draws must be a list of one draw per layer, {config.n_layer}, got a "
+                         f"{type(draws).__name__}" + (f" of {len(draws)}" if isinstance(draws, (list, tuple)) else ""))

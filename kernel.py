@@ -1,9 +1,10 @@
-"""Sliding-window attention in Triton, forward and backward: triton_swa(q, k, v, width, pos, val).
+"""Support, which a first reading skips past _fwd_inner. Sliding-window attention in Triton, forward and backward:
+triton_swa(q, k, v, width, pos, r).
 
 The rule is stated once, in attention.py's docstring; this file imports nothing from the repo, so that it can be
-read, compiled and checked alone. As in Triton's fused-attention tutorial, forward program (i, b*h) owns BLOCK_M
-query rows and streams the key blocks its band reaches with an online softmax in fp32, O(T * w); the backward computes
-dK, dV per key block, then dQ per query block. Masked scores are -inf before any sum: a masked NaN reaches no query.
+read, compiled and checked alone. As in Triton's fused-attention tutorial, forward program (i, b*h) owns TILE_M
+query rows and streams the key tiles its band reaches with an online softmax in fp32, O(T * w); the backward computes
+dK, dV per key tile, then dQ per query tile. Masked scores are -inf before any sum: a masked NaN reaches no query.
 It checks itself: before it first runs a variant (VARIANTS) on a device, dtype and head dim, self_check holds it to
 its dense rule. If that fails, or it has no configuration for the GPU, dtype or shape, it raises Unsupported.
 """
@@ -15,7 +16,7 @@ from torch import Tensor
 import triton
 import triton.language as tl
 
-SELF_CHECK = True  # check_once runs self_check before the kernel first runs a variant (False: unchecked)
+SELF_CHECK = True  # check_once runs self_check before the kernel first runs a variant (False: off, unchecked)
 HEAD_DIMS = (16, 32, 64, 128)  # power-of-two head dims the kernels compile for
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 LOG2E = 1.4426950408889634     # the kernels use exp2; scores are pre-scaled by log2(e)
@@ -33,30 +34,30 @@ CANNOT_RUN = (Unsupported, triton.compiler.errors.CompilationError, triton.runti
 # Kernels
 
 @triton.jit
-def _span(start, BLOCK_FIXED: tl.constexpr, BLOCK_LOOP: tl.constexpr, before, after, T, Spans, HAS_VAL: tl.constexpr):
-    """Moving rows x meet fixed rows y iff y - before <= x <= y + after and x < T: [lo, hi) on the BLOCK_LOOP grid,
-    split at mid_lo <= mid_hi, [mid_lo, mid_hi) inside the band for every fixed row. With val, the host's span."""
-    if HAS_VAL:
-        lo = tl.load(Spans) // BLOCK_LOOP * BLOCK_LOOP
+def _span(start, TILE_FIXED: tl.constexpr, TILE_LOOP: tl.constexpr, before, after, T, Spans, HAS_R: tl.constexpr):
+    """Moving rows x meet fixed rows y iff y - before <= x <= y + after and x < T: [lo, hi) on the TILE_LOOP grid,
+    split at mid_lo <= mid_hi, [mid_lo, mid_hi) inside the band for every fixed row. With r, the host's span."""
+    if HAS_R:
+        lo = tl.load(Spans) // TILE_LOOP * TILE_LOOP
         hi = tl.load(Spans + 1)
         mid_lo, mid_hi = hi, hi
     else:
-        lo = tl.maximum(start - before, 0) // BLOCK_LOOP * BLOCK_LOOP
-        hi = tl.minimum(start + BLOCK_FIXED + after, T)
-        mid_lo = tl.minimum(tl.cdiv(tl.maximum(start + BLOCK_FIXED - 1 - before, 0), BLOCK_LOOP) * BLOCK_LOOP, hi)
-        mid_hi = tl.maximum(tl.minimum(start + after + 1, T) // BLOCK_LOOP * BLOCK_LOOP, mid_lo)
+        lo = tl.maximum(start - before, 0) // TILE_LOOP * TILE_LOOP
+        hi = tl.minimum(start + TILE_FIXED + after, T)
+        mid_lo = tl.minimum(tl.cdiv(tl.maximum(start + TILE_FIXED - 1 - before, 0), TILE_LOOP) * TILE_LOOP, hi)
+        mid_hi = tl.maximum(tl.minimum(start + after + 1, T) // TILE_LOOP * TILE_LOOP, mid_lo)
     return lo, mid_lo, mid_hi, hi
 
 
 @triton.jit
-def _mask(s, Pos, Val, pos_stride_t, qi, kj, left, right, width, T,
-          EDGE: tl.constexpr, HAS_POS: tl.constexpr, HAS_VAL: tl.constexpr):
+def _mask(s, Pos, R, pos_stride_t, qi, kj, left, right, width, T,
+          EDGE: tl.constexpr, HAS_POS: tl.constexpr, HAS_R: tl.constexpr):
     """s where key kj is visible to query qi, else -inf. Inside the band (EDGE False) only the pos rule is left;
-    with val the band is |val[qi] - val[kj]| < width. Query rows past T load zeros and are never stored."""
-    if HAS_VAL:
-        val_q = tl.load(Val + qi * pos_stride_t, mask=qi < T, other=0.0)
-        val_k = tl.load(Val + kj * pos_stride_t, mask=kj < T, other=0.0)
-        s = tl.where((tl.abs(val_q - val_k) < width) & (kj < T), s, float("-inf"))
+    with r the band is |r[qi] - r[kj]| < width. Query rows past T load zeros and are never stored."""
+    if HAS_R:
+        r_q = tl.load(R + qi * pos_stride_t, mask=qi < T, other=0.0)
+        r_k = tl.load(R + kj * pos_stride_t, mask=kj < T, other=0.0)
+        s = tl.where((tl.abs(r_q - r_k) < width) & (kj < T), s, float("-inf"))
     elif EDGE:
         s = tl.where((qi - kj <= left) & (kj - qi <= right) & (kj < T), s, float("-inf"))
     if HAS_POS:
@@ -68,7 +69,7 @@ def _mask(s, Pos, Val, pos_stride_t, qi, kj, left, right, width, T,
 
 @triton.jit
 def _load(ptr, rows, T, D: tl.constexpr, EDGE: tl.constexpr):
-    """(len(rows), D) tile of a contiguous (T, D) matrix; only edge blocks can run past T."""
+    """(len(rows), D) tile of a contiguous (T, D) matrix; only edge tiles can run past T."""
     ptrs = ptr + rows[:, None] * D + tl.arange(0, D)[None, :]
     if EDGE:
         return tl.load(ptrs, mask=rows[:, None] < T, other=0.0)
@@ -76,29 +77,29 @@ def _load(ptr, rows, T, D: tl.constexpr, EDGE: tl.constexpr):
 
 
 @triton.jit
-def _key_block(q, offs_m, start_n, K, V, Pos, Val, pos_stride_t, left, right, width, T, qk_scale,
-               D: tl.constexpr, BLOCK_N: tl.constexpr, EDGE: tl.constexpr, HAS_POS: tl.constexpr,
-               HAS_VAL: tl.constexpr, PRECISION: tl.constexpr):
-    """k, v of the key block at start_n and the masked scores of q against it, in log2 units."""
-    offs_n = start_n + tl.arange(0, BLOCK_N)
+def _key_tile(q, offs_m, start_n, K, V, Pos, R, pos_stride_t, left, right, width, T, qk_scale,
+               D: tl.constexpr, TILE_N: tl.constexpr, EDGE: tl.constexpr, HAS_POS: tl.constexpr,
+               HAS_R: tl.constexpr, PRECISION: tl.constexpr):
+    """k, v of the key tile at start_n and the masked scores of q against it, in log2 units."""
+    offs_n = start_n + tl.arange(0, TILE_N)
     k, v = _load(K, offs_n, T, D, EDGE), _load(V, offs_n, T, D, EDGE)
-    s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # (BLOCK_M, BLOCK_N)
-    return k, v, _mask(s, Pos, Val, pos_stride_t, offs_m[:, None], offs_n[None, :], left, right, width, T,
-                       EDGE, HAS_POS, HAS_VAL)
+    s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # (TILE_M, TILE_N)
+    return k, v, _mask(s, Pos, R, pos_stride_t, offs_m[:, None], offs_n[None, :], left, right, width, T,
+                       EDGE, HAS_POS, HAS_R)
 
 
 @triton.jit
-def _fwd_inner(acc, l_i, m_i, q, offs_m, K, V, Pos, Val, pos_stride_t, lo, hi, left, right, width, T, qk_scale,
-               D: tl.constexpr, BLOCK_N: tl.constexpr, EDGE: tl.constexpr, HAS_POS: tl.constexpr,
-               HAS_VAL: tl.constexpr, PRECISION: tl.constexpr):
-    """Online softmax over the key blocks in [lo, hi): acc / l_i is the attention output so far."""
-    for start_n in range(lo, hi, BLOCK_N):
-        k, v, s = _key_block(q, offs_m, start_n, K, V, Pos, Val, pos_stride_t, left, right, width, T, qk_scale,
-                             D, BLOCK_N, EDGE, HAS_POS, HAS_VAL, PRECISION)
+def _fwd_inner(acc, l_i, m_i, q, offs_m, K, V, Pos, R, pos_stride_t, lo, hi, left, right, width, T, qk_scale,
+               D: tl.constexpr, TILE_N: tl.constexpr, EDGE: tl.constexpr, HAS_POS: tl.constexpr,
+               HAS_R: tl.constexpr, PRECISION: tl.constexpr):
+    """Online softmax over the key tiles in [lo, hi): acc / l_i is the attention output so far."""
+    for start_n in range(lo, hi, TILE_N):
+        k, v, s = _key_tile(q, offs_m, start_n, K, V, Pos, R, pos_stride_t, left, right, width, T, qk_scale,
+                             D, TILE_N, EDGE, HAS_POS, HAS_R, PRECISION)
         m_new = tl.maximum(m_i, tl.max(s, 1))                    # 1. the new running max of each row
         m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)     # (only masked keys so far: subtract 0, not -inf)
         p = tl.math.exp2(s - m_sub[:, None])                     # 2. unnormalised, <= 1; masked keys give 0
-        alpha = tl.math.exp2(m_i - m_sub)                        # 3. rescale the sums so far, add this block
+        alpha = tl.math.exp2(m_i - m_sub)                        # 3. rescale the sums so far, add this tile
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         m_i = m_new
@@ -106,45 +107,45 @@ def _fwd_inner(acc, l_i, m_i, q, offs_m, K, V, Pos, Val, pos_stride_t, lo, hi, l
 
 
 @triton.jit
-def _attn_fwd(Q, K, V, O, LSE, Pos, Val, Spans, pos_stride_b, pos_stride_h, pos_stride_t, span_stride, H, T,
+def _attn_fwd(Q, K, V, O, LSE, Pos, R, Spans, pos_stride_b, pos_stride_h, pos_stride_t, span_stride, H, T,
               left, right, width, qk_scale,
-              D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_POS: tl.constexpr,
-              HAS_VAL: tl.constexpr, PRECISION: tl.constexpr):
-    start_m = tl.program_id(0) * BLOCK_M
+              D: tl.constexpr, TILE_M: tl.constexpr, TILE_N: tl.constexpr, HAS_POS: tl.constexpr,
+              HAS_R: tl.constexpr, PRECISION: tl.constexpr):
+    start_m = tl.program_id(0) * TILE_M
     bh = tl.program_id(1)
     off = bh.to(tl.int64) * T * D                     # (B, H, T, D) contiguous
     Q, K, V, O, LSE = Q + off, K + off, V + off, O + off, LSE + bh.to(tl.int64) * T
     Pos += (bh // H) * pos_stride_b + (bh % H) * pos_stride_h  # pos is expanded to (B, H, T), maybe with 0 strides
-    Val += (bh // H) * pos_stride_b + (bh % H) * pos_stride_h  # val has pos's shape
-    offs_m = start_m + tl.arange(0, BLOCK_M)
+    R += (bh // H) * pos_stride_b + (bh % H) * pos_stride_h  # r has pos's shape
+    offs_m = start_m + tl.arange(0, TILE_M)
     q = _load(Q, offs_m, T, D, True)
-    acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
-    l_i, m_i = tl.zeros([BLOCK_M], dtype=tl.float32), tl.zeros([BLOCK_M], dtype=tl.float32) + float("-inf")
-    Spans += bh * span_stride + tl.program_id(0) * 2  # with val: this block's key span
-    lo, mid_lo, mid_hi, hi = _span(start_m, BLOCK_M, BLOCK_N, left, right, T, Spans, HAS_VAL)
+    acc = tl.zeros([TILE_M, D], dtype=tl.float32)
+    l_i, m_i = tl.zeros([TILE_M], dtype=tl.float32), tl.zeros([TILE_M], dtype=tl.float32) + float("-inf")
+    Spans += bh * span_stride + tl.program_id(0) * 2  # with r: this tile's key span
+    lo, mid_lo, mid_hi, hi = _span(start_m, TILE_M, TILE_N, left, right, T, Spans, HAS_R)
     for region in tl.static_range(3):  # the left edge, the interior (no band mask, no bounds checks), the right edge
         a = lo if region == 0 else mid_lo if region == 1 else mid_hi
         b = mid_lo if region == 0 else mid_hi if region == 1 else hi
-        acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, offs_m, K, V, Pos, Val, pos_stride_t, a, b, left, right, width,
-                                   T, qk_scale, D, BLOCK_N, region != 1, HAS_POS, HAS_VAL, PRECISION)
+        acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, offs_m, K, V, Pos, R, pos_stride_t, a, b, left, right, width,
+                                   T, qk_scale, D, TILE_N, region != 1, HAS_POS, HAS_R, PRECISION)
     tl.store(LSE + offs_m, m_i + tl.math.log2(l_i), mask=offs_m < T)  # log2-sum-exp2, for the backward
     tl.store(O + offs_m[:, None] * D + tl.arange(0, D)[None, :], (acc / l_i[:, None]).to(O.dtype.element_ty),
              mask=offs_m[:, None] < T)
 
 
 @triton.jit
-def _bwd_dkdv_inner(dk, dv, k, v, offs_n, Q, DO, LSE, RowDot, Pos, Val, pos_stride_t, lo, hi, left, right, width, T,
-                    qk_scale, D: tl.constexpr, BLOCK_M: tl.constexpr, EDGE: tl.constexpr, HAS_POS: tl.constexpr,
-                    HAS_VAL: tl.constexpr, PRECISION: tl.constexpr):
-    """Fixed key block (k, v), moving query blocks; everything transposed: keys along rows."""
-    for start_m in range(lo, hi, BLOCK_M):
-        offs_m = start_m + tl.arange(0, BLOCK_M)
+def _bwd_dkdv_inner(dk, dv, k, v, offs_n, Q, DO, LSE, RowDot, Pos, R, pos_stride_t, lo, hi, left, right, width, T,
+                    qk_scale, D: tl.constexpr, TILE_M: tl.constexpr, EDGE: tl.constexpr, HAS_POS: tl.constexpr,
+                    HAS_R: tl.constexpr, PRECISION: tl.constexpr):
+    """Fixed key tile (k, v), moving query tiles; everything transposed: keys along rows."""
+    for start_m in range(lo, hi, TILE_M):
+        offs_m = start_m + tl.arange(0, TILE_M)
         q, do = _load(Q, offs_m, T, D, EDGE), _load(DO, offs_m, T, D, EDGE)
         lse = tl.load(LSE + offs_m, mask=offs_m < T, other=0.0)
         rowdot = tl.load(RowDot + offs_m, mask=offs_m < T, other=0.0)
-        sT = tl.dot(k, tl.trans(q), input_precision=PRECISION) * qk_scale  # (BLOCK_N, BLOCK_M)
-        sT = _mask(sT, Pos, Val, pos_stride_t, offs_m[None, :], offs_n[:, None], left, right, width, T,
-                   EDGE, HAS_POS, HAS_VAL)
+        sT = tl.dot(k, tl.trans(q), input_precision=PRECISION) * qk_scale  # (TILE_N, TILE_M)
+        sT = _mask(sT, Pos, R, pos_stride_t, offs_m[None, :], offs_n[:, None], left, right, width, T,
+                   EDGE, HAS_POS, HAS_R)
         pT = tl.math.exp2(tl.minimum(sT - lse[None, :], 0.0))  # <= 1: at |s| ~ 1e9 a recomputed score may exceed lse
         dv += tl.dot(pT.to(do.dtype), do, input_precision=PRECISION)
         dpT = tl.dot(v, tl.trans(do), input_precision=PRECISION)
@@ -154,13 +155,13 @@ def _bwd_dkdv_inner(dk, dv, k, v, offs_n, Q, DO, LSE, RowDot, Pos, Val, pos_stri
 
 
 @triton.jit
-def _bwd_dq_inner(dq, q, do, lse, rowdot, offs_m, K, V, Pos, Val, pos_stride_t, lo, hi, left, right, width, T,
-                  qk_scale, D: tl.constexpr, BLOCK_N: tl.constexpr, EDGE: tl.constexpr, HAS_POS: tl.constexpr,
-                  HAS_VAL: tl.constexpr, PRECISION: tl.constexpr):
-    """Fixed query block, moving key blocks."""
-    for start_n in range(lo, hi, BLOCK_N):
-        k, v, s = _key_block(q, offs_m, start_n, K, V, Pos, Val, pos_stride_t, left, right, width, T, qk_scale,
-                             D, BLOCK_N, EDGE, HAS_POS, HAS_VAL, PRECISION)
+def _bwd_dq_inner(dq, q, do, lse, rowdot, offs_m, K, V, Pos, R, pos_stride_t, lo, hi, left, right, width, T,
+                  qk_scale, D: tl.constexpr, TILE_N: tl.constexpr, EDGE: tl.constexpr, HAS_POS: tl.constexpr,
+                  HAS_R: tl.constexpr, PRECISION: tl.constexpr):
+    """Fixed query tile, moving key tiles."""
+    for start_n in range(lo, hi, TILE_N):
+        k, v, s = _key_tile(q, offs_m, start_n, K, V, Pos, R, pos_stride_t, left, right, width, T, qk_scale,
+                             D, TILE_N, EDGE, HAS_POS, HAS_R, PRECISION)
         p = tl.math.exp2(tl.minimum(s - lse[:, None], 0.0))               # probabilities, clamped to <= 1
         dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
         ds = p * (dp - rowdot[:, None])
@@ -169,60 +170,60 @@ def _bwd_dq_inner(dq, q, do, lse, rowdot, offs_m, K, V, Pos, Val, pos_stride_t, 
 
 
 @triton.jit
-def _attn_bwd(Q, K, V, DO, DQ, DK, DV, LSE, RowDot, Pos, Val, Spans, pos_stride_b, pos_stride_h, pos_stride_t,
+def _attn_bwd(Q, K, V, DO, DQ, DK, DV, LSE, RowDot, Pos, R, Spans, pos_stride_b, pos_stride_h, pos_stride_t,
               span_stride, H, T, left, right, width, qk_scale, sm_scale,
-              D: tl.constexpr, BLOCK_FIXED: tl.constexpr, BLOCK_LOOP: tl.constexpr, HAS_POS: tl.constexpr,
-              HAS_VAL: tl.constexpr, PRECISION: tl.constexpr):
-    """Program (i, bh) computes dK, dV for key block i and dQ for query block i."""
-    start = tl.program_id(0) * BLOCK_FIXED
+              D: tl.constexpr, TILE_FIXED: tl.constexpr, TILE_LOOP: tl.constexpr, HAS_POS: tl.constexpr,
+              HAS_R: tl.constexpr, PRECISION: tl.constexpr):
+    """Program (i, bh) computes dK, dV for key tile i and dQ for query tile i."""
+    start = tl.program_id(0) * TILE_FIXED
     bh = tl.program_id(1)
     off = bh.to(tl.int64) * T * D
     Q, K, V, DO, DQ, DK, DV = Q + off, K + off, V + off, DO + off, DQ + off, DK + off, DV + off
     LSE, RowDot = LSE + bh.to(tl.int64) * T, RowDot + bh.to(tl.int64) * T
     Pos += (bh // H) * pos_stride_b + (bh % H) * pos_stride_h
-    Val += (bh // H) * pos_stride_b + (bh % H) * pos_stride_h
-    Spans += bh * span_stride + tl.program_id(0) * 2  # with val: the block's span, the same for dK, dV and dQ
-    rows = start + tl.arange(0, BLOCK_FIXED)
-    tile = rows[:, None] * D + tl.arange(0, D)[None, :]   # this block's (BLOCK_FIXED, D) tile
+    R += (bh // H) * pos_stride_b + (bh % H) * pos_stride_h
+    Spans += bh * span_stride + tl.program_id(0) * 2  # with r: the tile's span, the same for dK, dV and dQ
+    rows = start + tl.arange(0, TILE_FIXED)
+    at = rows[:, None] * D + tl.arange(0, D)[None, :]   # this tile's (TILE_FIXED, D) elements
 
     # dK, dV: query i reaches key j iff j - right <= i <= j + left, so the span's reach is mirrored
     k, v = _load(K, rows, T, D, True), _load(V, rows, T, D, True)
-    dk, dv = tl.zeros([BLOCK_FIXED, D], dtype=tl.float32), tl.zeros([BLOCK_FIXED, D], dtype=tl.float32)
-    lo, mid_lo, mid_hi, hi = _span(start, BLOCK_FIXED, BLOCK_LOOP, right, left, T, Spans, HAS_VAL)  # val: symmetric
+    dk, dv = tl.zeros([TILE_FIXED, D], dtype=tl.float32), tl.zeros([TILE_FIXED, D], dtype=tl.float32)
+    lo, mid_lo, mid_hi, hi = _span(start, TILE_FIXED, TILE_LOOP, right, left, T, Spans, HAS_R)  # r: symmetric
     for region in tl.static_range(3):
         a = lo if region == 0 else mid_lo if region == 1 else mid_hi
         b = mid_lo if region == 0 else mid_hi if region == 1 else hi
-        dk, dv = _bwd_dkdv_inner(dk, dv, k, v, rows, Q, DO, LSE, RowDot, Pos, Val, pos_stride_t, a, b, left, right,
-                                 width, T, qk_scale, D, BLOCK_LOOP, region != 1, HAS_POS, HAS_VAL, PRECISION)
-    tl.store(DK + tile, (dk * sm_scale).to(DK.dtype.element_ty), mask=rows[:, None] < T)
-    tl.store(DV + tile, dv.to(DV.dtype.element_ty), mask=rows[:, None] < T)
-    # dQ: the same block's queries, moving key blocks
+        dk, dv = _bwd_dkdv_inner(dk, dv, k, v, rows, Q, DO, LSE, RowDot, Pos, R, pos_stride_t, a, b, left, right,
+                                 width, T, qk_scale, D, TILE_LOOP, region != 1, HAS_POS, HAS_R, PRECISION)
+    tl.store(DK + at, (dk * sm_scale).to(DK.dtype.element_ty), mask=rows[:, None] < T)
+    tl.store(DV + at, dv.to(DV.dtype.element_ty), mask=rows[:, None] < T)
+    # dQ: the same tile's queries, moving key tiles
     q, do = _load(Q, rows, T, D, True), _load(DO, rows, T, D, True)
     lse, rowdot = tl.load(LSE + rows, mask=rows < T, other=0.0), tl.load(RowDot + rows, mask=rows < T, other=0.0)
-    dq = tl.zeros([BLOCK_FIXED, D], dtype=tl.float32)
-    lo, mid_lo, mid_hi, hi = _span(start, BLOCK_FIXED, BLOCK_LOOP, left, right, T, Spans, HAS_VAL)
+    dq = tl.zeros([TILE_FIXED, D], dtype=tl.float32)
+    lo, mid_lo, mid_hi, hi = _span(start, TILE_FIXED, TILE_LOOP, left, right, T, Spans, HAS_R)
     for region in tl.static_range(3):
         a = lo if region == 0 else mid_lo if region == 1 else mid_hi
         b = mid_lo if region == 0 else mid_hi if region == 1 else hi
-        dq = _bwd_dq_inner(dq, q, do, lse, rowdot, rows, K, V, Pos, Val, pos_stride_t, a, b, left, right, width,
-                           T, qk_scale, D, BLOCK_LOOP, region != 1, HAS_POS, HAS_VAL, PRECISION)
-    tl.store(DQ + tile, (dq * sm_scale).to(DQ.dtype.element_ty), mask=rows[:, None] < T)
+        dq = _bwd_dq_inner(dq, q, do, lse, rowdot, rows, K, V, Pos, R, pos_stride_t, a, b, left, right, width,
+                           T, qk_scale, D, TILE_LOOP, region != 1, HAS_POS, HAS_R, PRECISION)
+    tl.store(DQ + at, (dq * sm_scale).to(DQ.dtype.element_ty), mask=rows[:, None] < T)
 
 
 # -----------------------------------------------------------------------------
-# Configuration: from the device and the dtype
+# Tiling: from the device and the dtype
 
 class Target(NamedTuple):
     backend: str    # "cuda" or "hip" (ROCm; there q.is_cuda is True too)
     arch: object    # compute capability as an int (80 = sm_80) or an AMD arch name ("gfx942")
-    shared: int     # shared memory a block may use, in bytes
+    shared: int     # shared memory a program (a CUDA thread block) may use, in bytes
 
 
-class Config(NamedTuple):
-    block_m: int      # forward: query rows per program
-    block_n: int      # forward: keys per inner step
-    block_fixed: int  # backward: rows a program owns (keys for dK/dV, queries for dQ)
-    block_loop: int   # backward: rows per inner step, the blocks its loops move over
+class Tiling(NamedTuple):
+    tile_m: int      # forward: query rows per program
+    tile_n: int      # forward: keys per inner step
+    tile_fixed: int  # backward: rows a program owns (keys for dK/dV, queries for dQ)
+    tile_loop: int   # backward: rows per inner step, the tiles its loops move over
     num_warps: int
     num_stages: int   # software pipelining depth of the inner loops' loads
     precision: str    # tl.dot input_precision of fp32 dots; None (the default) for fp16/bf16
@@ -242,23 +243,23 @@ def device_target(device):
     return Target(target.backend, target.arch, props["max_shared_mem"])
 
 
-def choose_config(dtype, D, target):
-    """The largest blocks found to compile without fp16/bf16 spills on sm_80 to sm_90, shared_kb the most they need
+def choose_tiling(dtype, D, target):
+    """The largest tiles found to compile without fp16/bf16 spills on sm_80 to sm_90, shared_kb the most they need
     there (tests/test_kernel.py asserts both), for this dtype, head dim and device; else Unsupported."""
     if target.backend == "cuda" and target.arch < 80:
         raise Unsupported(f"sm_{target.arch}: Triton {triton.__version__} has no tensor-core dot below sm_80, "
                          "so the kernel would spill registers and lose to the torch path")
     amd = target.backend == "hip"  # gfx942: 64 KB of LDS, 64-thread warps: fewer warps and stages
     if dtype == torch.float32:
-        # fp32 tiles hold twice the bytes, tf32x3's three passes thrice the operands: small blocks (AMD: "ieee")
-        config = Config(32 if D <= 64 else 16, 32, 32 if D <= 64 else 16, 32, num_warps=4, num_stages=2,
+        # fp32 tiles hold twice the bytes, tf32x3's three passes thrice the operands: small tiles (AMD: "ieee")
+        config = Tiling(32 if D <= 64 else 16, 32, 32 if D <= 64 else 16, 32, num_warps=4, num_stages=2,
                         precision="ieee" if amd else "tf32x3", shared_kb=64 if D <= 64 else 80)
     elif D <= 64:
-        config = Config(128, 64, 128, 32, num_warps=8, num_stages=3, precision=None, shared_kb=72)
+        config = Tiling(128, 64, 128, 32, num_warps=8, num_stages=3, precision=None, shared_kb=72)
     else:
-        config = Config(128, 32, 64, 32, num_warps=8, num_stages=3, precision=None, shared_kb=96)
-    if amd:  # at D = 128 the backward's moving blocks of 32 rows spill on gfx942: 16 rows
-        config = config._replace(block_loop=16 if D > 64 else config.block_loop, num_warps=4, num_stages=2,
+        config = Tiling(128, 32, 64, 32, num_warps=8, num_stages=3, precision=None, shared_kb=96)
+    if amd:  # at D = 128 the backward's moving tiles of 32 rows spill on gfx942: 16 rows
+        config = config._replace(tile_loop=16 if D > 64 else config.tile_loop, num_warps=4, num_stages=2,
                                  shared_kb=64)
     if target.shared < config.shared_kb * 1024:
         raise Unsupported(f"the kernel for {str(dtype)[6:]} at head dim {D} needs {config.shared_kb} KB of shared "
@@ -270,52 +271,55 @@ def choose_config(dtype, D, target):
 # The launches, as registered ops, and the public function
 
 def band_edges(window, T, two_sided):
-    """The slot band [i - left, i + right]: kernel.py's copy of blocked.band_edges (tests/test_kernel.py)."""
+    """The slot band [i - left, i + right]: kernel.py's copy of tiled.band_edges (tests/test_kernel.py)."""
     left = min(int(window), T) - 1
     return left, left if two_sided else 0
 
 
-def value_spans(val, width, margin, block):
-    """Each query block's key slots [lo, hi): kernel.py's copy of blocked.value_spans (tests/test_kernel.py)."""
-    first = torch.arange(0, val.shape[-1], block, device=val.device)                  # (nblocks,)
-    last = (first + block).clamp(max=val.shape[-1]) - 1
-    hi = torch.searchsorted(val, val[:, last] + width + margin).maximum(last + 1)    # (R, nblocks): its own slots in
-    return torch.searchsorted(val, val[:, first] - width - margin), hi
+def value_spans(r, width, margin, tile):
+    """Each query tile's key slots [lo, hi): kernel.py's copy of tiled.value_spans (tests/test_kernel.py)."""
+    first = torch.arange(0, r.shape[-1], tile, device=r.device)                       # (ntiles,)
+    last = (first + tile).clamp(max=r.shape[-1]) - 1
+    hi = torch.searchsorted(r, r[:, last] + width + margin).maximum(last + 1)        # (n, ntiles): its own slots in
+    return torch.searchsorted(r, r[:, first] - width - margin), hi
 
 
-def _launch_args(q, pos, val, width, margin, config, block):
-    """The kernels' arguments after q, k, v up to the scale (pos, val, with val each block's key span), and options."""
+def _launch_args(q, pos, r, width, margin, tiling, tile):
+    """The kernels' arguments after q, k, v up to the scale (pos, r, with r each tile's key span), and options."""
     B, H, T, D = q.shape
     Pos = q if pos is None else pos.expand(B, H, T)    # (B, H, T) view with 0 strides: no copy; q is a dummy
-    Val = q if val is None else val.expand(B, H, T)    # val has pos's shape, so pos's strides
-    if val is None:   # the slot band [i - left, i + right]; spans unused
+    R = q if r is None else r.expand(B, H, T)        # r has pos's shape, so pos's strides
+    if r is None:     # the slot band [i - left, i + right]; spans unused
         (left, right), width, spans, span_stride = band_edges(width, T, pos is not None), 0.0, q, 0
-    else:             # the value band |val_i - val_j| < width, over each block's span from the host
-        rows = val.expand(B, H, T).reshape(B * H, T) if val.dim() > 1 else val[None]   # (R, T), R = 1 or B*H
-        spans = torch.stack(value_spans(rows, width, margin, block), -1).to(torch.int32)  # (R, nblocks, 2)
+    else:             # the value band |r_i - r_j| < width, over each tile's span from the host
+        rows = r.expand(B, H, T).reshape(B * H, T) if r.dim() > 1 else r[None]       # (n, T), n = 1 or B*H
+        spans = torch.stack(value_spans(rows, width, margin, tile), -1).to(torch.int32)  # (n, ntiles, 2)
         left, right, span_stride = 0, 0, 0 if len(rows) == 1 else spans[0].numel()
-    options = dict(D=D, HAS_POS=pos is not None, HAS_VAL=val is not None, PRECISION=config.precision,
-                   num_warps=config.num_warps, num_stages=config.num_stages)
-    return (Pos, Val, spans, *(Pos.stride() if pos is not None else (0, 0, 0)), span_stride, H, T, left, right,
+    options = dict(D=D, HAS_POS=pos is not None, HAS_R=r is not None, PRECISION=tiling.precision,
+                   num_warps=tiling.num_warps, num_stages=tiling.num_stages)
+    return (Pos, R, spans, *(Pos.stride() if pos is not None else (0, 0, 0)), span_stride, H, T, left, right,
             width), options
 
 
-# The tutorial's autograd.Function, as registered ops: torch.compile traces nothing inside, breaks no graph.
+# The tutorial's autograd.Function, as registered ops: torch.compile traces nothing inside, breaks no graph. The op
+# runs check_once itself, so that a compiled model, whose graph calls the op and not triton_swa, is checked too.
 @torch.library.custom_op("sa::triton_swa", mutates_args=())
-def _forward(q: Tensor, k: Tensor, v: Tensor, pos: Optional[Tensor], val: Optional[Tensor], width: float,
-             margin: float) -> tuple[Tensor, Tensor]:
-    """out (B, H, T, D) and each row's logsumexp (B, H, T), fp32."""
+def _forward(q: Tensor, k: Tensor, v: Tensor, pos: Optional[Tensor], r: Optional[Tensor], width: float,
+             margin: float, check: bool) -> tuple[Tensor, Tensor]:
+    """out (B, H, T, D) and each row's logsumexp (B, H, T), fp32; check: check_once first."""
     (B, H, T, D), target = q.shape, device_target(q.device)
-    config = choose_config(q.dtype, D, target)
+    if check:
+        check_once(q.device, q.dtype, D, VARIANTS[(pos is not None) + (r is not None)], margin)
+    tiling = choose_tiling(q.dtype, D, target)
     q, k, v = (t.contiguous() for t in (q, k, v))      # the kernels index (B, H, T, D) as contiguous
     o, lse = torch.empty_like(q), q.new_empty((B, H, T), dtype=torch.float32)
     with torch.cuda.device(q.device if q.is_cuda else -1):  # launch on q's GPU, not the current one
-        args, options = _launch_args(q, pos, val, width, margin, config, config.block_m)
-        _attn_fwd[(triton.cdiv(T, config.block_m), B * H)](q, k, v, o, lse, *args, LOG2E / math.sqrt(D),
-                                                            BLOCK_M=config.block_m, BLOCK_N=config.block_n, **options)
+        args, options = _launch_args(q, pos, r, width, margin, tiling, tiling.tile_m)
+        _attn_fwd[(triton.cdiv(T, tiling.tile_m), B * H)](q, k, v, o, lse, *args, LOG2E / math.sqrt(D),
+                                                            TILE_M=tiling.tile_m, TILE_N=tiling.tile_n, **options)
         if q.is_cuda and torch.is_grad_enabled():  # compile the backward now: if it cannot run, "auto" can fall back
             bwd = _attn_bwd.warmup(q, k, v, o, q, k, v, lse, lse, *args, 0.0, 0.0, grid=(1,),
-                                   BLOCK_FIXED=config.block_fixed, BLOCK_LOOP=config.block_loop, **options)
+                                   TILE_FIXED=tiling.tile_fixed, TILE_LOOP=tiling.tile_loop, **options)
             if bwd is not None and bwd.metadata.shared > target.shared:  # None: a compile hook took it
                 raise Unsupported(f"the backward kernel needs {bwd.metadata.shared // 1024} KB of shared memory, "
                                   f"the GPU has {target.shared // 1024} KB")
@@ -324,18 +328,18 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, pos: Optional[Tensor], val: Option
 
 @torch.library.custom_op("sa::triton_swa_backward", mutates_args=())
 def _backward(dout: Tensor, out: Tensor, lse: Tensor, q: Tensor, k: Tensor, v: Tensor, pos: Optional[Tensor],
-              val: Optional[Tensor], width: float, margin: float) -> tuple[Tensor, Tensor, Tensor]:
-    """dq, dk, dv (B, H, T, D) of _forward's out, the probabilities recomputed from lse."""
+              r: Optional[Tensor], width: float, margin: float, check: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """dq, dk, dv (B, H, T, D) of _forward's out, the probabilities recomputed from lse (checked by _forward)."""
     B, H, T, D = q.shape
-    config = choose_config(q.dtype, D, device_target(q.device))
+    tiling = choose_tiling(q.dtype, D, device_target(q.device))
     q, k, v, dout = (t.contiguous() for t in (q, k, v, dout))
     with torch.cuda.device(q.device if q.is_cuda else -1):
-        args, options = _launch_args(q, pos, val, width, margin, config, config.block_fixed)
+        args, options = _launch_args(q, pos, r, width, margin, tiling, tiling.tile_fixed)
         rowdot = (out.float() * dout.float()).sum(-1)       # (B, H, T): rowsum(dO * O), fp32
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-        _attn_bwd[(triton.cdiv(T, config.block_fixed), B * H)](
+        _attn_bwd[(triton.cdiv(T, tiling.tile_fixed), B * H)](
             q, k, v, dout, dq, dk, dv, lse, rowdot, *args, LOG2E / math.sqrt(D), 1 / math.sqrt(D),
-            BLOCK_FIXED=config.block_fixed, BLOCK_LOOP=config.block_loop, **options)
+            TILE_FIXED=tiling.tile_fixed, TILE_LOOP=tiling.tile_loop, **options)
     return dq, dk, dv
 
 
@@ -350,15 +354,15 @@ _forward.register_autograd(lambda ctx, dout, _: (*_backward(dout, *ctx.saved_ten
                                                  *[None] * (2 + len(ctx.scalars))), setup_context=_save)
 
 
-def triton_swa(q, k, v, width, pos=None, val=None, margin=0.0, check=True):
+def triton_swa(q, k, v, width, pos=None, r=None, margin=0.0, check=True):
     """Sliding-window attention (B, H, T, D) -> (B, H, T, D) by attention.py's rule: key j is visible to query i iff
-    |i - j| < width (the window, an int >= 1) and pos[j] <= pos[i]; with val (fp32, pos's shape, ascending along T),
-    iff |val[i] - val[j]| < width (delta) and pos[j] <= pos[i], each block's key span reaching `margin` further.
+    |i - j| < width (the window, an int >= 1) and pos[j] <= pos[i]; with r (fp32, pos's shape, ascending along T),
+    iff |r[i] - r[j]| < width (delta) and pos[j] <= pos[i], each tile's key span reaching `margin` further.
     Unsupported where it has no kernel or failed check_once; ValueError for input that breaks its contract."""
     B, H, T, D = q.shape
     if D not in HEAD_DIMS or q.dtype not in SUPPORTED_DTYPES:
         raise Unsupported(f"triton_swa supports head dims {HEAD_DIMS} in {SUPPORTED_DTYPES}, got {D} in {q.dtype}; "
-                          "pad it or set attention.BACKEND = 'torch'")
+                          "pad it or set attention.IMPL = 'torch'")
     if any((t.shape, t.dtype, t.device) != (q.shape, q.dtype, q.device) for t in (k, v)):
         raise ValueError(f"q, k, v must share one shape, device and dtype, got "
                          f"{[(tuple(t.shape), t.dtype, str(t.device)) for t in (q, k, v)]}")
@@ -366,44 +370,47 @@ def triton_swa(q, k, v, width, pos=None, val=None, margin=0.0, check=True):
                                 and all(a in (1, b) for a, b in zip(reversed(pos.shape), (T, H, B)))):
         raise ValueError(f"pos must be a LongTensor on {q.device} broadcastable to (B, H, T)=({B}, {H}, {T}), "
                          f"got {pos.dtype} {tuple(pos.shape)} on {pos.device}")
-    if val is not None and (pos is None or (val.dtype, val.shape, val.device) != (torch.float32, pos.shape, q.device)
-                            or not width > 0 or not (torch.compiler.is_compiling() or bool((val.diff() >= 0).all()))):
-        raise ValueError(f"val must be fp32 with pos's shape, ascending along T, and the width > 0; got {val.dtype} "
-                         f"{tuple(val.shape)}, pos {None if pos is None else tuple(pos.shape)}, width {width!r}")
-    if check:
-        check_once(q.device, q.dtype, D, VARIANTS[(pos is not None) + (val is not None)], margin)
-    pos, val = (pos, val) if val is None else (pos.contiguous(), val.contiguous())  # one set of strides for both
-    return _forward(q, k, v, pos, val, width, margin)[0]
+    if r is not None and (pos is None or (r.dtype, r.shape, r.device) != (torch.float32, pos.shape, q.device)
+                          or not width > 0 or not (torch.compiler.is_compiling() or bool((r.diff() >= 0).all()))):
+        raise ValueError(f"r must be fp32 with pos's shape, ascending along T, and the width > 0; got {r.dtype} "
+                         f"{tuple(r.shape)}, pos {None if pos is None else tuple(pos.shape)}, width {width!r}")
+    pos, r = (pos, r) if r is None else (pos.contiguous(), r.contiguous())  # one set of strides for both
+    return _forward(q, k, v, pos, r, width, margin, check)[0]
 
 
 # -----------------------------------------------------------------------------
 # The self-check, at each variant's first use and in python kernel.py --check: against the dense rule.
 
-VARIANTS = ("swa", "sa rank", "sa value")  # the kernel's variants: no pos (causal SWA), pos, pos and val
+VARIANTS = ("swa", "sa rank", "sa value")  # the kernel's variants: no pos (causal SWA), pos, pos and r
 TOLERANCE = {torch.bfloat16: 5e-2, torch.float16: 5e-2, torch.float32: 1e-3}  # of self_check's max error
 SELF_CHECKS = {}  # (device, dtype, head dim, variant) -> self_check's max error, in this process
 
 
-def dense(q, k, v, width, pos=None, val=None):
-    """triton_swa's rule, dense, in fp32: the mask is attention.rule_mask's (tests/test_kernel.py holds them equal)."""
+def dense(q, k, v, width, pos=None, r=None, dout=None):
+    """triton_swa's rule, dense, in fp32 (the mask is attention.rule_mask's: tests/test_kernel.py holds them equal):
+    out, and with dout also dq, dk, dv, by the softmax's backward written out (no autograd: it runs inside an op)."""
     idx = torch.arange(q.shape[2], device=q.device)
-    val, pos = idx if val is None else val, idx if pos is None else pos
-    mask = ((val[..., :, None] - val[..., None, :]).abs() < width) & (pos[..., None, :] <= pos[..., :, None])
-    scores = q.float() @ k.float().transpose(-1, -2) / math.sqrt(q.shape[-1])    # (B, H, T, T)
-    return torch.softmax(scores.masked_fill(~mask, float("-inf")), -1) @ v.float()
+    slot, pos = idx if r is None else r, idx if pos is None else pos
+    mask = ((slot[..., :, None] - slot[..., None, :]).abs() < width) & (pos[..., None, :] <= pos[..., :, None])
+    q, k, v, scale = q.float(), k.float(), v.float(), q.shape[-1] ** -0.5
+    p = torch.softmax((q @ k.transpose(-1, -2) * scale).masked_fill(~mask, float("-inf")), -1)  # (B, H, T, T)
+    out = p @ v                                                                                  # (B, H, T, D)
+    if dout is None:
+        return out
+    ds = p * (dout.float() @ v.transpose(-1, -2) - (dout.float() * out).sum(-1, keepdim=True))  # dloss/dscores
+    return out, ds @ k * scale, ds.transpose(-1, -2) @ q * scale, p.transpose(-1, -2) @ dout.float()
 
 
 def self_check(device, dtype, D, variant, T=300, window=100, B=1, H=2, margin=0.0, seed=0):
-    """Max |error| of triton_swa's out, dq, dk, dv relative to max(1, |dense's|) (NaN: inf) on random input, through
-    the configuration real calls compile to. Defaults: T no multiple of any block, a window across blocks."""
+    """Max |error| of the kernel's out, dq, dk, dv relative to max(1, |dense's|) (NaN: inf) on random input, through
+    the tiling real calls compile to. Defaults: T no multiple of any tile, a window across tiles."""
     g = torch.Generator().manual_seed(seed)
     q, k, v, do = (torch.randn(B, H, T, D, generator=g).to(device, dtype) for _ in range(4))
     perm = (r := torch.rand(T, generator=g).to(device)).argsort()   # a random permutation; the value rule's slots
-    width, pos, val = {"swa": (window, None, None), "sa rank": (window, perm, None),
-                       "sa value": (window / T, perm, r[perm])}[variant]
-    inputs = [[t.detach().requires_grad_() for t in x] for x in ((q, k, v), (q.float(), k.float(), v.float()))]
-    outs = triton_swa(*inputs[0], width, pos, val, margin, check=False), dense(*inputs[1], width, pos, val)
-    got, want = ([o, *torch.autograd.grad(o, x, do.to(o.dtype))] for o, x in zip(outs, inputs))
+    width, pos, r = {"swa": (window, None, None), "sa rank": (window, perm, None),
+                     "sa value": (window / T, perm, r[perm])}[variant]
+    out, lse = _forward(q, k, v, pos, r, width, margin, False)
+    got, want = [out, *_backward(do, out, lse, q, k, v, pos, r, width, margin, False)], dense(q, k, v, width, pos, r, do)
     return max(((a.float() - b).abs().nan_to_num(math.inf).max() / b.abs().max().clamp(min=1)).item()
                for a, b in zip(got, want))
 
@@ -413,13 +420,14 @@ def where(device):
 
 
 def check_once(device, dtype, D, variant, margin=0.0):
-    """self_check of variant on device, dtype and head dim D, run at its first use if SELF_CHECK (under torch.compile
-    only looked up); if it failed, Unsupported now and at every later use: the kernel declines to be wrong."""
+    """self_check of variant on device, dtype and head dim D, run at its first use unless SELF_CHECK is off; if it
+    failed, Unsupported now and at every later use: the kernel declines to be wrong. The op runs it (eagerly, under
+    torch.compile too), so that no variant runs unchecked."""
     key = (device, dtype, D, variant)
-    if SELF_CHECK and key not in SELF_CHECKS and not torch.compiler.is_compiling():
-        with torch.enable_grad(), torch.autocast(device.type, enabled=False):
+    if SELF_CHECK and key not in SELF_CHECKS:
+        with torch.autocast(device.type, enabled=False):
             SELF_CHECKS[key] = self_check(*key, margin=margin)
-    if not SELF_CHECKS.get(key, 0.0) <= TOLERANCE[dtype]:  # NaN fails too
+    if not SELF_CHECKS.get(key, 0.0) <= TOLERANCE[dtype]:  # NaN fails too; SELF_CHECK off: no entry
         raise Unsupported(f"the Triton kernel failed its self-check on {where(device)} {str(dtype)[6:]} for {variant} "
                           f"(head dim {D}): max error {SELF_CHECKS[key]:.1e} against the dense fp32 reference")
 

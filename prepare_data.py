@@ -1,5 +1,6 @@
 """
-Prepare a dataset: text -> tokens -> data_root/<dataset>/{train,val}.bin and meta.json.
+Support, which a first reading skips. Prepare a dataset: text -> tokens -> data_root/<dataset>/{train,val}.bin and
+meta.json; and read one back for train.py, sample.py and eval.py.
 
   python prepare_data.py                                # pystdlib: the Python standard library, offline
   python prepare_data.py --dataset=mqar                 # synthetic associative recall, offline
@@ -10,9 +11,9 @@ Prepare a dataset: text -> tokens -> data_root/<dataset>/{train,val}.bin and met
 
 The format is nanoGPT's, so that its data can be reused by writing a meta.json for it (--adopt=True). meta.json
 is written last, so a dataset without it is incomplete, and a failed write (a full disk) leaves the old dataset
-whole. The loaders that train.py, sample.py and eval.py import (load_meta, load_tokens, get_tokenizer, mqar_batch)
-check what they read, and raise a one-line ValueError that names the file and the fix: meta_problem is the one check
-of a meta.json's entries (their types and ranges), of a checkpoint's copy too, and load_tokens checks every token id.
+whole. The loaders (load_meta, load_tokens, load_data, get_tokenizer) check what they read, once, against META (and
+every token id), and raise one InputError line that names the file and the fix. draw_batch and task_metrics are the
+training batches and their measures: plain text, the copy task, MQAR.
 """
 import contextlib
 import json
@@ -24,6 +25,8 @@ import sysconfig
 import tempfile
 
 import numpy as np
+
+from guards import InputError, check_schema, count, need, schema_problem, shown
 
 # -----------------------------------------------------------------------------
 dataset = ""             # pystdlib, mqar, shakespeare_char, fineweb-edu or wikitext-103 ("": pystdlib or --input_file)
@@ -50,7 +53,6 @@ hf_val_docs = 5000       # fineweb-edu: the first documents of the stream are he
 DATASETS = ("pystdlib", "mqar", "shakespeare_char", "fineweb-edu", "wikitext-103")  # the ones built here by name
 EXCLUDED_DIRS = {"test", "tests", "idle_test", "site-packages", "dist-packages"}  # pystdlib leaves these out
 SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
-TOKEN_DTYPES = ("uint8", "uint16", "uint32")  # a .bin's token ids: unsigned, wide enough for the vocabulary
 TOKENIZERS = ("bytes", "chars", "ids")  # get_tokenizer's own; any other name is a tiktoken encoding
 
 
@@ -67,127 +69,151 @@ def prepare_command(data_dir):
 
 def dataset_dir(data_root, name):
     """data_root/name. A dataset is a plain name: "" or a path would read or write somewhere else."""
-    if not isinstance(name, str) or name in ("", ".", "..") or os.path.basename(name) != name:
-        raise ValueError(f"dataset={name!r}: use a plain name, no path: a dataset is the directory "
-                         f"{os.path.join(data_root, '<dataset>')}/")
+    need(isinstance(name, str) and name not in ("", ".", "..") and os.path.basename(name) == name, f"dataset={name!r}: "
+         f"use a plain name, no path: a dataset is the directory {os.path.join(data_root, '<dataset>')}/")
     return os.path.join(data_root, name)
 
 
-def shown(x):
-    """x in a one-line message: its repr when short, else its type."""
-    text = repr(x)
-    return text if len(text) <= 40 and "\n" not in text else f"a {type(x).__name__}"
-
-
-def meta_problem(meta, data=True):
-    """What is wrong with a dataset's meta (write_dataset lists its entries), each entry's type and range, as
-    "is ..." or "has ...", or None. load_meta checks meta.json with it, load_checkpoint a checkpoint's copy, which
-    needs only the tokenizer's entries: with data=False, dtype and tokens (which describe the .bin files) may be
-    missing."""
-    if not isinstance(meta, dict):
-        return f"is a {type(meta).__name__}, not a JSON object"
-    missing = [k for k in ("vocab_size", "tokenizer") + ("dtype", "tokens") * data if k not in meta]
-    if missing:
-        return f"has no {' and no '.join(map(repr, missing))} entry"
-    count = lambda x: type(x) is int and x >= 0  # noqa: E731  (True is no count)
-    V, name, dtype, tokens, chars = (meta.get(k) for k in ("vocab_size", "tokenizer", "dtype", "tokens", "chars"))
-    if not (count(V) and 1 <= V <= 2**32):
-        return f"has vocab_size={shown(V)}, not an integer from 1 to 2**32"
-    known = not data or name in TOKENIZERS or name in tiktoken_names()  # a checkpoint's: checked where it loads
-    checks = [("tokenizer", isinstance(name, str) and name != "" and known, "a tokenizer's name"),
-              ("vocab_size", name != "bytes" or V == 256, "the 256 ids of bytes"),
-              ("chars", name != "chars" or isinstance(chars, str) and len(set(chars)) == len(chars) == V,
-               f"the {V} distinct characters of its tokens"),
-              ("tokens", "tokens" not in meta or isinstance(tokens, dict) and tokens and all(
-                  isinstance(k, str) and count(n) for k, n in tokens.items()),
-               "a map of each split to its token count"),
-              ("eot", meta.get("eot") is None or count(meta["eot"]) and meta["eot"] < V, f"a token id below "
-               f"vocab_size {V}"),
-              ("source", isinstance(meta.get("source", ""), str), "a text"),
-              ("files", isinstance(meta.get("files", {}), dict) and all(map(count, meta.get("files", {}).values())),
-               "a map of each split to its file count")]
-    key, want = next(((key, want) for key, ok, want in checks if not ok), (None, None))
-    if key:
-        return f"has {key}={shown(meta.get(key))}, not {want}"
-    wide = [t for t in TOKEN_DTYPES if V <= 2 ** (8 * np.dtype(t).itemsize)]  # token id V - 1 fits
-    if "dtype" in meta and dtype not in wide:
-        use = " or ".join(filter(None, (", ".join(wide[:-1]), wide[-1])))
-        return f"has dtype={shown(dtype)}, which cannot hold token ids: use {use} (vocab_size {V})"
-    return mqar_problem(meta["mqar"], V, tokens or {}) if "mqar" in meta else None
-
-
-def mqar_problem(m, vocab, tokens):
-    """meta_problem of meta["mqar"]: its layout's types, its rules (mqar_layout), the entries it implies."""
-    ints = ("seq_len", "num_pairs", "num_queries", "num_keys", "min_gap")
-    if not (isinstance(m, dict) and all(type(m.get(k)) is int for k in ints) and type(m.get("ordered", False)) is bool
-            and all(type(m.get(k, 0)) is int and m.get(k, 0) >= 0 for k in ("offset", "seed"))):
-        return f"has mqar={shown(m)}, not an MQAR layout ({', '.join(ints)}: integers; ordered: a bool; offset, seed)"
+def _mqar(m, meta):
+    """Whether meta's mqar entry is a layout prepare_mqar writes (its types, mqar_layout's rules and the num_keys and
+    min_gap they give, whole sequences in every split), or what is wrong."""
+    if not (isinstance(m, dict) and all(type(m.get(k)) is int for k in ("seq_len", "num_pairs", "num_queries",
+                                                                         "num_keys", "min_gap"))
+            and type(m.get("ordered", False)) is bool and count(m.get("offset", 0)) and count(m.get("seed", 0))):
+        return False
     try:
-        layout = mqar_layout(m["seq_len"], m["num_pairs"], m["num_queries"], vocab, m.get("ordered", False),
+        layout = mqar_layout(m["seq_len"], m["num_pairs"], m["num_queries"], meta["vocab_size"], m.get("ordered", False),
                              m.get("offset", 0))
-    except ValueError as e:
-        return f"has an impossible mqar layout: {e}"
+    except InputError as e:
+        return f"is impossible: {e}"
     if (m["num_keys"], m["min_gap"]) != layout:
-        return f"has mqar num_keys={m['num_keys']}, min_gap={m['min_gap']}, not its layout's {layout[0]}, {layout[1]}"
-    if any(n % m["seq_len"] for n in tokens.values()):
-        return f"has tokens={shown(tokens)}, not whole MQAR sequences of {m['seq_len']}"
-    return None
+        return f"has num_keys={m['num_keys']}, min_gap={m['min_gap']}, not its layout's {layout[0]}, {layout[1]}"
+    return not any(n % m["seq_len"] for n in meta.get("tokens", {}).values()) or f"needs whole sequences of " \
+        f"{m['seq_len']} tokens; tokens={shown(meta['tokens'])}"
+
+
+TOKEN_BITS = {"uint8": 8, "uint16": 16, "uint32": 32}  # a .bin's token ids: unsigned, wide enough for the vocabulary
+META = {  # meta.json's entries (write_dataset says what each holds): {entry: (test, what it must be)}
+    "vocab_size": (lambda V, m: count(V) and 1 <= V <= 2**32 and (m.get("tokenizer") != "bytes" or V == 256 or
+                                                                   f"is {V}, not the 256 ids of bytes"),
+                   "an integer from 1 to 2**32"),
+    "tokenizer": (lambda x, m: isinstance(x, str) and x != "" and (x != "chars" or "chars" in m or "is 'chars', "
+                  f"without chars, the {m['vocab_size']} distinct characters of its tokens"), "a tokenizer's name"),
+    "chars": (lambda x, m: isinstance(x, str) and len(set(x)) == len(x) == m["vocab_size"] or f"is {shown(x)}, not "
+              f"the {m['vocab_size']} distinct characters of its tokens", None),
+    "dtype": (lambda x, m: x in TOKEN_BITS and m["vocab_size"] <= 2 ** TOKEN_BITS[x] or f"is {shown(x)}, which cannot "
+              "hold token ids: use " + " or ".join(t for t in TOKEN_BITS if m["vocab_size"] <= 2 ** TOKEN_BITS[t])
+              + f" (vocab_size {m['vocab_size']})", None),
+    "tokens": (lambda x, m: isinstance(x, dict) and x and all(isinstance(k, str) and count(n) for k, n in x.items()),
+               "a map of each split to its token count"),
+    "eot": (lambda x, m: x is None or count(x) and x < m["vocab_size"] or f"is {shown(x)}, not a token id below "
+            f"vocab_size {m['vocab_size']}", None),
+    "source": (lambda x, m: isinstance(x, str), "a text"),
+    "files": (lambda x, m: isinstance(x, dict) and all(map(count, x.values())), "a map of each split to its file "
+              "count"),
+    "mqar": (_mqar, "an MQAR layout (seq_len, num_pairs, num_queries, num_keys, min_gap: integers; ordered: a bool; "
+             "offset, seed)"),
+}
 
 
 def load_meta(data_dir):
-    """data_dir's meta.json, after checking every entry (meta_problem)."""
+    """data_dir's meta.json, after checking every entry (META) and that this repo can load its tokenizer."""
     path = os.path.join(data_dir, "meta.json")
     if not os.path.isfile(path):
-        if os.path.isfile(os.path.join(data_dir, "train.bin")):
-            name = os.path.basename(os.path.normpath(data_dir))
-            raise ValueError(f"{path} not found, but train.bin is there (nanoGPT data?): describe it with "
-                             f"`python prepare_data.py --adopt=True --dataset={name} --tokenizer=gpt2`")
-        raise ValueError(f"{path} not found: prepare the dataset first with {prepare_command(data_dir)}")
+        need(not os.path.isfile(os.path.join(data_dir, "train.bin")), f"{path} not found, but train.bin is there "
+             f"(nanoGPT data?): describe it with `python prepare_data.py --adopt=True --dataset="
+             f"{os.path.basename(os.path.normpath(data_dir))} --tokenizer=gpt2`")
+        raise InputError(f"{path} not found: prepare the dataset first with {prepare_command(data_dir)}")
     try:
         with open(path, encoding="utf-8") as f:
             meta = json.load(f)
     except ValueError as e:  # not JSON, not UTF-8
-        raise ValueError(f"{path} is corrupt or not from this repo ({type(e).__name__}: {str(e)[:100]}): "
+        raise InputError(f"{path} is corrupt or not from this repo ({type(e).__name__}: {str(e)[:100]}): "
                          f"re-run {prepare_command(data_dir)}") from None
-    problem = meta_problem(meta)
-    if problem:
-        raise ValueError(f"{path} {problem}: it was edited, or is not from this repo; "
-                         f"re-run {prepare_command(data_dir)}")
+    check_schema(meta, META, path, required=("vocab_size", "tokenizer", "dtype", "tokens"))
+    need(meta["tokenizer"] in TOKENIZERS or meta["tokenizer"] in tiktoken_names(), f"{path} has tokenizer="
+         f"{meta['tokenizer']!r}, which this repo cannot load: re-run {prepare_command(data_dir)}")
     return meta
 
 
-def load_tokens(data_dir, split, meta):
-    """A read-only np.memmap of one split, after checking its size and every id against meta (load_meta's):
-    once, when it is opened, in chunks, so that memory stays small."""
+def load_tokens(data_dir, split, meta, least=1):
+    """A read-only np.memmap of one split of at least `least` tokens, after checking its size and every id against
+    meta (load_meta's): once, when it is opened, in chunks, so that memory stays small."""
     path = os.path.join(data_dir, f"{split}.bin")
     fix = f"re-run {prepare_command(data_dir)}"
-    if split not in meta["tokens"]:
-        raise ValueError(f"{data_dir} has no {split!r} split (it has {', '.join(meta['tokens'])})")
-    if not os.path.isfile(path):
-        raise ValueError(f"{path} is missing: {fix}")
+    need(split in meta["tokens"], f"{data_dir} has no {split!r} split (it has {', '.join(meta['tokens'])})")
+    need(os.path.isfile(path), f"{path} is missing: {fix}")
     dtype, n, V = np.dtype(meta["dtype"]), meta["tokens"][split], meta["vocab_size"]
-    if os.path.getsize(path) != n * dtype.itemsize:
-        raise ValueError(f"{path} holds {os.path.getsize(path)} bytes, but meta.json promises {n} {dtype} tokens "
-                         f"({n * dtype.itemsize} bytes): the file is truncated or corrupt; {fix}")
-    if n == 0:
-        raise ValueError(f"{path} is empty: {fix} with more text")
+    need(os.path.getsize(path) == n * dtype.itemsize, f"{path} holds {os.path.getsize(path)} bytes, but meta.json "
+         f"promises {n} {dtype} tokens ({n * dtype.itemsize} bytes): the file is truncated or corrupt; {fix}")
+    need(n > 0, f"{path} is empty: {fix} with more text")
+    need(n >= least, f"block_size={least - 1} is larger than the data: {path} holds only {n} tokens; lower "
+         "--block_size or prepare more data")
     tokens = np.memmap(path, dtype=dtype, mode="r")
     for i in range(0, n, 1 << 24):
         chunk = tokens[i:i + (1 << 24)]
         if chunk.max() >= V:
             at = i + int(np.argmax(chunk >= V))
-            raise ValueError(f"{path} holds token id {tokens[at]} at token {at}, but vocab_size is {V}: it does not "
+            raise InputError(f"{path} holds token id {tokens[at]} at token {at}, but vocab_size is {V}: it does not "
                              f"belong to this meta.json; {fix}")
     return tokens
+
+
+def load_data(data_dir, block_size, copy_task=False):
+    """(meta, {split: tokens}, T) for training on data_dir: T tokens a sequence, block_size or the MQAR sequences'
+    seq_len, which must fit in block_size; the copy task (two halves of T/2) needs text."""
+    meta = load_meta(data_dir)
+    T = meta["mqar"]["seq_len"] if "mqar" in meta else block_size
+    need(not copy_task or "mqar" not in meta, f"copy_task=True builds its sequences from text: {data_dir} holds MQAR "
+         "sequences")
+    need(T <= block_size, f"block_size={block_size} is smaller than the MQAR sequences ({T} tokens): use "
+         f"--block_size={T}")
+    return meta, {split: load_tokens(data_dir, split, meta, least=T + 1) for split in ("train", "val")}, T
+
+
+def draw_batch(tokens, meta, B, T, gen, train, copy_task=False):
+    """B sequences drawn with the torch generator gen, (x, y) int64 numpy (B, T) each: random windows of tokens (y is x
+    one token on); the copy task's random T/2-token chunk twice (y of the second half repeats the chunk); MQAR's
+    whole sequences, fresh ones for training (seeded from gen, so a resumed run draws the same) and the stored ones
+    for val, whose targets are the answers only (-1 elsewhere)."""
+    import torch
+    if "mqar" in meta and train:  # fresh sequences, from a numpy Generator seeded by gen
+        return mqar_batch(np.random.default_rng(torch.randint(2**62, (), generator=gen).item()), B, meta)
+    if "mqar" in meta:
+        starts = torch.randint(len(tokens) // T, (B,), generator=gen).numpy() * T
+        x = np.stack([tokens[i:i + T] for i in starts]).astype(np.int64)             # (B, T)
+        return x, mqar_targets(x, meta)
+    if copy_task:  # every target of the second half repeats the token T/2 back
+        starts = torch.randint(len(tokens) - T // 2, (B,), generator=gen).numpy()
+        chunk = np.stack([tokens[i:i + T // 2] for i in starts]).astype(np.int64)     # (B, T/2)
+        x = np.concatenate([chunk, chunk], 1)                                        # (B, T)
+        return x, np.concatenate([x[:, 1:], np.full((B, 1), -1)], 1)                 # (B, T): the last has no target
+    starts = torch.randint(len(tokens) - T, (B,), generator=gen).numpy()
+    x = np.stack([tokens[i:i + T] for i in starts]).astype(np.int64)                 # (B, T)
+    return x, np.stack([tokens[i + 1:i + 1 + T] for i in starts]).astype(np.int64)   # (B, T)
+
+
+def task_metrics(logits, y, meta, copy_task=False):
+    """A batch's measures beside its loss, for train.py's evals, summed over batches then divided by "n": MQAR's
+    answer accuracy (acc), the copy task's loss on each half (first: targets 0 .. T/2-2 continue the chunk; second:
+    from T/2-1 on they copy it). logits (B, T, vocab) and targets y (B, T), torch tensors."""
+    import torch.nn.functional as F
+    if "mqar" in meta:
+        scored = y != -1
+        return {"acc": (logits.argmax(-1)[scored] == y[scored]).sum().item(), "n": scored.sum().item()}
+    if copy_task:
+        nll = F.cross_entropy(logits.float().transpose(1, 2), y, ignore_index=-1, reduction="none")  # (B, T)
+        half = y.shape[1] // 2
+        return {"first": nll[:, :half - 1].mean().item(), "second": nll[:, half - 1:-1].mean().item(), "n": 1}
+    return {}
 
 
 def get_tokenizer(meta, source=""):
     """(encode, decode) for meta's tokenizer: "bytes" (UTF-8, vocab 256), "chars" (token i is meta["chars"][i]),
     "ids" (token ids written as decimal numbers: mqar) or a tiktoken encoding ("gpt2", vocab 50257). decode
     drops ids past the vocabulary: models pad vocab_size up to a multiple of 64, and those extra ids have no text.
-    A tokenizer that does not load is a one-line ValueError that names source, where meta comes from."""
-    if problem := meta_problem(meta, data=False):
-        raise ValueError(f"{source or 'the tokenizer'}: its meta {problem}")
+    A tokenizer that does not load is one InputError line that names source, where meta comes from."""
+    check_schema(meta, META, f"{source or 'the tokenizer'}: its meta", required=("vocab_size", "tokenizer"))
     name, n = meta["tokenizer"], meta["vocab_size"]
     if name == "bytes":
         return (lambda s: list(s.encode("utf-8")),
@@ -199,21 +225,21 @@ def get_tokenizer(meta, source=""):
         def encode(s):
             unknown = sorted(set(s) - stoi.keys())
             if unknown:
-                raise ValueError(f"characters {''.join(unknown)!r} are not in this dataset's vocabulary "
+                raise InputError(f"characters {''.join(unknown)!r} are not in this dataset's vocabulary "
                                  f"of {len(chars)}")
             return [stoi[c] for c in s]
         return encode, lambda ids: "".join(chars[i] for i in ids if i < len(chars))
     if name == "ids":
         def encode(s):
             if not all(t.isascii() and t.isdigit() for t in s.split()):  # "²" is a digit to isdigit, not to int
-                raise ValueError(f"this dataset's tokens are numbers: write the prompt as e.g. '3 17 4', "
+                raise InputError(f"this dataset's tokens are numbers: write the prompt as e.g. '3 17 4', "
                                  f"not {s[:40]!r}")
             return [int(t) for t in s.split()]
         return encode, lambda ids: " ".join(str(i) for i in ids if i < n)
     try:
         enc = tiktoken_encoding(name)
-    except ValueError as e:
-        raise ValueError(f"{source}: {e}" if source else str(e)) from None
+    except InputError as e:
+        raise InputError(f"{source}: {e}" if source else str(e)) from None
     return (lambda s: enc.encode(s, allowed_special={"<|endoftext|>"}),
             lambda ids: enc.decode([i for i in ids if i < n]))
 
@@ -268,14 +294,14 @@ def tiktoken_encoding(name):
     try:
         import tiktoken
     except ImportError:
-        raise ValueError(f"the {name} tokenizer needs tiktoken: pip install tiktoken") from None
+        raise InputError(f"the {name} tokenizer needs tiktoken: pip install tiktoken") from None
     if name not in tiktoken.list_encoding_names():
-        raise ValueError(f"unknown tokenizer {name!r}: use bytes, chars or a tiktoken encoding "
+        raise InputError(f"unknown tokenizer {name!r}: use bytes, chars or a tiktoken encoding "
                          f"({', '.join(tiktoken.list_encoding_names())})")
     try:
         return tiktoken.get_encoding(name)
     except Exception as e:  # offline first use: tiktoken downloads the rank table once, then caches it
-        raise ValueError(f"tiktoken could not load the {name!r} encoding ({type(e).__name__}: {str(e)[:200]}); "
+        raise InputError(f"tiktoken could not load the {name!r} encoding ({type(e).__name__}: {str(e)[:200]}); "
                          "it downloads once and caches: go online once, or set TIKTOKEN_CACHE_DIR to a cache") from None
 
 
@@ -284,7 +310,7 @@ def nearest_dir(path):
     d = os.path.abspath(path or ".")
     while not os.path.isdir(d):
         if os.path.exists(d):
-            raise ValueError(f"{d} is a file, not a directory: choose another path")
+            raise InputError(f"{d} is a file, not a directory: choose another path")
         d = os.path.dirname(d)
     return d
 
@@ -296,13 +322,13 @@ def check_writable(directory):
     try:
         tempfile.TemporaryFile(dir=d).close()
     except OSError as e:
-        raise ValueError(f"cannot write to {directory} ({e.strerror or e} in {d}): choose a writable path") from None
+        raise InputError(f"cannot write to {directory} ({e.strerror or e} in {d}): choose a writable path") from None
 
 
 def check_output_file(key, path):
     """check_writable for the file that setting `key` names, which must not be a directory either."""
     if os.path.isdir(path):
-        raise ValueError(f"{key}={path!r} is a directory: give a file's path")
+        raise InputError(f"{key}={path!r} is a directory: give a file's path")
     check_writable(os.path.dirname(path))
 
 
@@ -316,11 +342,11 @@ def progress(iterable, **kwargs):
 
 
 def pyplot(purpose):
-    """matplotlib.pyplot, drawing to files only, for the scripts' plots; ValueError if it is not installed."""
+    """matplotlib.pyplot, drawing to files only, for the scripts' plots; InputError if it is not installed."""
     try:
         import matplotlib
     except ImportError:
-        raise ValueError(f"{purpose} needs matplotlib: pip install matplotlib") from None
+        raise InputError(f"{purpose} needs matplotlib: pip install matplotlib") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     return plt
@@ -368,7 +394,7 @@ def commit_dataset(data_dir, meta):
     if empty:
         for tmp in tmps:
             os.remove(tmp)
-        raise ValueError(f"the {' and '.join(empty)} split of {data_dir} would be empty: nothing written")
+        raise InputError(f"the {' and '.join(empty)} split of {data_dir} would be empty: nothing written")
     if os.path.exists(os.path.join(data_dir, "meta.json")):
         os.remove(os.path.join(data_dir, "meta.json"))
     for tmp in tmps:
@@ -377,10 +403,9 @@ def commit_dataset(data_dir, meta):
 
 
 def write_meta(data_dir, meta):
-    """Write meta.json, which load_meta will accept (meta_problem): a ValueError, and nothing written, otherwise."""
+    """Write meta.json, which load_meta will accept (META): an InputError, and nothing written, otherwise."""
     path = os.path.join(data_dir, "meta.json")
-    if meta_problem(meta):
-        raise ValueError(f"{path} would be refused: it {meta_problem(meta)}")
+    need(schema_problem(meta, META) is None, f"{path} would be refused: {schema_problem(meta, META)}")
     with open(path + ".tmp", "w") as f:
         json.dump(meta, f, indent=1)
     os.replace(path + ".tmp", path)
@@ -435,19 +460,19 @@ def split_text(text, frac):
 def prepare_text(data_dir, path, tokenizer_name, frac):
     """Any local text file, split like shakespeare_char."""
     if not os.path.isfile(path):
-        raise ValueError(f"--input_file={path}: no such file")
+        raise InputError(f"--input_file={path}: no such file")
     with open(path, "rb") as f:
         raw = f.read()
     try:
         text = raw if tokenizer_name == "bytes" else raw.decode("utf-8")  # bytes stay exact
     except UnicodeDecodeError as e:
-        raise ValueError(f"--input_file={path} is not UTF-8 text (byte {e.start}: {raw[e.start:e.start + 4]!r}): "
+        raise InputError(f"--input_file={path} is not UTF-8 text (byte {e.start}: {raw[e.start:e.start + 4]!r}): "
                          f"use --tokenizer=bytes for binary files") from None
     if not text:
-        raise ValueError(f"--input_file={path} is empty")
+        raise InputError(f"--input_file={path} is empty")
     splits = split_text(text, frac)
     if not all(docs[0] for docs in splits.values()):
-        raise ValueError(f"--input_file={path} is too short to split into train and val with val_fraction={frac}")
+        raise InputError(f"--input_file={path} is too short to split into train and val with val_fraction={frac}")
     return write_dataset(data_dir, splits, text_tokenizer(tokenizer_name, text), source=path)
 
 
@@ -466,7 +491,7 @@ def prepare_pystdlib(data_dir, frac, root=None):
     root = root or sysconfig.get_paths()["stdlib"]
     files = pystdlib_files(root)
     if not files:
-        raise ValueError(f"no *.py files found under {root}: build pystdlib on a Python with its standard library "
+        raise InputError(f"no *.py files found under {root}: build pystdlib on a Python with its standard library "
                          "sources")
     is_val = [int((i + 1) * frac) > int(i * frac) for i in range(len(files))]
     splits = {s: [p.read_bytes() for p, v in zip(files, is_val) if v == (s == "val")] for s in ("train", "val")}
@@ -476,18 +501,18 @@ def prepare_pystdlib(data_dir, frac, root=None):
 
 
 def mqar_layout(seq_len, num_pairs, num_queries, vocab, ordered=False, offset=0):
-    """(num_keys, min_gap) of an MQAR layout (prepare_mqar's), or a ValueError naming the rule it breaks."""
+    """(num_keys, min_gap) of an MQAR layout (prepare_mqar's), or an InputError naming the rule it breaks."""
     K = (vocab - 1) // 2
     min_gap = seq_len // 2 - (2 * num_pairs - 1) - offset
     if not (1 <= num_pairs <= K and 1 <= num_queries <= seq_len - seq_len // 2 and min_gap + offset >= 1):
-        raise ValueError(f"mqar needs 1 <= num_pairs ({num_pairs}) <= (vocab-1)//2 ({K}), "
+        raise InputError(f"mqar needs 1 <= num_pairs ({num_pairs}) <= (vocab-1)//2 ({K}), "
                          f"1 <= num_queries ({num_queries}) <= seq_len - seq_len // 2 and "
                          f"seq_len ({seq_len}) > 4 * num_pairs")
     if not 0 <= offset <= seq_len // 2 - 2 * num_pairs:  # the pairs end before the queries' half
-        raise ValueError(f"mqar needs 0 <= mqar_offset ({offset}) <= seq_len // 2 - 2 * num_pairs "
+        raise InputError(f"mqar needs 0 <= mqar_offset ({offset}) <= seq_len // 2 - 2 * num_pairs "
                          f"({seq_len // 2 - 2 * num_pairs})")
     if ordered and (num_queries != num_pairs or 4 * num_pairs > seq_len):
-        raise ValueError(f"mqar_ordered asks each pair once: it needs num_queries = num_pairs ({num_pairs}) "
+        raise InputError(f"mqar_ordered asks each pair once: it needs num_queries = num_pairs ({num_pairs}) "
                          f"and seq_len ({seq_len}) >= 4 * num_pairs")
     return K, seq_len // 2 - 1 - offset if ordered else min_gap
 
@@ -513,18 +538,16 @@ def prepare_mqar(data_dir, seq_len, num_pairs, num_queries, vocab, train_seqs, v
     before anything is drawn."""
     K, min_gap = mqar_layout(seq_len, num_pairs, num_queries, vocab, ordered, offset)
     n, key = max((train_seqs, "mqar_train_seqs"), (val_seqs, "mqar_val_seqs"))
-    need = n * (8 * (2 * vocab + 3 * seq_len + seq_len * num_pairs // 2) + seq_len * num_pairs // 2)  # mqar_batch's
+    ram = n * (8 * (2 * vocab + 3 * seq_len + seq_len * num_pairs // 2) + seq_len * num_pairs // 2)  # mqar_batch's
     have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")  # arrays, measured: within 1.6x of this
-    if need > have:
-        raise ValueError(f"{key}={n}: drawing {n:,} sequences of {seq_len} tokens (vocab {vocab:,}) takes about "
-                         f"{need / 2**30:,.0f} GiB of memory; this machine has {have / 2**30:,.0f} GiB: use fewer "
-                         "(train.py draws fresh ones every batch), or a smaller mqar_vocab")
+    need(ram <= have, f"{key}={n}: drawing {n:,} sequences of {seq_len} tokens (vocab {vocab:,}) takes about "
+         f"{ram / 2**30:,.0f} GiB of memory; this machine has {have / 2**30:,.0f} GiB: use fewer (train.py draws "
+         "fresh ones every batch), or a smaller mqar_vocab")
     tokens = (train_seqs + val_seqs) * seq_len
-    need, where = tokens * np.dtype(token_dtype(vocab)).itemsize, nearest_dir(data_dir)
-    if need > shutil.disk_usage(where).free:
-        raise ValueError(f"mqar_train_seqs={train_seqs}, mqar_val_seqs={val_seqs}: their {tokens:,} tokens take "
-                         f"{need / 2**20:,.0f} MiB on disk, but {where} has "
-                         f"{shutil.disk_usage(where).free / 2**20:,.0f} MiB free: use fewer")
+    disk, where = tokens * np.dtype(token_dtype(vocab)).itemsize, nearest_dir(data_dir)
+    need(disk <= shutil.disk_usage(where).free, f"mqar_train_seqs={train_seqs}, mqar_val_seqs={val_seqs}: their "
+         f"{tokens:,} tokens take {disk / 2**20:,.0f} MiB on disk, but {where} has "
+         f"{shutil.disk_usage(where).free / 2**20:,.0f} MiB free: use fewer")
     os.makedirs(data_dir, exist_ok=True)
     mqar = dict(seq_len=seq_len, num_pairs=num_pairs, num_queries=num_queries, num_keys=K, min_gap=min_gap, seed=seed,
                 ordered=ordered, offset=offset)
@@ -545,7 +568,7 @@ def download_text(url):
         with urllib.request.urlopen(url, timeout=30) as r:
             chunks = list(progress(iter(lambda: r.read(1 << 16), b""), desc="download", unit=" chunks"))
     except (urllib.error.URLError, OSError) as e:
-        raise ValueError(f"could not download {url} ({getattr(e, 'reason', e)}); offline? fetch it by hand, then "
+        raise InputError(f"could not download {url} ({getattr(e, 'reason', e)}); offline? fetch it by hand, then "
                          "`python prepare_data.py --input_file=FILE --dataset=NAME --tokenizer=chars`") from None
     return b"".join(chunks).decode("utf-8")
 
@@ -555,12 +578,12 @@ def hf_dataset(path, name, split, streaming=False):
     try:
         import datasets
     except ImportError:
-        raise ValueError(f"{path} is loaded with the `datasets` package: pip install datasets") from None
+        raise InputError(f"{path} is loaded with the `datasets` package: pip install datasets") from None
     try:
         return datasets.load_dataset(path, name, split=split, streaming=streaming)
     except Exception as e:  # offline shows up as several exception types, depending on the cache state
         first = (str(e).splitlines() or [""])[0][:200]
-        raise ValueError(f"could not load {path} ({type(e).__name__}: {first}); check the network, "
+        raise InputError(f"could not load {path} ({type(e).__name__}: {first}); check the network, "
                          "or set HF_DATASETS_OFFLINE=1 to use a copy already in the Hugging Face cache") from None
 
 
@@ -592,14 +615,14 @@ def prepare_wikitext_103(data_dir):
 def adopt_nanogpt(data_dir, tokenizer_name):
     """meta.json for nanoGPT's train.bin/val.bin (uint16 token ids) already in data_dir."""
     if tokenizer_name == "chars":
-        raise ValueError("tokenizer='chars': --adopt needs a tokenizer with a fixed vocabulary (bytes or a tiktoken "
+        raise InputError("tokenizer='chars': --adopt needs a tokenizer with a fixed vocabulary (bytes or a tiktoken "
                          "encoding such as gpt2); chars takes its vocabulary from the text")
     fields, _, eot = text_tokenizer(tokenizer_name)
     counts = {}
     for split in ("train", "val"):
         path = os.path.join(data_dir, f"{split}.bin")
         if not os.path.isfile(path) or os.path.getsize(path) % 2:
-            raise ValueError(f"{path} is missing or not a uint16 token file")
+            raise InputError(f"{path} is missing or not a uint16 token file")
         counts[split] = os.path.getsize(path) // 2
     meta = {**fields, "dtype": "uint16", "source": f"adopted nanoGPT data in {data_dir}", "tokens": counts, "eot": eot}
     for split in ("train", "val"):  # every id within the tokenizer's vocabulary, before a meta.json says so
@@ -608,20 +631,10 @@ def adopt_nanogpt(data_dir, tokenizer_name):
 
 
 if __name__ == "__main__":
-    exec(open("configurator.py").read())
-    for key in ("mqar_seq_len", "mqar_num_pairs", "mqar_num_queries", "mqar_train_seqs", "mqar_val_seqs",
-                "hf_val_docs"):
-        check_setting(key, config[key] >= 1, "use an integer >= 1")
-    for key in ("mqar_seed", "mqar_offset"):
-        check_setting(key, config[key] >= 0, "use an integer >= 0")
-    check_setting("mqar_vocab", mqar_vocab >= 3, "use an integer >= 3 (the filler, a key and a value)")
-    check_setting("hf_max_docs", hf_max_docs >= 0, "use an integer >= 0 (0: all)")
-    check_setting("val_fraction", 0 < val_fraction < 1, "it must lie between 0 and 1")
-    check_setting("tokenizer", tokenizer == "bytes" or input_file or adopt, "it applies to --input_file and --adopt "
-                  "only (a named dataset has its own tokenizer)")
+    exec(open("configurator.py").read())  # every setting's type and range (guards.SETTINGS)
     data_dir = dataset_dir(data_root, dataset or (pathlib.Path(input_file).stem if input_file else "pystdlib"))
     name = os.path.basename(data_dir)
-    try:  # a ValueError is one line (configurator.py); so is a read-only or full disk, which leaves the old data whole
+    try:  # an InputError is one line (guards.one_line); so is a read-only or full disk, which leaves the old data whole
         if adopt:
             adopt_nanogpt(data_dir, tokenizer)
         elif input_file:
@@ -638,7 +651,7 @@ if __name__ == "__main__":
         elif name == "wikitext-103":
             prepare_wikitext_103(data_dir)
         else:
-            raise ValueError(f"unknown dataset {name!r}: choose {', '.join(DATASETS)}, "
+            raise InputError(f"unknown dataset {name!r}: choose {', '.join(DATASETS)}, "
                              "or turn a text file into one with --input_file=FILE")
     except OSError as e:
         sys.exit(f"cannot write {e.filename or data_dir}: {e.strerror or e}")

@@ -1,5 +1,5 @@
 """
-Sample from a checkpoint trained by train.py:
+Read first. Sample from a checkpoint trained by train.py:
 
   python sample.py --out_dir=out-quick
   python sample.py --out_dir=out-quick --start="def main(" --num_samples=3 --max_new_tokens=300
@@ -16,9 +16,9 @@ import sys
 
 import torch
 
-from attention import backend_line
-from checkpoint import check_device, load_checkpoint
-from guards import check_temperature
+from attention import impl_line
+from checkpoint import load_checkpoint
+from guards import need
 from kv_cache import use_kv_cache
 from model import DTYPES, autocast
 from prepare_data import get_tokenizer
@@ -35,44 +35,30 @@ use_cache = True         # decode from a KV cache where it is exact (not rank-ru
 device = "cuda" if torch.cuda.is_available() else "cpu"
 dtype = "bfloat16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "float32"
 # -----------------------------------------------------------------------------
-exec(open("configurator.py").read())
+exec(open("configurator.py").read())  # overrides from config files and --key=value
 # -----------------------------------------------------------------------------
 
-# each bad setting stops here, with one line (configurator.py's check_setting), before any model is loaded
-check_setting("num_samples", num_samples >= 1, "use an integer >= 1")
-for key in ("max_new_tokens", "seed"):
-    check_setting(key, config[key] >= 0, "use an integer >= 0")
-check_setting("top_k", top_k >= 0, "use a value >= 1, or 0 to sample among all tokens")
-check_temperature(temperature)
-check_device(device, dtype)
+model, ckpt = load_checkpoint(os.path.join(out_dir, "ckpt.pt"), device, require=("meta",))  # meta: its tokenizer
+encode, decode = get_tokenizer(ckpt["meta"], os.path.join(out_dir, "ckpt.pt"))  # the training data's tokenizer
 prompt = start
 if start.startswith("FILE:"):
     try:
         with open(start[len("FILE:"):], encoding="utf-8") as f:
             prompt = f.read()
-    except OSError as e:
-        sys.exit(f"--start={start}: {e.strerror}")
-    except UnicodeDecodeError:
-        sys.exit(f"--start={start} is not UTF-8 text")
-ctx = autocast(device, dtype)
-ckpt_path = os.path.join(out_dir, "ckpt.pt")
-model, ckpt = load_checkpoint(ckpt_path, device, require=("meta",))  # meta: its tokenizer
-encode, decode = get_tokenizer(ckpt["meta"], ckpt_path)  # the training data's tokenizer
-try:
-    start_ids = encode(prompt)
-except ValueError as e:
-    sys.exit(f"--start: {e}")
-if not start_ids or max(start_ids) >= model.config.vocab_size:
-    sys.exit(f"--start must encode to at least one token, each < the model's vocab_size {model.config.vocab_size}")
-use_cache = use_kv_cache(model.config, use_cache)  # says so once here, not once per sample
-
+    except (OSError, UnicodeDecodeError) as e:
+        sys.exit(f"--start={start}: {getattr(e, 'strerror', None) or 'not UTF-8 text'}")
+start_ids = encode(prompt)
+need(start_ids and max(start_ids) < model.config.vocab_size, f"--start must encode to at least one token, each < "
+     f"the model's vocab_size {model.config.vocab_size}")
 c = model.config  # the line saying what runs the attention (on a GPU: the kernel's self-check)
-print(backend_line(device, DTYPES[dtype], c.n_embd // c.n_head, [c.attn], c.sa_rule), file=sys.stderr)
+print(impl_line(device, DTYPES[dtype], c.n_embd // c.n_head, [c.attn], c.sa_rule), file=sys.stderr)
+use_cache = use_kv_cache(c, use_cache)  # says so once here, not once per sample
+
 model.eval()
 torch.manual_seed(seed)
 model.seed_sa(seed)
 x = torch.tensor(start_ids, dtype=torch.long, device=device)[None, :]  # (1, T)
-with ctx:
+with torch.no_grad(), autocast(device, dtype):
     for _ in range(num_samples):
         y = model.generate(x, max_new_tokens, temperature=temperature, top_k=top_k or None, use_cache=use_cache)
         print(decode(y[0].tolist()))

@@ -3,13 +3,15 @@ import inspect
 import math
 import os
 
+import numpy as np
 import pytest
 import torch
 
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import attention as A
-import blocked
+import tiled
+import model as M
 from model import GPT, GPTConfig
 
 TS = [1, 7, 100, 257]  # sequence lengths that are not multiples of any block size
@@ -93,13 +95,13 @@ def test_sa_value_spans_are_exact_at_the_edge_of_delta():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("T", TS)
-@pytest.mark.parametrize("moba_block,top_k", [(4, 1), (8, 3), (16, 2), (32, 100)])
-def test_moba_fast_equals_reference(T, moba_block, top_k, dtype):
+@pytest.mark.parametrize("moba_chunk,top_k", [(4, 1), (8, 3), (16, 2), (32, 100)])
+def test_moba_fast_equals_reference(T, moba_chunk, top_k, dtype):
     q, k, v = qkv(2, 3, T, 16, dtype=dtype)
     # the reference runs in the same dtype: top-k routing is discontinuous, so
     # fp32 and bf16 block scores may legitimately pick different blocks
-    assert_same(lambda q, k, v: A.moba_attention(q, k, v, moba_block, top_k), q, k, v,
-                lambda q, k, v: A.moba_reference(q, k, v, moba_block, top_k), ref_dtype=dtype)
+    assert_same(lambda q, k, v: A.moba_attention(q, k, v, moba_chunk, top_k), q, k, v,
+                lambda q, k, v: A.moba_reference(q, k, v, moba_chunk, top_k), ref_dtype=dtype)
 
 
 # -----------------------------------------------------------------------------
@@ -203,16 +205,16 @@ def test_fast_path_never_materialises_t_by_t(kind):
     assert dense.max >= 1024 * 1024
 
 
-@pytest.mark.parametrize("moba_block", [300, 10**9])
-def test_moba_memory_follows_t_not_the_block(moba_block):
-    """A block of T keys or more is one block: full causal attention, in memory of T, not of moba_block
-    (--moba_block=1000000000 used to allocate 128 GB)."""
+@pytest.mark.parametrize("moba_chunk", [300, 10**9])
+def test_moba_memory_follows_t_not_the_block(moba_chunk):
+    """A block of T keys or more is one block: full causal attention, in memory of T, not of moba_chunk
+    (--moba_chunk=1000000000 used to allocate 128 GB)."""
     q, k, v = qkv(1, 2, 300, 8)
     with MaxNumel() as seen:
-        out = A.moba_attention(q, k, v, moba_block, 4)
+        out = A.moba_attention(q, k, v, moba_chunk, 4)
     assert seen.max <= 2 * q.numel()
     torch.testing.assert_close(out, A.full_attention(q, k, v))
-    torch.testing.assert_close(A.moba_reference(q, k, v, moba_block, 4), out)
+    torch.testing.assert_close(A.moba_reference(q, k, v, moba_chunk, 4), out)
 
 
 def test_moba_memory_is_bounded_at_32k():
@@ -233,7 +235,7 @@ def test_moba_memory_is_bounded_at_32k():
 def test_finite_wherever_sdpa_is_finite(monkeypatch, backend, dtype):
     """q, k = 150 * randn at D=64: q.k reaches ~1e6, past fp16's 65504 when computed in fp16; SDPA
     scales first and stays finite. So must every kind, forward and gradients."""
-    monkeypatch.setattr(A, "BACKEND", backend)
+    monkeypatch.setattr(A, "IMPL", backend)
     T, perm = 100, random_perm((), 100)
     kinds = {"full": A.full_attention, "swa": lambda q, k, v: A.sliding_window_attention(q, k, v, 16),
              "sa": lambda q, k, v: A.stochastic_attention(q, k, v, 16, perm),
@@ -253,8 +255,8 @@ def test_moba_routes_in_fp32():
     """bf16 inputs are routed by fp32 scores, as MoBA's own code does: the same blocks as for the
     same (rounded) values in fp32. Scoring in bf16 picks other blocks on some rows."""
     q, k = (x.detach().to(torch.bfloat16) for x in qkv(2, 4, 2048, 64)[:2])
-    idx16, ok16 = blocked.moba_select(q, k, 16, 4)
-    idx32, ok32 = blocked.moba_select(q.float(), k.float(), 16, 4)
+    idx16, ok16 = tiled.moba_select(q, k, 16, 4)
+    idx32, ok32 = tiled.moba_select(q.float(), k.float(), 16, 4)
     assert torch.equal(ok16, ok32)
     assert torch.equal(idx16.sort(-1).values, idx32.sort(-1).values)
 
@@ -296,7 +298,7 @@ def test_every_kind_runs_under_autocast(kind, dtype):
                          [("sa", "value")])
 def test_model_trains_under_autocast(attn, sa_rule):
     """The reproduction of issue 21: a GPT forward and backward under bf16 autocast, for every kind."""
-    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=64, vocab_size=64, window=8, moba_block=8,
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=64, vocab_size=64, window=8, moba_chunk=8,
                           moba_topk=2, attn=attn, sa_rule=sa_rule))
     x = torch.randint(0, 64, (2, 64), generator=torch.Generator().manual_seed(0))
     with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -311,10 +313,10 @@ def test_model_trains_under_autocast(attn, sa_rule):
 def test_any_chunk_size_equals_reference(monkeypatch, kind, fused, size):
     """The engine's chunks, one group each (size 1) or every head's groups at once (as the defaults do at
     T=300), on PyTorch's fused CPU kernel and on the matmul path used off the CPU: equal too."""
-    monkeypatch.setattr(blocked, "CHUNK", size)
-    monkeypatch.setattr(blocked, "FUSED_CHUNK", size)
+    monkeypatch.setattr(tiled, "CALL", size)
+    monkeypatch.setattr(tiled, "FUSED_CALL", size)
     if not fused:
-        monkeypatch.setattr(blocked, "_fused", lambda q, finite, layout: False)
+        monkeypatch.setattr(tiled, "_fused", lambda q, finite, layout: False)
     fast, ref = attention_kinds(300)[kind]
     assert_same(fast, *qkv(2, 3, 300, 16), ref)
 
@@ -426,14 +428,14 @@ def test_bad_inputs_raise_clear_errors(monkeypatch):
         A.stochastic_value_attention(q, k, v, 0.2, [0.5] * 10)
     with pytest.raises(ValueError, match="q, k, v must be tensors, got list"):
         A.sliding_window_attention(q.tolist(), k, v, 4)
-    monkeypatch.setattr(A, "BACKEND", "cuda-magic")
-    with pytest.raises(ValueError, match="BACKEND"):
+    monkeypatch.setattr(A, "IMPL", "cuda-magic")
+    with pytest.raises(ValueError, match="IMPL"):
         A.sliding_window_attention(q, k, v, 4)
 
 
 def test_the_references_check_their_arguments_as_the_fast_paths_do():
     """The dense references used to answer window 0, a perm that is no permutation, delta 0 or MoBA's block 0
-    (silently, or with ZeroDivisionError); SWA's pos of the wrong length was a RuntimeError in blocked.py; a delta
+    (silently, or with ZeroDivisionError); SWA's pos of the wrong length was a RuntimeError in tiled.py; a delta
     that fp32 rounds to 0 hid every key, even the query's own."""
     q, k, v = qkv(1, 2, 8, 4)
     perm, r = torch.randperm(8), torch.rand(8)
@@ -444,7 +446,7 @@ def test_the_references_check_their_arguments_as_the_fast_paths_do():
                         (lambda: A.stochastic_value_attention(q, k, v, 1e-300, r), "delta must be a number"),
                         (lambda: A.stochastic_value_attention(q, k, v, True, r), "delta must be a number"),
                         (lambda: A.stochastic_value_attention(q, k, v, "0.1", r), "delta must be a number"),
-                        (lambda: A.moba_reference(q, k, v, 0, 2), "moba_block must be an integer >= 1"),
+                        (lambda: A.moba_reference(q, k, v, 0, 2), "moba_chunk must be an integer >= 1"),
                         (lambda: A.moba_reference(q, k, v, 4, 0), "top_k must be an integer >= 1"),
                         (lambda: A.sliding_window_attention(q, k, v, 4, pos=torch.arange(7)), "pos must be a Long"),
                         (lambda: A.swa_reference(q, k, v, 4, torch.arange(8.0)), "pos must be a LongTensor")):
@@ -459,18 +461,18 @@ def test_the_references_check_their_arguments_as_the_fast_paths_do():
             A.sa_value_mask(bad, r)
     with pytest.raises(ValueError, match="window must be an integer >= 1, got -1"):  # a mask of no key, even its own
         A.sa_mask(-1, perm)
-    assert A.backend_line("cpu", torch.float32, 8, "swa") == "attention: the torch path on cpu"  # a str, one kind
+    assert A.impl_line("cpu", torch.float32, 8, "swa") == "attention: the torch path on cpu"  # a str, one kind
 
 
 def test_the_triton_backend_on_a_cpu_says_why_in_one_line(monkeypatch):
-    """--backend=triton on a CPU used to end in ModuleNotFoundError (no triton) or `0 active drivers`."""
+    """--attn_impl=triton on a CPU used to end in ModuleNotFoundError (no triton) or `0 active drivers`."""
     q, k, v = qkv(1, 2, 10, 8)
-    monkeypatch.setattr(A, "BACKEND", "triton")
+    monkeypatch.setattr(A, "IMPL", "triton")
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    with pytest.raises(ValueError, match="runs the Triton kernel on a CUDA GPU, not on cpu .* use backend 'auto'"):
+    with pytest.raises(ValueError, match="runs the Triton kernel on a CUDA GPU, not on cpu .* use attn_impl 'auto'"):
         A.sliding_window_attention(q, k, v, 4)
     with pytest.raises(ValueError, match="runs the Triton kernel on a CUDA GPU"):
-        A.backend_line("cpu", torch.float32, 8, ["sa+swa"])
+        A.impl_line("cpu", torch.float32, 8, ["sa+swa"])
     monkeypatch.setattr(A.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ValueError, match="needs the triton package"):
         A.stochastic_attention(q, k, v, 4, torch.arange(10))
@@ -548,15 +550,15 @@ def test_bad_model_inputs_raise_one_line():
 KINDS = ["full", "swa", "sa", "sa+swa", "moba"]
 
 
-def tiny(attn, sa_perm="layer", seed=0, **kw):
+def tiny(attn, sa_perm="shared", seed=0, **kw):
     torch.manual_seed(seed)
     cfg = dict(block_size=128, vocab_size=64, n_layer=2, n_head=2, n_embd=32, attn=attn, window=8,
-               moba_block=8, moba_topk=3, sa_perm=sa_perm)
+               moba_chunk=8, moba_topk=3, sa_perm=sa_perm)
     return GPT(GPTConfig(**{**cfg, **kw}), sa_seed=seed)
 
 
 @pytest.mark.parametrize("pos_emb", ["rope", "learned"])
-@pytest.mark.parametrize("sa_perm", ["layer", "head"])
+@pytest.mark.parametrize("sa_perm", ["shared", "head"])
 @pytest.mark.parametrize("attn,sa_rule", [(a, "rank") for a in KINDS] + [("sa", "value"), ("sa+swa", "value")])
 def test_no_future_leakage(attn, sa_rule, sa_perm, pos_emb):
     model = tiny(attn, sa_perm, pos_emb=pos_emb, sa_rule=sa_rule).eval()
@@ -599,7 +601,7 @@ def test_every_kind_learns_a_task_only_attention_solves(attn):
 
 def test_the_pair_task_needs_attention(monkeypatch):
     """The control: with attention returning zeros, the same training stays near log 63."""
-    monkeypatch.setattr(A, "full_attention", lambda q, k, v: torch.zeros_like(v))
+    monkeypatch.setitem(M.KINDS, "full", M.KINDS["full"]._replace(fn=lambda q, k, v: torch.zeros_like(v)))
     assert train_on_pairs(tiny("full")) > 0.85 * math.log(63)
 
 
@@ -634,8 +636,8 @@ def test_swap_attention_refuses_untrained_gates():
 
 
 # -----------------------------------------------------------------------------
-# torch.compile: each fast path is a registered op (blocked.py, kernel.py), and so are SA's draws
-# (model.draw_from), so the GPT traces as one graph and trains as it does eagerly.
+# torch.compile: each fast path is a registered op (tiled.py, kernel.py), and so are SA's draws
+# (model.sa_draws), so the GPT traces as one graph and trains as it does eagerly.
 
 COMPILED = [(a, "rank") for a in KINDS] + [("sa+swa", "value")]
 
@@ -669,6 +671,87 @@ def test_compiled_training_equals_eager(attn, sa_rule, steps=5, T=50):
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the interpreter computes rows past T too (0 / 0), never stored
 def test_the_kernel_route_compiles_as_eager(monkeypatch):
     """The same through the Triton kernel (its interpreter here: short): no graph break, eager's losses."""
-    monkeypatch.setattr(A, "BACKEND", "triton")
+    monkeypatch.setattr(A, "IMPL", "triton")
     test_the_model_compiles_without_graph_breaks("sa+swa", "value", T=20)
     test_compiled_training_equals_eager("sa+swa", "rank", steps=2, T=20)
+
+
+# -----------------------------------------------------------------------------
+# Issue 44: inputs the fault run found, and a new kind in two places
+
+def test_a_window_past_int64_is_full_attention_in_every_implementation():
+    """The dense references compared |i - j| with the window in int64: from 2**63 they wrapped around (wrong), from
+    2**64 they raised OverflowError. Every kind and reference now answers full attention there."""
+    q, k, v = qkv(1, 2, 20, 8)
+    full, perm, r = A.full_attention(q, k, v), random_perm((), 20), torch.rand(20)
+    for w in (2**63, 2**64, 10**30):
+        for fn in (A.sliding_window_attention, A.swa_reference, lambda *x: A.stochastic_attention(*x, perm),
+                   lambda *x: A.sa_reference(*x, perm)):
+            torch.testing.assert_close(fn(q, k, v, w), full)
+        for fn in (A.stochastic_value_attention, A.sa_value_reference):
+            torch.testing.assert_close(fn(q, k, v, float(w), r), full)
+
+
+def test_numpy_integers_are_windows_and_sizes():
+    """operator.index, as Python's own sequences take them: np.int64(8) was refused as a window or a chunk."""
+    q, k, v = qkv(1, 2, 20, 8)
+    perm = random_perm((), 20)
+    for window in (np.int64(8), np.int32(8)):
+        torch.testing.assert_close(A.sliding_window_attention(q, k, v, window), A.swa_reference(q, k, v, 8))
+        torch.testing.assert_close(A.stochastic_attention(q, k, v, window, perm), A.sa_reference(q, k, v, 8, perm))
+    torch.testing.assert_close(A.moba_attention(q, k, v, np.int64(4), np.int64(2)), A.moba_reference(q, k, v, 4, 2))
+    r = torch.rand(20)
+    torch.testing.assert_close(A.stochastic_value_attention(q, k, v, np.float32(0.25), r),
+                               A.sa_value_reference(q, k, v, 0.25, r))
+    config = GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=32, vocab_size=32, window=np.int64(4),
+                       moba_chunk=np.int64(8))
+    assert type(config.window) is int and config.window == 4 and type(config.moba_chunk) is int
+    with pytest.raises(ValueError, match="window must be an integer >= 1, got np.float64"):
+        A.sliding_window_attention(q, k, v, np.float64(8))
+
+
+def test_meta_tensors_are_refused_in_one_line():
+    """Tensors on the meta device (shapes, no data) were internal errors in every attention function and in
+    GPT.forward; they are refused at the door."""
+    q = torch.empty(1, 2, 8, 4, device="meta")
+    perm = torch.arange(8, device="meta")
+    for fn in (A.full_attention, lambda *x: A.sliding_window_attention(*x, 4),
+               lambda *x: A.stochastic_attention(*x, 4, perm), lambda *x: A.moba_attention(*x, 4, 2),
+               lambda *x: A.swa_reference(*x, 4), lambda *x: A.masked_attention(*x, torch.ones(8, 8, dtype=torch.bool))):
+        with pytest.raises(ValueError, match="q, k, v must be on one device that holds data, got meta"):
+            fn(q, q, q)
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=16, vocab_size=32, window=4))
+    with pytest.raises(ValueError, match="idx must be a .* with data \\(not on meta\\)"):
+        model(torch.zeros(1, 8, dtype=torch.long, device="meta"))
+
+
+def test_masked_attention_checks_its_mask():
+    q, k, v = qkv(1, 2, 8, 4)
+    for mask in (torch.ones(8, 8), torch.ones(8, 7, dtype=torch.bool), [[True]], None):
+        with pytest.raises(ValueError, match="mask must be a bool tensor broadcastable to"):
+            A.masked_attention(q, k, v, mask)
+
+
+def test_a_new_kind_is_a_function_and_a_row(monkeypatch):
+    """A fork's own attention: its function (here SWA at half the window, written as a user would) and one row of
+    model.KINDS. Then the model trains on it, flops_per_token and generate (no cache: the row says None) work, and
+    eval.py sweeps it. A kind without a row is refused in one line, by GPTConfig, before any model is built."""
+    import eval as ev
+
+    def half_window(q, k, v, window):
+        return A.sliding_window_attention(q, k, v, max(1, window // 2))
+    monkeypatch.setitem(M.KINDS, "half", M.Kind(half_window, ("window",), lambda c, T: min(c.window // 2, T),
+                                                lambda c: None))
+    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=16, block_size=32, vocab_size=32, window=8, attn="half"))
+    x = torch.randint(0, 32, (2, 32), generator=torch.Generator().manual_seed(0))
+    _, loss = model(x[:, :-1], x[:, 1:])
+    loss.backward()
+    assert loss.isfinite() and model.flops_per_token(32) > 6 * model.get_num_params()
+    assert not model.config.cacheable and model.generate(x[:, :4], 3).shape == (2, 7)
+    torch.testing.assert_close(model.transformer.h[0].attn.attend("half", *qkv(2, 2, 31, 8), None),
+                               A.swa_reference(*qkv(2, 2, 31, 8), 4))
+    lm = ev.OurLM(model.swap_attention(attn="swa"), None, 32, "cpu", torch.no_grad())
+    assert "half" in [s["attn"] for s in ev.plan(lm, [], [4, 8], {"moba_chunk": None, "moba_topk": 4})]
+    monkeypatch.delitem(M.KINDS, "half")
+    with pytest.raises(ValueError, match="GPTConfig.attn='half' is invalid: must be one of"):
+        GPTConfig(attn="half")

@@ -22,7 +22,7 @@ n_embd = 64
 block_size = 64      # the data's seq_len
 attn = "sa+swa"
 window = 4
-moba_block = 2       # MoBA at the same key budget: moba_topk * moba_block = window
+moba_chunk = 2       # MoBA at the same key budget: moba_topk * moba_chunk = window
 moba_topk = 2
 
 batch_size = 32
@@ -31,3 +31,4 @@ learning_rate = 1e-4
 decay_lr = False     # constant: the circuit forms late, a decayed lr would slow it
 weight_decay = 0.0
 max_iters = 12000
+lr_decay_iters = 12000

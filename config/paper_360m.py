@@ -27,6 +27,7 @@ beta2 = 0.95
 batch_size = 8
 gradient_accumulation_steps = 32   # 8 x 2048 x 32 = 524,288 tokens per iteration, over all ranks
 max_iters = 14000
+lr_decay_iters = 14000
 warmup_iters = 700
 min_lr = 3e-5
 weight_decay = 0.1

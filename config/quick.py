@@ -20,5 +20,6 @@ batch_size = 8
 gradient_accumulation_steps = 1
 learning_rate = 2e-3
 max_iters = 500
+lr_decay_iters = 500
 warmup_iters = 20
 min_lr = 2e-4

@@ -4,7 +4,7 @@ and forward+backward, with peak memory. Prints one table; ratios within one run 
 
     python results/bench.py                                  # T = 1024, 4096, 16384 on the CPU
     python results/bench.py --sizes=4096 --json_out=speed.json   # one size, and the table as JSON
-    python results/bench.py --device=cuda --dtype=bfloat16 --backend=auto   # a GPU: the Triton kernel (gpu_check.py)
+    python results/bench.py --device=cuda --dtype=bfloat16 --attn_impl=auto   # a GPU: the Triton kernel (gpu_check.py)
     python results/bench.py --generation=True                # GPT.generate, with and without the KV cache
 
 On the CPU each measurement runs in a fresh process, so that its peak resident memory can be read
@@ -28,8 +28,7 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # the repo's modules
 import attention as A  # noqa: E402
-from checkpoint import check_device  # noqa: E402
-from prepare_data import check_output_file  # noqa: E402
+from guards import need  # noqa: E402
 
 # -----------------------------------------------------------------------------
 sizes = "1024,4096,16384"  # sequence lengths T, comma separated
@@ -42,11 +41,11 @@ thp = 1                    # CPU: each case with THP_MEM_ALLOC_ENABLE=thp, PyTor
                            # tensors on 2 MB pages: fewer page faults on fresh buffers); 0 is PyTorch's default
 batch, heads, head_dim = 1, 8, 64  # B, H, D of q, k, v
 window = 256               # SWA / SA window
-moba_block, moba_topk = 64, 4
+moba_chunk, moba_topk = 64, 4
 flex_block = 128           # FlexAttention's block size (its default)
 device = "cpu"             # cpu or cuda
 dtype = "float32"          # float32, bfloat16 or float16: the dtype of q, k, v
-backend = "torch"          # attention.BACKEND: "auto" runs the Triton kernel on a GPU
+attn_impl = "torch"        # attention.IMPL: "auto" runs the Triton kernel on a GPU
 json_out = ""              # also write the rows and the table here
 case = ""                  # internal: "kind,mode,T" measures one case in this process
 generation = False         # time GPT.generate instead, with and without the KV cache (benchmark_generation)
@@ -96,7 +95,7 @@ def attention_fn(kind, T):
         r = torch.rand(T, device=device)
         return lambda q, k, v: A.stochastic_value_attention(q, k, v, window / T, r)
     if kind == "moba":
-        return lambda q, k, v: A.moba_attention(q, k, v, moba_block, moba_topk)
+        return lambda q, k, v: A.moba_attention(q, k, v, moba_chunk, moba_topk)
     if kind == "flex-swa":
         return flex_band(T, 0, window - 1, lambda b, h, s, t: (t <= s) & (s - t < window), True)
     if kind == "flex-sa":  # slot s holds token perm[s]: gather into slot order, the band, scatter back
@@ -112,7 +111,7 @@ def measure(kind, mode, T):
     CPU (so run each case in a fresh process there), torch.cuda's peak allocation on a GPU."""
     torch.set_num_threads(threads)
     torch.manual_seed(0)
-    A.BACKEND = backend
+    A.IMPL = attn_impl
     fn = attention_fn(kind, T)
     shape = (batch, heads, T, head_dim)  # (B, H, T, D)
     q, k, v, dout = (torch.randn(shape, device=device, dtype=getattr(torch, dtype)) for _ in range(4))
@@ -138,23 +137,17 @@ def measure(kind, mode, T):
 
 
 def check_settings():
-    """Every setting's range, through configurator.py's check_setting: a ValueError naming the first bad one."""
-    check_setting("sizes", all(t.strip().isdigit() and int(t) >= 1 for t in sizes.split(",")),
-                  "give sequence lengths >= 1, comma separated, e.g. --sizes=1024,4096")
-    bad_kind = next((k for k in kinds.split(",") if k not in KINDS), None)
-    check_setting("kinds", bad_kind is None, f"unknown kind {bad_kind!r} (kinds: {','.join(KINDS)})")
-    bad_mode = next((m for m in modes.split(",") if m not in MODES), None)
-    check_setting("modes", bad_mode is None, f"unknown mode {bad_mode!r} (modes: {','.join(MODES)})")
-    check_setting("thp", thp in (0, 1), "use 1 (huge pages) or 0")
-    check_setting("backend", backend in A.BACKENDS, f"use one of {', '.join(A.BACKENDS)}")
-    for key in ("reps", "threads", "batch", "heads", "head_dim", "window", "moba_block", "moba_topk", "flex_block"):
-        check_setting(key, config[key] >= 1, "use an integer >= 1")
+    """Each setting's rule beyond guards.SETTINGS (which configurator.py checks): one InputError line."""
+    bad = next((k for k in kinds.split(",") if k not in KINDS), None)
+    need(bad is None, f"kinds={kinds!r}: unknown kind {bad!r} (kinds: {','.join(KINDS)})")
+    bad = next((m for m in modes.split(",") if m not in MODES), None)
+    need(bad is None, f"modes={modes!r}: unknown mode {bad!r} (modes: {','.join(MODES)})")
+    need(all(t.strip().isdigit() and int(t) >= 1 for t in sizes.split(",")), f"sizes={sizes!r}: give sequence lengths "
+         ">= 1, comma separated, e.g. --sizes=1024,4096")
+    need(thp in (0, 1), f"thp={thp}: use 1 (huge pages) or 0")
     one = case.split(",")
-    check_setting("case", not case or len(one) == 3 and one[0] in KINDS and one[1] in MODES and one[2].isdigit()
-                  and int(one[2]) >= 1, "use kind,mode,T (internal: the one case that a fresh process measures)")
-    check_device(device, dtype)
-    if json_out:  # before the benchmark, not after it
-        check_output_file("json_out", json_out)
+    need(not case or len(one) == 3 and one[0] in KINDS and one[1] in MODES and one[2].isdigit() and int(one[2]) >= 1,
+         f"case={case!r}: use kind,mode,T (internal: the one case that a fresh process measures)")
 
 
 if __name__ == "__main__":
@@ -174,8 +167,8 @@ if __name__ == "__main__":
     where = (f"{torch.cuda.get_device_name(device)}, all cases in one process, peak allocated above the inputs"
              if cuda else f"{threads} threads on {os.cpu_count()} CPUs ({os.uname().machine}), peak RSS above "
              f"the inputs, each case in a fresh process with THP_MEM_ALLOC_ENABLE={thp}")
-    head = (f"B={batch} H={heads} D={head_dim} {dtype}, window {window}, MoBA block {moba_block} top_k "
-            f"{moba_topk}, Flex block {flex_block}, attention.BACKEND={backend}; torch {torch.__version__}; median "
+    head = (f"B={batch} H={heads} D={head_dim} {dtype}, window {window}, MoBA chunk {moba_chunk} top_k "
+            f"{moba_topk}, Flex block {flex_block}, attention.IMPL={attn_impl}; torch {torch.__version__}; median "
             f"of {reps} after a warm-up; {where}")
     lines = [head, f"{'mode':>8} {'T':>6} {'kind':>10} {'ms':>9} {'peak MiB':>9} {'full/this':>10}"]
     print("\n".join(lines), flush=True)
@@ -233,14 +226,14 @@ def benchmark_generation(lengths=(256, 1024, 4096), new_tokens=(5, 33), vocab_si
     prefill is left out; the median step, to shrug off other processes. new_tokens[use_cache] steps each.
         python results/bench.py --generation=True
     """
-    from model import ATTN_KINDS, GPT, GPTConfig
-    arch = dict(n_layer=4, n_head=4, n_embd=128, window=64, moba_block=64, moba_topk=4,
+    from model import KINDS, GPT, GPTConfig
+    arch = dict(n_layer=4, n_head=4, n_embd=128, window=64, moba_chunk=64, moba_topk=4,
                 vocab_size=vocab_size, block_size=max(lengths) + max(new_tokens))
     print(f"generate, greedy, batch 1, fp32, {torch.get_num_threads()} threads, torch {torch.__version__}; a random "
           f"GPT {', '.join(f'{k}={v}' for k, v in arch.items())}; median ms per generated token, prefill excluded; "
           f"cache slots per layer: window for swa, block_size for the others")
     print(f"{'attn':>7} {'sa_rule':>7} {'prompt':>6} {'no cache':>9} {'cache':>9} {'speedup':>8}")
-    for attn, rule in [(a, "rank") for a in ATTN_KINDS] + [("sa", "value"), ("sa+swa", "value")]:
+    for attn, rule in [(a, "rank") for a in KINDS] + [("sa", "value"), ("sa+swa", "value")]:
         torch.manual_seed(0)
         model = GPT(GPTConfig(attn=attn, sa_rule=rule, **arch)).eval()
         stamps = []

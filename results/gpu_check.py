@@ -58,7 +58,7 @@ def self_check_and_memory_stage(batch_size=8, T=2048):
     import attention
     from model import GPT, GPTConfig
     start = time.time()
-    lines = [attention.backend_line("cuda", dtype, 64, ["sa+swa"], rule) for dtype in (torch.bfloat16, torch.float32)
+    lines = [attention.impl_line("cuda", dtype, 64, ["sa+swa"], rule) for dtype in (torch.bfloat16, torch.float32)
              for rule in ("rank", "value")]
     model = GPT(GPTConfig(block_size=T)).cuda()
     optimizer = model.configure_optimizers(0.1, 6e-4, (0.9, 0.95), "cuda")
@@ -74,8 +74,8 @@ def self_check_and_memory_stage(batch_size=8, T=2048):
         measured = torch.cuda.max_memory_allocated()
     except torch.cuda.OutOfMemoryError as e:
         measured = str(e).splitlines()[0]
-    cfg, n_params = model.config, sum(p.numel() for p in model.parameters())
-    parts = memory_estimate(n_params, cfg.n_layer, cfg.n_embd, cfg.vocab_size, batch_size, T)
+    c, n_params = model.config, sum(p.numel() for p in model.parameters())
+    parts = memory_estimate(n_params, c.n_layer, c.n_embd, c.vocab_size, batch_size, T)
     peak = measured if isinstance(measured, str) else f"{measured / 2**30:.1f} GiB"
     lines.append(f"memory, a micro-step of batch {batch_size} x {T}: measured {peak}; estimated "
                  "{:.1f} GiB (states {:.1f}, saved activations {:.1f}, loss {:.1f})".format(sum(parts) / 2**30,
@@ -142,8 +142,9 @@ def train_stage(attn, gpu, iters=None, extra=()):
     with tempfile.TemporaryDirectory() as tmp:
         random_tokens(os.path.join(tmp, "random"))
         record = run([sys.executable, "train.py", f"--data_root={tmp}", "--dataset=random", f"--attn={attn}",
-                      f"--out_dir={tmp}/out", f"--max_iters={iters}", f"--eval_interval={iters}", "--eval_iters=1",
-                      f"--log_interval={max(1, iters // 5)}", *train_args.split(), *extra],
+                      f"--out_dir={tmp}/out", f"--max_iters={iters}", f"--lr_decay_iters={iters}",
+                      f"--eval_interval={iters}", "--eval_iters=1", f"--log_interval={max(1, iters // 5)}",
+                      *train_args.split(), *extra],
                      train_timeout)
         log = os.path.join(tmp, "out", "log.jsonl")
         speeds = [r for r in map(json.loads, open(log)) if "tok_per_s" in r] if os.path.exists(log) else []
@@ -183,7 +184,7 @@ if __name__ == "__main__":
     save("self-check and memory", stage)
     print(result["stages"]["self-check and memory"]["output"])
     save("kernel", kernel_stage())
-    speed = bench_stage(extra=["--dtype=bfloat16", "--backend=triton", "--kinds=full,swa,sa,flex-swa,flex-sa"])
+    speed = bench_stage(extra=["--dtype=bfloat16", "--attn_impl=triton", "--kinds=full,swa,sa,flex-swa,flex-sa"])
     save("speed", speed)
     print(speed["output"][-3000:])
     for attn in ("full", "sa+swa"):

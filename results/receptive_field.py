@@ -21,7 +21,8 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # the repo's modules
-from prepare_data import check_writable, pyplot  # noqa: E402
+from guards import path_problem  # noqa: E402
+from prepare_data import pyplot  # noqa: E402
 
 # -----------------------------------------------------------------------------
 n = 4096                # sequence length
@@ -274,8 +275,8 @@ def main():
         for N, w, k, s in runs:
             check(N, w, k, s, heads, seeds, max_layers, sa_rule)
         for path in (json_out, plot):  # before the long run, not after it
-            if path:
-                check_writable(os.path.dirname(path))
+            if path and path_problem(path, is_file=True):
+                raise ValueError(f"{path}: {path_problem(path, is_file=True)}")
         if plot:
             pyplot("--plot")
         check_memory(max(N for N, *_ in runs))

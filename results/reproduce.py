@@ -85,22 +85,23 @@ def train_all(runs):
     run continues from its checkpoint if that checkpoint is of these args (resuming is exact), else
     starts again."""
     def train(out_dir, args):
+        args = {"lr_decay_iters": args["max_iters"], **args}  # the cosine over the run (train.py's default is its own)
         if finished(out_dir, args["max_iters"]):
             return
-        run("train.py", *args["config"], f"--out_dir={out_dir}", *(f"--{k}={v}" for k, v in args.items() if k != "config"),
+        run("train.py", *args["presets"], f"--out_dir={out_dir}", *(f"--{k}={v}" for k, v in args.items() if k != "presets"),
             "--init_from=resume" if resumable(out_dir, args) else "--overwrite=True", threads=1 if jobs > 1 else None)
     with ThreadPoolExecutor(jobs) as pool:
         list(pool.map(lambda r: train(*r), runs))
 
 
 def resumable(out_dir, args):
-    """Whether out_dir holds a checkpoint whose config has every one of args' values."""
+    """Whether out_dir holds a checkpoint whose settings have every one of args' values."""
     from checkpoint import load_checkpoint
     path = os.path.join(out_dir, "ckpt.pt")
     if not os.path.exists(path):
         return False
-    config = load_checkpoint(path)[1]["config"]
-    return all(str(config.get(k)) == str(v) for k, v in args.items() if k != "config")
+    settings = load_checkpoint(path)[1]["settings"]
+    return all(str(settings.get(k)) == str(v) for k, v in args.items() if k != "presets")
 
 
 def wall_and_resumes(out_dir):
@@ -182,8 +183,8 @@ SEARCH = [dict(learning_rate=lr) for lr in (3e-4, 1e-3)]
 # The grid's cells, named as --kinds names them: (attn, sa_perm, n_head). sa+swa-head gives each of
 # 4 heads of 16 dimensions its own permutation (more shortcuts for the same key budget); full-4heads
 # is its control.
-CELLS = {**{k: (k, "layer", RECIPE["n_head"]) for k in KINDS}, "sa+swa-head": ("sa+swa", "head", 4),
-         "full-4heads": ("full", "layer", 4)}
+CELLS = {**{k: (k, "shared", RECIPE["n_head"]) for k in KINDS}, "sa+swa-head": ("sa+swa", "head", 4),
+         "full-4heads": ("full", "shared", 4)}
 PERM_DRAWS = (1, 4, 16)  # SA evaluated with its logits averaged over K draws of the permutations
 
 
@@ -199,7 +200,7 @@ def mqar_search():
     """Full attention at depth 2 with each SEARCH setting (else RECIPE): val accuracy over training."""
     name = lambda st: "-".join(f"{k}{v:g}" for k, v in st.items())
     runs = [(os.path.join(work, "mqar-search-" + name(st)), st) for st in SEARCH]
-    train_all([(od, dict(config=["config/mqar.py", *MQAR["train"]], data_root=mqar_data(), attn="full", seed=0,
+    train_all([(od, dict(presets=["config/mqar.py", *MQAR["train"]], data_root=mqar_data(), attn="full", seed=0,
                          max_iters=MQAR["iters"], eval_interval=max(1, MQAR["iters"] // 10), **st))
                for od, st in runs])
     rows = [dict(setting=st, iters=MQAR["iters"], val_acc=evals(od)[-1]["val_acc"], wall_s=evals(od)[-1]["elapsed_s"],
@@ -340,7 +341,7 @@ def mqar():
     out_dir = lambda c, d, s: os.path.join(work, f"mqar-{c}-L{d}-s{s}")
     chosen = lambda c, d, s: (s in MQAR["seeds"][:seeds] and (not depths or str(d) in depths.split(","))
                               and (c in kinds.split(",") if kinds else d == first or c in deeper))
-    train_all([(out_dir(c, d, s), dict(config=["config/mqar.py", *MQAR["train"]], data_root=data, attn=CELLS[c][0],
+    train_all([(out_dir(c, d, s), dict(presets=["config/mqar.py", *MQAR["train"]], data_root=data, attn=CELLS[c][0],
                                        sa_perm=CELLS[c][1], n_head=CELLS[c][2], n_layer=d, seed=s,
                                        max_iters=MQAR["iters"], eval_interval=MQAR["iters"] // 4))
                for c, d, s in grid if chosen(c, d, s)])
@@ -404,7 +405,7 @@ def mqar():
 # pure long-range broadcast: any path carries the value); arm P=4: content recall. Every cell trains
 # with Zoology's optimiser settings (lr 3e-4, warmup, cosine to 0, beta2 0.999, weight decay 0.01, no
 # clipping): config/mqar.py's depth-2 recipe left full attention on the plateau at depth 3 (mqar_probes.json).
-DECISIVE = dict(n_layer=3, window=8, n_head=4, sa_perm="head", moba_block=2, moba_topk=4, learning_rate=3e-4,
+DECISIVE = dict(n_layer=3, window=8, n_head=4, sa_perm="head", moba_chunk=2, moba_topk=4, learning_rate=3e-4,
                 decay_lr=True, warmup_iters=200, min_lr=0.0, beta2=0.999, weight_decay=0.01, grad_clip=0.0)
 ARMS = {1: dict(iters=3000, cells={"full": 1, "swa": 1, "sa+swa": 2}, confirm=0.9, refute=0.5,
                 data=["--mqar_seq_len=64", "--mqar_num_pairs=1", "--mqar_num_queries=1", "--mqar_vocab=32",
@@ -449,7 +450,7 @@ def mqar_decisive():
         out_dir = lambda c, s: os.path.join(work, f"decisive-P{P}-{c}-L{DECISIVE['n_layer']}-s{s}")
         runs = [(c, s) for c, n in a["cells"].items() for s in range(n)]
         if not arms or str(P) in arms.split(","):
-            train_all([(out_dir(c, s), dict(config=["config/mqar.py", *MQAR["train"]], data_root=data, attn=c, seed=s,
+            train_all([(out_dir(c, s), dict(presets=["config/mqar.py", *MQAR["train"]], data_root=data, attn=c, seed=s,
                                             max_iters=a["iters"], eval_interval=a["iters"] // 4, **DECISIVE))
                        for c, s in runs])
         for c, s in runs:
@@ -540,8 +541,8 @@ def recall_swap():
             model.seed_sa(s)
             sa.append(accuracy(attn="sa", window=w))
         rows.append(dict(attn="sa", window=w, accs=sa))
-        rows.append(dict(attn="moba", window=w, moba_block=max(1, w // 4), moba_topk=min(4, w),
-                         accs=[accuracy(attn="moba", moba_block=max(1, w // 4), moba_topk=min(4, w))]))
+        rows.append(dict(attn="moba", window=w, moba_chunk=max(1, w // 4), moba_topk=min(4, w),
+                         accs=[accuracy(attn="moba", moba_chunk=max(1, w // 4), moba_topk=min(4, w))]))
     save("recall_swap.json", dict(checkpoint=f"mqar-full-L2-s{MQAR['seeds'][0]}", val_seqs=len(x), full=full,
                                   runs=rows))
 
@@ -575,7 +576,7 @@ def lm():
     rows, curves = [], {}
     runs = [(kind, seed) for kind in KINDS[:4] for seed in LM["seeds"]]
     dirs = [os.path.join(work, f"lm-{kind}-s{seed}") for kind, seed in runs]
-    train_all([(od, dict(config=["config/quick.py"], data_root=data, attn=kind, seed=seed, max_iters=LM["iters"],
+    train_all([(od, dict(presets=["config/quick.py"], data_root=data, attn=kind, seed=seed, max_iters=LM["iters"],
                          eval_interval=LM["eval_interval"], **LM["extra"]))
                for (kind, seed), od in zip(runs, dirs)])
     for (kind, seed), od in zip(runs, dirs):
@@ -610,7 +611,7 @@ def lm():
 # config/mqar.py had then; pinned here, so that the step reruns what results/README.md quotes.
 RULES_RECALL_DATA = ["--mqar_seq_len=128", "--mqar_num_pairs=32", "--mqar_num_queries=32", "--mqar_vocab=256",
                      "--mqar_ordered=True"]
-RULES_RECALL = dict(block_size=128, n_head=2, n_embd=128, window=8, moba_block=2, moba_topk=4, learning_rate=3e-3,
+RULES_RECALL = dict(block_size=128, n_head=2, n_embd=128, window=8, moba_chunk=2, moba_topk=4, learning_rate=3e-3,
                     decay_lr=True, warmup_iters=50, min_lr=3e-4, n_layer=2)
 
 
@@ -623,9 +624,9 @@ def sa_rules():
     run("prepare_data.py", "--dataset=pystdlib", f"--data_root={lm_data}")
     run("prepare_data.py", "--dataset=mqar", f"--data_root={recall_data}", *RULES_RECALL_DATA, *MQAR["data"])
     recall_iters = 8 if fast else 300
-    setups = dict(lm=dict(config=["config/quick.py"], data_root=lm_data, max_iters=LM["iters"],
+    setups = dict(lm=dict(presets=["config/quick.py"], data_root=lm_data, max_iters=LM["iters"],
                           eval_interval=LM["eval_interval"], **LM["extra"]),
-                  recall=dict(config=["config/mqar.py", *MQAR["train"]], data_root=recall_data, **RULES_RECALL,
+                  recall=dict(presets=["config/mqar.py", *MQAR["train"]], data_root=recall_data, **RULES_RECALL,
                               max_iters=recall_iters, eval_interval=recall_iters // 4))
     rules, sa_kinds = ["rank", "value"], ["sa", "sa+swa"]
     runs = [(t, k, r, s) for t in setups for s in LM["seeds"] for k in sa_kinds for r in rules]  # LM first
@@ -663,7 +664,7 @@ CONTEXT = 8  # bytes of context that make a repeat (copy_distance)
 
 def moba_budget(window):
     """MoBA's blocks at a window's key budget, as eval.py's swaps: 4 blocks of window // 4."""
-    return dict(moba_block=max(1, window // 4), moba_topk=4)
+    return dict(moba_chunk=max(1, window // 4), moba_topk=4)
 
 
 def sink_mask(T, window, device=None):
@@ -677,8 +678,7 @@ def sink_mask(T, window, device=None):
 def sink_attention(q, k, v, window):
     """The SWA + sink baseline, dense (O(T^2): fine at T=256): attention.masked_attention with sink_mask.
     Pretrained models put much attention on the first token; SWA takes it away, sink gives it back.
-    Applied by swapped_nll in place of attention.sliding_window_attention (what model.py's swa calls),
-    so attention.py stays as it is."""
+    Applied by swapped_nll in place of swa's function in model.KINDS, so attention.py stays as it is."""
     import attention
     return attention.masked_attention(q, k, v, sink_mask(q.shape[2], window, q.device))
 
@@ -736,7 +736,7 @@ def visible_keys(kind, window, T, draws=64):
     if kind == "moba":
         q, k = torch.randn(2, 1, 1, T, 8, generator=torch.Generator().manual_seed(0))  # (1, 1, T, 8) each
         mb = moba_budget(window)
-        return attention.moba_mask(q, k, mb["moba_block"], mb["moba_topk"])[0, 0].sum(-1).float()
+        return attention.moba_mask(q, k, mb["moba_chunk"], mb["moba_topk"])[0, 0].sum(-1).float()
     return (sink_mask(T, window) if kind == "sink" else attention.swa_mask(T, window)).sum(-1).float()
 
 
@@ -746,10 +746,10 @@ def swapped_nll(model, kind, window, x, y, batch=16):
     import contextlib
     import unittest.mock
 
-    import attention
+    import model as M
     model.swap_attention(attn="swa" if kind == "sink" else kind,
                          **({} if kind == "full" else dict(window=window, **moba_budget(window))))
-    sink = unittest.mock.patch.object(attention, "sliding_window_attention", sink_attention)
+    sink = unittest.mock.patch.dict(M.KINDS, swa=M.KINDS["swa"]._replace(fn=sink_attention))
     with sink if kind == "sink" else contextlib.nullcontext():
         return nll(model, x, y, batch)
 
@@ -783,7 +783,7 @@ def swap_at(T):
     if T != 256:
         data = os.path.join(work, "data")
         run("prepare_data.py", "--dataset=pystdlib", f"--data_root={data}")
-        train_all([(os.path.join(work, name), dict(config=["config/quick.py"], data_root=data, attn="full", seed=seed,
+        train_all([(os.path.join(work, name), dict(presets=["config/quick.py"], data_root=data, attn="full", seed=seed,
                                                    block_size=T, max_iters=LM["iters"],
                                                    eval_interval=LM["eval_interval"]))])
     model, _ = load_checkpoint(os.path.join(work, name, "ckpt.pt"))
@@ -810,7 +810,7 @@ def swap_at(T):
                                 for g, m in groups.items()}))
     save(f"swap{suffix}.json", dict(
         checkpoint=name, T=T, val_seqs=len(x), tokens=int(x.numel()), long_range_tokens=counts, context=CONTEXT,
-        sa_draws=SWAP["seeds"], moba="moba_block = window // 4, moba_topk = 4", runs=rows,
+        sa_draws=SWAP["seeds"], moba="moba_chunk = window // 4, moba_topk = 4", runs=rows,
         definition="long-range at w: the nearest earlier occurrence of the 8 bytes up to the query, followed by the "
                    "target byte, has that byte >= w tokens before the query (copy_distance); local: every other token",
         keys="mean visible keys per query, counted on the masks (visible_keys), over all queries and over each "
@@ -873,8 +873,9 @@ def lm1024_runs(data):
             + (f"-i{iters}" if iters else "")  # a repeated cell (issue 33's w=128 arm) keeps its first place
         long = dict(max_iters=iters, lr_decay_iters=iters, eval_interval=c["long_eval"]) if iters else {}
         runs.setdefault(name, (os.path.join(work, "lm1024", name), dict(
-            config=["config/quick.py"], data_root=data, attn=kind, window=window, **moba_budget(window),
-            sa_perm=perm or "head", block_size=c["T"], batch_size=2, seed=seed, copy_task=task == "copy",
+            presets=["config/quick.py"], data_root=data, attn=kind, window=window, **moba_budget(window),
+            sa_perm={"layer": "shared"}.get(perm, perm or "head"), block_size=c["T"], batch_size=2, seed=seed,
+            copy_task=task == "copy",
             **{"max_iters": c[f"{task}_iters"], **c["extra"], **long})))
     return runs
 
@@ -989,8 +990,8 @@ def copy_paths(model, x, y, draws=8):
     prediction for random permutations, and the per-layer SA and SWA gates; and the pre-registered reading."""
     import torch
     import torch.nn.functional as F
-    cfg, (n, T) = model.config, x.shape
-    L, heads, half = cfg.n_layer, cfg.n_head if cfg.sa_perm == "head" else 1, slice(T // 2 - 1, T - 1)
+    c, (n, T) = model.config, x.shape
+    L, heads, half = c.n_layer, c.n_head if c.sa_perm == "head" else 1, slice(T // 2 - 1, T - 1)
     gates = []
     hooks = [b.attn.gate.register_forward_hook(lambda m, i, o: gates.append(torch.sigmoid(o[:, half].float())))
              for b in model.transformer.h]                                     # (n, T/2, 2 * nh) per layer
@@ -1003,15 +1004,15 @@ def copy_paths(model, x, y, draws=8):
             nll = F.cross_entropy(model(x, draws=perms)[0].transpose(1, 2), y, reduction="none")  # (n, T)
             loss.append(nll[:, half])
             first.append(nll[:, :T // 2 - 1].mean())
-            inside.append(torch.stack([sources_in_window(p.expand(n, heads, T), cfg.window, T).any(1)
+            inside.append(torch.stack([sources_in_window(p.expand(n, heads, T), c.window, T).any(1)
                                        for p in perms], 1))                   # (n, L, T/2): in layer l's window
-            g.append(torch.stack(gates, 1).unflatten(-1, (2, cfg.n_head)).mean(-1))  # (n, L, T/2, 2): sa, swa
+            g.append(torch.stack(gates, 1).unflatten(-1, (2, c.n_head)).mean(-1))  # (n, L, T/2, 2): sa, swa
     for h in hooks:
         h.remove()
     loss, inside, g = torch.stack(loss), torch.stack(inside), torch.stack(g)   # (D, n, T/2), (D, n, L, T/2), ...
     direct = inside.any(2)                                                     # (D, n, T/2)
     perms = torch.rand(64, L * heads, T, generator=torch.Generator().manual_seed(0)).argsort(-1)  # random ones
-    predicted = sources_in_window(perms, cfg.window, T).view(64, L, heads, -1).any(2)  # (64, L, T/2)
+    predicted = sources_in_window(perms, c.window, T).view(64, L, heads, -1).any(2)  # (64, L, T/2)
     mean = lambda t, m: float(t[m].mean()) if m.any() else None  # noqa: E731
     L1, L2 = float(torch.stack(first).mean()), float(loss.mean())
     out = dict(draws=draws, sequences=n, first=L1, second=L2, direct=float(direct.float().mean()),
@@ -1074,7 +1075,8 @@ def full_window_check(data, iters=None):
         out_dir = os.path.join(work, "lm1024", f"full-window-check-w{w}")
         run("train.py", "config/quick.py", f"--out_dir={out_dir}", f"--data_root={data}", "--attn=full",
             f"--window={w}", f"--block_size={c['T']}", "--batch_size=2", f"--seed={c['seeds'][0]}", "--copy_task=True",
-            f"--max_iters={iters}", f"--eval_interval={iters}", "--eval_iters=1", "--log_interval=1", "--overwrite=True",
+            f"--max_iters={iters}", f"--lr_decay_iters={iters}", f"--eval_interval={iters}", "--eval_iters=1",
+            "--log_interval=1", "--overwrite=True",
             threads=1)
         with open(os.path.join(out_dir, "log.jsonl")) as f:
             losses[w] = [r["loss"] for r in map(json.loads, f) if "loss" in r]

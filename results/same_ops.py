@@ -15,17 +15,19 @@ from torch.profiler import ProfilerActivity, profile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 base = ""                # the other checkout's root
+sys.path.insert(0, ROOT)  # the configurator's guards.py
 exec(open(os.path.join(ROOT, "configurator.py")).read())
 
 
 def load(path):
-    """attention.py (with the guards.py, blocked.py and kernel.py beside it) of the checkout at path, on the torch path."""
-    for name in ("attention", "guards", "blocked", "kernel"):
+    """attention.py (with the guards.py, tiled.py or blocked.py and kernel.py beside it) of the checkout at path, on the
+    torch path."""
+    for name in ("attention", "guards", "blocked", "tiled", "kernel"):
         sys.modules.pop(name, None)
     sys.path.insert(0, path)
     module = importlib.import_module("attention")
     sys.path.pop(0)
-    module.BACKEND = "torch"
+    setattr(module, "IMPL" if hasattr(module, "IMPL") else "BACKEND", "torch")
     return module
 
 

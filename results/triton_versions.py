@@ -47,7 +47,7 @@ def ast_source(fn, dtype, consts):
     from triton.compiler import ASTSource
     names = fn.arg_names
     sig = {n: f"*{dtype}" if n in ("Q", "K", "V", "O", "DO", "DQ", "DK", "DV") else "*fp32" if n in ("LSE", "RowDot")
-           else "*fp32" if n == "Val" else "*i64" if n == "Pos" else "*i32" if n == "Spans"
+           else "*fp32" if n == "R" else "*i64" if n == "Pos" else "*i32" if n == "Spans"
            else "fp32" if n in ("width", "qk_scale", "sm_scale") else "i32" for n in names if n not in consts}
     ptrs = [i for i, n in enumerate(names) if sig.get(n, "")[:1] == "*"]
     if "constexprs" in inspect.signature(ASTSource).parameters:  # 3.3 on
@@ -69,14 +69,14 @@ def compile_all():
     from triton.backends.compiler import GPUTarget
     import kernel
     for arch, D, which in [(a, D, w) for a in SHARED_KB for D in (64, 128) for w in ("forward", "backward")]:
-        config = kernel.choose_config(torch.bfloat16, D, kernel.Target("cuda", arch, SHARED_KB[arch] * 1024))
+        tiling = kernel.choose_tiling(torch.bfloat16, D, kernel.Target("cuda", arch, SHARED_KB[arch] * 1024))
         if which == "forward":
-            fn, consts = kernel._attn_fwd, dict(D=D, BLOCK_M=config.block_m, BLOCK_N=config.block_n)
+            fn, consts = kernel._attn_fwd, dict(D=D, TILE_M=tiling.tile_m, TILE_N=tiling.tile_n)
         else:
-            fn, consts = kernel._attn_bwd, dict(D=D, BLOCK_FIXED=config.block_fixed, BLOCK_LOOP=config.block_loop)
-        consts.update(HAS_POS=True, HAS_VAL=False, PRECISION=config.precision, pos_stride_t=1)  # as SA launches it
+            fn, consts = kernel._attn_bwd, dict(D=D, TILE_FIXED=tiling.tile_fixed, TILE_LOOP=tiling.tile_loop)
+        consts.update(HAS_POS=True, HAS_R=False, PRECISION=tiling.precision, pos_stride_t=1)  # as SA launches it
         compiled = triton.compile(ast_source(fn, "bf16", consts), target=GPUTarget("cuda", arch, 32),
-                                  options=dict(num_warps=config.num_warps, num_stages=config.num_stages))
+                                  options=dict(num_warps=tiling.num_warps, num_stages=tiling.num_stages))
         print(f"sm_{arch} bf16 D={D} {which}: {compiled.metadata.shared / 1024:.1f} KB shared", flush=True)
 
 

@@ -1,4 +1,4 @@
-"""Tests for eval.py, tasks.py and GPT.from_pretrained, all offline. Run: python -m pytest -q tests/test_eval.py
+"""Tests for eval.py, ev.py and GPT.from_pretrained, all offline. Run: python -m pytest -q tests/test_eval.py
 
 - the scoring definitions on hand-built task files with a stand-in model whose log-probabilities
   are known: acc vs acc_norm, partial scoring, stderr and bootstrap stderr, the context/continuation
@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 import eval as ev
-import tasks
+
 import prepare_data
 from checkpoint import save_checkpoint
 from model import GPT, GPTConfig
@@ -48,7 +48,7 @@ class SuccessorLM:
     """Byte-level: after a character of CYCLE it predicts the next one (after z: space),
     after any other character a space, with logit HI against 0 for the other 255 bytes."""
     block_size, device = 64, "cpu"
-    tok = tasks.Tokenizer("bytes", lambda s: list(s.encode()), lambda ids: bytes(ids).decode(), None,
+    tok = ev.Tokenizer("bytes", lambda s: list(s.encode()), lambda ids: bytes(ids).decode(), None,
                           lambda s: list(s.encode()))
 
     def logits(self, idx, lengths=None):
@@ -73,13 +73,13 @@ def test_multiple_choice_acc_and_acc_norm(tmp_path):
         {"context": "Question: b\nAnswer:", "choices": ["abc", "zzz"], "label": 0},   # both right
         {"context": "x", "choices": ["xyz", "abc"], "label": 0},                     # both wrong
     ]
-    name, kind, loaded = tasks.load_task_file(write_jsonl(tmp_path / "mc.jsonl", docs))
+    name, kind, loaded = ev.load_task_file(write_jsonl(tmp_path / "mc.jsonl", docs))
     assert (name, kind, loaded) == ("mc", "choice", docs)
     lm = SuccessorLM()
-    (ll_b, greedy_b), (ll_long, _) = tasks.loglikelihoods(lm, tasks.requests_of(kind, docs[0]), batch_size=2)
+    (ll_b, greedy_b), (ll_long, _) = ev.loglikelihoods(lm, ev.requests_of(kind, docs[0]), batch_size=2)
     assert ll_b == pytest.approx(HIT + MISS) and not greedy_b
     assert ll_long == pytest.approx(28 * HIT + 2 * MISS)
-    m = tasks.evaluate_task(lm, name, kind, loaded, batch_size=4)
+    m = ev.evaluate_task(lm, name, kind, loaded, batch_size=4)
     assert m["acc"][0] == pytest.approx(1 / 3) and m["acc_norm"][0] == pytest.approx(2 / 3)
     # the harness's stderr: sample std / sqrt(n); [0, 1, 0] and [1, 1, 0] both give sqrt(1/3) / sqrt(3)
     assert m["acc"][1] == pytest.approx(math.sqrt(1 / 3) / math.sqrt(3))
@@ -90,10 +90,10 @@ def test_partial_scoring_shares_the_continuation(tmp_path):
     # " abc" after z: 4 HIT; after o: MISS + 3 HIT
     docs = [{"contexts": ["xyz", "hello"], "continuation": "abc", "label": 0},
             {"contexts": ["xyz", "hello"], "continuation": "abc", "label": 1}]
-    name, kind, loaded = tasks.load_task_file(write_jsonl(tmp_path / "wino.jsonl", docs))
+    name, kind, loaded = ev.load_task_file(write_jsonl(tmp_path / "wino.jsonl", docs))
     assert kind == "partial"
-    assert tasks.requests_of(kind, docs[0]) == [("xyz", " abc"), ("hello", " abc")]
-    m = tasks.evaluate_task(SuccessorLM(), name, kind, loaded, batch_size=3)
+    assert ev.requests_of(kind, docs[0]) == [("xyz", " abc"), ("hello", " abc")]
+    m = ev.evaluate_task(SuccessorLM(), name, kind, loaded, batch_size=3)
     assert m["acc"][0] == 0.5 and "acc_norm" not in m
 
 
@@ -101,37 +101,37 @@ def test_lambada_greedy_accuracy_and_perplexity(tmp_path):
     docs = [{"text": "xyz abc"},     # " abc": all four bytes predicted: correct
             {"text": "xyz abd"},     # the last byte is not the argmax: wrong
             {"text": "hello cde"}]   # MISS, MISS, HIT, HIT: wrong
-    name, kind, loaded = tasks.load_task_file(write_jsonl(tmp_path / "lambada.jsonl", docs))
-    assert tasks.requests_of(kind, docs[2]) == [("hello", " cde")]
-    m = tasks.evaluate_task(SuccessorLM(), name, kind, loaded, batch_size=2)
+    name, kind, loaded = ev.load_task_file(write_jsonl(tmp_path / "lambada.jsonl", docs))
+    assert ev.requests_of(kind, docs[2]) == [("hello", " cde")]
+    m = ev.evaluate_task(SuccessorLM(), name, kind, loaded, batch_size=2)
     assert m["acc"][0] == pytest.approx(1 / 3)
     assert m["ppl"][0] == pytest.approx(math.exp(-(4 * HIT + (3 * HIT + MISS) + (2 * HIT + 2 * MISS)) / 3))
 
 
 def test_tokens_split_and_left_truncation():
     tok = SuccessorLM.tok
-    assert tasks.encode_pair(tok, "ab ", "c") == ([97, 98], [32, 99])  # the context's trailing space moves over
+    assert ev.encode_pair(tok, "ab ", "c") == ([97, 98], [32, 99])  # the context's trailing space moves over
     lm = SuccessorLM()
     lm.block_size = 6  # "Question: b\nAnswer:" + " abc" is 23 bytes: the model sees the last 6 inputs only
-    short = tasks.loglikelihoods(lm, [("Question: b\nAnswer:", " abc")], batch_size=1)
+    short = ev.loglikelihoods(lm, [("Question: b\nAnswer:", " abc")], batch_size=1)
     assert short == [(pytest.approx(4 * HIT), True)]
     with pytest.raises(ValueError, match="block_size"):
-        tasks.loglikelihoods(lm, [("x", " abcdefgh")], batch_size=1)
+        ev.loglikelihoods(lm, [("x", " abcdefgh")], batch_size=1)
     with pytest.raises(ValueError, match="end-of-text"):
-        tasks.encode_pair(tok, "", "abc")
+        ev.encode_pair(tok, "", "abc")
 
 
 def test_harness_prompt_formats():
-    hs = tasks.hellaswag_doc({"activity_label": "Baking", "ctx_a": "A man [header] mixes flour.", "ctx_b": "then he",
+    hs = ev.hellaswag_doc({"activity_label": "Baking", "ctx_a": "A man [header] mixes flour.", "ctx_b": "then he",
                            "endings": ["bakes it [title] well.", "eats it."], "label": "1"})
     assert hs == {"context": "Baking: A man mixes flour. Then he", "choices": ["bakes it. well.", "eats it."],
                   "label": 1}
-    arc = tasks.arc_doc({"question": "Why?", "choices": {"text": ["a", "b", "c"], "label": ["A", "B", "C"]},
+    arc = ev.arc_doc({"question": "Why?", "choices": {"text": ["a", "b", "c"], "label": ["A", "B", "C"]},
                          "answerKey": "C"})
     assert arc == {"context": "Question: Why?\nAnswer:", "choices": ["a", "b", "c"], "label": 2}
-    piqa = tasks.TASKS["piqa"][3]({"goal": "Open a jar", "sol1": "twist", "sol2": "pull", "label": 0})
+    piqa = ev.TASKS["piqa"][3]({"goal": "Open a jar", "sol1": "twist", "sol2": "pull", "label": 0})
     assert piqa == {"context": "Question: Open a jar\nAnswer:", "choices": ["twist", "pull"], "label": 0}
-    wino = tasks.winogrande_doc({"sentence": "Sam thanked Tom because _ helped him.", "option1": "Sam",
+    wino = ev.winogrande_doc({"sentence": "Sam thanked Tom because _ helped him.", "option1": "Sam",
                               "option2": "Tom", "answer": "2"})
     assert wino == {"contexts": ["Sam thanked Tom because Sam", "Sam thanked Tom because Tom"],
                     "continuation": "helped him.", "label": 1}
@@ -139,23 +139,23 @@ def test_harness_prompt_formats():
 
 def test_task_file_errors(tmp_path):
     with pytest.raises(ValueError, match="not found"):
-        tasks.load_task_file(str(tmp_path / "nope.jsonl"))
+        ev.load_task_file(str(tmp_path / "nope.jsonl"))
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"text": "one two"}\n\n{"text": "three four"\n')
     with pytest.raises(ValueError, match=r"bad.jsonl:3: malformed"):
-        tasks.load_task_file(str(bad))
+        ev.load_task_file(str(bad))
     for line, why in [('{"context": "q", "choices": ["a", "b"], "label": 2}', "label"),
                       ('{"context": "q", "choices": ["a"], "label": 0}', "at least two"),
                       ('{"question": "q"}', "expected"),
                       ('[1, 2]', "JSON object")]:
         bad.write_text('{"context": "q", "choices": ["a", "b"], "label": 0}\n' + line + "\n")
         with pytest.raises(ValueError, match=f"bad.jsonl:2: malformed.*{why}"):
-            tasks.load_task_file(str(bad))
+            ev.load_task_file(str(bad))
     bad.write_text('{"context": "q", "choices": ["a", "b"], "label": 0}\n{"text": "one two"}\n')
     with pytest.raises(ValueError, match="bad.jsonl:2: a lambada line in a file of choice lines"):
-        tasks.load_task_file(str(bad))
+        ev.load_task_file(str(bad))
     with pytest.raises(ValueError, match="mean_stderr of no values"):  # was (nan, None), a mean of nothing
-        tasks.mean_stderr([])
+        ev.mean_stderr([])
     with pytest.raises(ValueError, match="tasks='hellaswagg': unknown 'hellaswagg': choose from ppl, lambada"):
         ev.run({"tasks": "hellaswagg"})
 
@@ -165,7 +165,7 @@ def test_a_task_file_that_is_not_utf8_is_named(tmp_path):
     bad.write_bytes(b'{"text": "one two"}\n' + '{"text": "caf\xe9 au lait"}\n'.encode("latin-1"))
     with pytest.raises(ValueError, match=rf"^{re.escape(str(bad))}:2: not UTF-8 text \(byte 0xe9 at column 14\): "
                                          "save it as UTF-8$"):
-        tasks.load_task_file(str(bad))
+        ev.load_task_file(str(bad))
 
 
 # -----------------------------------------------------------------------------
@@ -184,7 +184,7 @@ def tiny_run(tmp_path_factory):
     torch.manual_seed(0)
     model = GPT(GPTConfig(block_size=16, vocab_size=256, n_layer=2, n_head=2, n_embd=32, attn="swa", window=4))
     os.makedirs(out_dir)
-    save_checkpoint({"model": model.state_dict(), "model_args": model.model_args(), "config": {"dataset": "tiny"},
+    save_checkpoint({"model": model.state_dict(), "model_args": model.model_args(), "settings": {"dataset": "tiny"},
                      "meta": meta}, os.path.join(out_dir, "ckpt.pt"))
     return {"out_dir": out_dir, "data_root": data_root, "model": model.eval(), "device": "cpu", "dtype": "float32"}
 
@@ -208,7 +208,7 @@ def test_perplexity_on_a_prepared_dataset(tiny_run, tmp_path):
     assert got["bpb"] == pytest.approx(nll / n / math.log(2), rel=1e-5)  # bytes: one token, one byte
     saved = json.loads((tmp_path / "ppl.json").read_text())
     assert saved["results"][0]["attn"] == "swa" and saved["results"][0]["window"] == 4
-    with pytest.raises(ValueError, match="window must be an integer >= 1"):
+    with pytest.raises(ValueError, match="window=0: use an integer >= 1"):
         ev.run({**base, "attn": "sa", "window": 0})
     with pytest.raises(ValueError, match="-> 'sa\\+swa' without training: the gates"):
         ev.run({**base, "attn": "sa+swa"})
@@ -249,7 +249,7 @@ def test_sa_swa_model_sweeps_both_windows(tiny_run, tmp_path):
     """An sa+swa model keeps its kind: --attn=sa is one clear line, --windows varies both paths' window."""
     torch.manual_seed(0)
     model = GPT(GPTConfig(block_size=16, vocab_size=256, n_layer=2, n_head=2, n_embd=32, attn="sa+swa", window=4))
-    save_checkpoint({"model": model.state_dict(), "model_args": model.model_args(), "config": {"dataset": "tiny"},
+    save_checkpoint({"model": model.state_dict(), "model_args": model.model_args(), "settings": {"dataset": "tiny"},
                      "meta": prepare_data.load_meta(os.path.join(tiny_run["data_root"], "tiny"))},
                     str(tmp_path / "ckpt.pt"))
     base = {"out_dir": str(tmp_path), "data_root": tiny_run["data_root"], "device": "cpu", "dtype": "float32"}
@@ -275,7 +275,7 @@ def test_sweep_plot_labels_only_the_windows():
 def test_unwritable_outputs_are_one_line(tiny_run, tmp_path):
     """A read-only place stops the run before any model loads; a full disk after the tables, in one line."""
     base = {k: tiny_run[k] for k in ("out_dir", "data_root", "device", "dtype")}
-    with pytest.raises(ValueError, match="cannot write to /sys/res .*Permission denied"):
+    with pytest.raises(ValueError, match="cannot write to /sys/res/r.json .*Permission denied"):
         ev.run({**base, "out_dir": str(tmp_path / "none"), "json_out": "/sys/res/r.json"})
     with pytest.raises(ValueError, match="cannot write to /sys"):
         ev.run({**base, "out_dir": str(tmp_path / "none"), "windows": "2,4", "plot": "/sys/sweep.png"})
@@ -294,10 +294,10 @@ def test_bad_devices_checkpoints_and_directories_are_one_line(tiny_run, tmp_path
     if not torch.cuda.is_available():
         cases.append(({"device": "cuda"}, "device='cuda': CUDA is not available here"))
     good = torch.load(os.path.join(tiny_run["out_dir"], "ckpt.pt"), weights_only=True)
-    for key in ("meta", "config"):
+    for key in ("meta", "settings"):
         (tmp_path / key).mkdir()
         torch.save({k: v for k, v in good.items() if k != key}, tmp_path / key / "ckpt.pt")
-        cases.append(({"out_dir": str(tmp_path / key)}, f"has no '{key}' entry: it was written by another program"))
+        cases.append(({"out_dir": str(tmp_path / key)}, f"no '{key}' entry"))
     for cfg, message in cases:
         with pytest.raises(ValueError) as e:
             ev.run({**base, **cfg})
@@ -313,8 +313,8 @@ def test_bad_devices_checkpoints_and_directories_are_one_line(tiny_run, tmp_path
     ({"task_file": "{a},{b}"}, "task_file='{a},{b}': two tasks are named 'mine' (a task is named after its file)"),
     ({"task_file": "{lambada}", "tasks": "lambada"}, "task_file='{lambada}': two tasks are named 'lambada'"),
     ({"dataset": "../data/tiny"}, "dataset='../data/tiny': use a plain name, no path"),
-    ({"json_out": "{dir}"}, "json_out={dir!r} is a directory: give a file's path"),
-    ({"windows": "2,4", "plot": "{dir}"}, "plot={dir!r} is a directory: give a file's path"),
+    ({"json_out": "{dir}"}, "json_out={dir!r}: it is a directory, not a file"),
+    ({"windows": "2,4", "plot": "{dir}"}, "plot={dir!r}: it is a directory, not a file"),
     ({"limit": -1}, "limit=-1: use an integer >= 0"),
     ({"seeds": 0}, "seeds=0: use an integer >= 1"),
     ({"batch_size": 0}, "batch_size=0: use an integer >= 1"),
@@ -357,7 +357,7 @@ def test_bad_data_and_tokenizers_are_one_line_naming_the_file(tiny_run, tmp_path
     meta = prepare_data.load_meta(src)
     (data / "meta.json").write_text(json.dumps({**meta, "dtype": "float16"}))
     base = {k: tiny_run[k] for k in ("out_dir", "device", "dtype")}
-    with pytest.raises(ValueError, match=f"{data / 'meta.json'} has dtype='float16', which cannot hold token ids"):
+    with pytest.raises(ValueError, match=f"{data / 'meta.json'}: 'dtype' is 'float16', which cannot hold token ids"):
         ev.run({**base, "data_root": str(tmp_path / "data")})
     good = torch.load(os.path.join(tiny_run["out_dir"], "ckpt.pt"), weights_only=True)
     torch.save({**good, "meta": {**meta, "tokenizer": "nope"}}, tmp_path / "ckpt.pt")
@@ -408,7 +408,7 @@ def test_gpt2_import_matches_transformers():
         assert (swa(x)[0] - want).abs().max() < 1e-5
     with pytest.raises(ValueError, match="can override only"):
         GPT.from_pretrained(hf, {"n_layer": 3})
-    with pytest.raises(ValueError, match="unknown GPT-2 model_type"):
+    with pytest.raises(ValueError, match="unknown GPT-2 model"):
         GPT.from_pretrained("gpt3")
 
 
@@ -422,7 +422,7 @@ def test_missing_packages_are_clear_errors(monkeypatch):
     with pytest.raises(ValueError, match="pip install transformers"):
         ev.run({"init_from": "Qwen/Qwen3-0.6B", "tasks": "ppl"})
     with pytest.raises(ValueError, match="pip install datasets, or pass the task as --task_file"):
-        tasks.load_task("hellaswag")
+        ev.load_task("hellaswag")
 
 
 # -----------------------------------------------------------------------------
@@ -455,7 +455,7 @@ def test_hf_attention_window_covering_T_is_sdpa(qwen):
     want = hf_logits(qwen, "sdpa", x)
     g = torch.Generator()
     for setting in ({"attn": "swa", "window": 20}, {"attn": "sa", "window": 32},
-                    {"attn": "moba", "moba_block": 8, "moba_topk": 3}):
+                    {"attn": "moba", "moba_chunk": 8, "moba_topk": 3}):
         got = hf_logits(qwen, ev.register_hf_attention(**setting, generator=g), x, g)
         assert (got - want).abs().max() < 1e-5, setting
 
@@ -468,7 +468,7 @@ def test_hf_attention_small_window_is_causal_and_sparse(qwen):
     full = hf_logits(qwen, "sdpa", x)
     g = torch.Generator()
     for setting in ({"attn": "swa", "window": 3}, {"attn": "sa", "window": 3},
-                    {"attn": "moba", "moba_block": 4, "moba_topk": 2}):
+                    {"attn": "moba", "moba_chunk": 4, "moba_topk": 2}):
         name = ev.register_hf_attention(**setting, generator=g)
         a, b = hf_logits(qwen, name, x, g), hf_logits(qwen, name, x2, g)
         assert (a[:, :13] - b[:, :13]).abs().max() < 1e-6, setting   # the past does not see the future
@@ -554,13 +554,13 @@ def test_hf_tokens_get_the_tokenizers_bos(bos_model_dir):
     lm = load_hf(bos_model_dir)
     ids, BOS = lm.tok.encode, 256
     # the tokenizer's default special tokens: BOS before every non-empty context
-    assert tasks.encode_pair(lm.tok, "ab ", "cd") == ([BOS] + ids("ab"), ids(" cd"))
-    assert tasks.encode_pair(lm.tok, "<s>ab", " c") == ([BOS] + ids("ab"), ids(" c"))  # no second BOS
+    assert ev.encode_pair(lm.tok, "ab ", "cd") == ([BOS] + ids("ab"), ids(" cd"))
+    assert ev.encode_pair(lm.tok, "<s>ab", " c") == ([BOS] + ids("ab"), ids(" c"))  # no second BOS
     # empty context: the prefix token (BOS), then the continuation with no special tokens; a
     # whitespace-only context is scored the same way (lm-eval 0.4.13 gives [BOS] and whole[1:] there too)
-    assert tasks.encode_pair(lm.tok, "", " cd") == ([BOS], ids(" cd"))
-    assert tasks.encode_pair(lm.tok, "  ", "cd") == ([BOS], ids("  cd"))
-    (ll, _), = tasks.loglikelihoods(lm, [("ab", " cd")], batch_size=1)
+    assert ev.encode_pair(lm.tok, "", " cd") == ([BOS], ids(" cd"))
+    assert ev.encode_pair(lm.tok, "  ", "cd") == ([BOS], ids("  cd"))
+    (ll, _), = ev.loglikelihoods(lm, [("ab", " cd")], batch_size=1)
     x = torch.tensor([[BOS] + ids("ab cd")])
     with torch.no_grad():
         logp = lm.model(x).logits[0, :-1].log_softmax(-1)          # (T-1, vocab)
@@ -568,8 +568,8 @@ def test_hf_tokens_get_the_tokenizers_bos(bos_model_dir):
 
 
 def test_whitespace_only_context_is_scored_after_end_of_text():
-    tok = tasks.Tokenizer("t", lambda s: list(s.encode()), None, 0, lambda s: list(s.encode()))
-    assert tasks.encode_pair(tok, " \n", "ab") == ([0], list(b" \nab"))  # lm-eval 0.4.13 asserts here
+    tok = ev.Tokenizer("t", lambda s: list(s.encode()), None, 0, lambda s: list(s.encode()))
+    assert ev.encode_pair(tok, " \n", "ab") == ([0], list(b" \nab"))  # lm-eval 0.4.13 asserts here
 
 
 def lm_eval_bootstrap_stderr(f, xs, iters):
@@ -585,13 +585,13 @@ def lm_eval_bootstrap_stderr(f, xs, iters):
 
 def test_lambada_ppl_stderr_is_lm_evals_bootstrap(tmp_path):
     docs = [{"text": t} for t in ("xyz abc", "xyz abd", "hello cde", "a bcd", "q rst")]
-    name, kind, loaded = tasks.load_task_file(write_jsonl(tmp_path / "lambada.jsonl", docs))
-    m = tasks.evaluate_task(SuccessorLM(), name, kind, loaded, batch_size=2, bootstrap_iters=2000)
-    lls = [ll for ll, _ in tasks.loglikelihoods(SuccessorLM(), [tasks.requests_of(kind, d)[0] for d in docs], 2)]
+    name, kind, loaded = ev.load_task_file(write_jsonl(tmp_path / "lambada.jsonl", docs))
+    m = ev.evaluate_task(SuccessorLM(), name, kind, loaded, batch_size=2, bootstrap_iters=2000)
+    lls = [ll for ll, _ in ev.loglikelihoods(SuccessorLM(), [ev.requests_of(kind, d)[0] for d in docs], 2)]
     perplexity = lambda items: math.exp(-sum(items) / len(items))   # lm-eval's perplexity aggregation
     want = lm_eval_bootstrap_stderr(perplexity, lls, 2000)
     assert want > 0 and m["ppl"][1] == pytest.approx(want, rel=1e-9)
-    assert tasks.evaluate_task(SuccessorLM(), name, kind, loaded, batch_size=2, bootstrap_iters=0)["ppl"][1] is None
+    assert ev.evaluate_task(SuccessorLM(), name, kind, loaded, batch_size=2, bootstrap_iters=0)["ppl"][1] is None
 
 
 # -----------------------------------------------------------------------------
@@ -606,7 +606,7 @@ def padded_batch(a, b, side):
     return x, mask, (slice(len(pad), None) if side == "left" else slice(0, len(b)))
 
 
-@pytest.mark.parametrize("sa_perm", ["layer", "head"])
+@pytest.mark.parametrize("sa_perm", ["shared", "head"])
 def test_our_sa_score_does_not_depend_on_the_batch(sa_perm):
     """SA's permutations covered the padded length, so a document's SA logits moved with the
     batch it was scored in; now each row permutes only its own real tokens."""
@@ -641,12 +641,12 @@ def test_hf_attention_honours_left_and_right_padding(qwen):
         x, mask, real = padded_batch(a, b, side)
         sdpa = run("sdpa", x, mask)
         for setting in ({"attn": "swa", "window": 20}, {"attn": "sa", "window": 20},
-                        {"attn": "moba", "moba_block": 8, "moba_topk": 3}):   # budgets covering T: sdpa
+                        {"attn": "moba", "moba_chunk": 8, "moba_topk": 3}):   # budgets covering T: sdpa
             got = run(ev.register_hf_attention(**setting, generator=g), x, mask)
             assert (got[1, real] - sdpa[1, real]).abs().max() < 1e-5, (side, setting)
             assert (got[0] - sdpa[0]).abs().max() < 1e-5, (side, setting)
         for setting in ({"attn": "swa", "window": 3}, {"attn": "sa", "window": 3},
-                        {"attn": "moba", "moba_block": 2, "moba_topk": 2}):   # sparse: as if each row were alone
+                        {"attn": "moba", "moba_chunk": 2, "moba_topk": 2}):   # sparse: as if each row were alone
             name = ev.register_hf_attention(**setting, generator=g)
             got = run(name, x, mask, seed=5)
             assert (got[1, real] - run(name, b[None], seed=5)[0]).abs().max() < 1e-5, (side, setting)
@@ -656,14 +656,14 @@ def test_hf_attention_honours_left_and_right_padding(qwen):
 @needs_transformers
 def test_sa_score_does_not_depend_on_the_batch(qwen):
     """eval.py's own scoring: one document scored alone and right-padded in a batch, same SA seed."""
-    tok = tasks.Tokenizer("ids", lambda s: [int(t) for t in s.split()], None, 0, lambda s: [int(t) for t in s.split()])
+    tok = ev.Tokenizer("ids", lambda s: [int(t) for t in s.split()], None, 0, lambda s: [int(t) for t in s.split()])
     lm = ev.HFLM(qwen, tok, block_size=None, device="cpu")
     lm.use({"attn": "sa", "window": 2})
     short, long = ("5 6 7 8 9 10", " 11 12"), (" ".join(str(i) for i in range(20, 50)), " 51 52")
     lm.seed(0)
-    alone = tasks.loglikelihoods(lm, [short], batch_size=2)[0][0]
+    alone = ev.loglikelihoods(lm, [short], batch_size=2)[0][0]
     lm.seed(0)
-    batched = tasks.loglikelihoods(lm, [short, long], batch_size=2)[0][0]
+    batched = ev.loglikelihoods(lm, [short, long], batch_size=2)[0][0]
     assert batched == pytest.approx(alone, abs=1e-4)
     qwen.set_attn_implementation("sdpa")
 

@@ -19,7 +19,7 @@ PROMPT, TOTAL = 13, 90
 
 def tiny(attn, **kw):
     torch.manual_seed(0)
-    cfg = dict(block_size=96, vocab_size=61, n_layer=2, n_head=2, n_embd=32, window=7, moba_block=8, moba_topk=3)
+    cfg = dict(block_size=96, vocab_size=61, n_layer=2, n_head=2, n_embd=32, window=7, moba_chunk=8, moba_topk=3)
     return GPT(GPTConfig(attn=attn, **{**cfg, **kw})).eval()
 
 
@@ -37,7 +37,7 @@ def cached_draws(model, cache, B, T):
     if "rs" not in cache.layers[0]:
         return None
     r = [torch.zeros_like(layer["rs"]).scatter_(1, layer["ps"], layer["rs"]) for layer in cache.layers]  # (R, T) each
-    return [x[0] if cfg.sa_perm == "layer" else x.view(B, cfg.n_head, T) for x in r]
+    return [x[0] if cfg.sa_perm == "shared" else x.view(B, cfg.n_head, T) for x in r]
 
 
 @pytest.mark.parametrize("attn,kw", [("full", {}), ("full", dict(pos_emb="learned")), ("swa", {}),
@@ -160,7 +160,7 @@ def test_sa_cannot_be_cached_says_so_and_recomputes(attn, capsys):
 
 EVERY_KIND = [("full", {}), ("swa", {}), ("moba", {})] + [
     (attn, dict(sa_rule=rule, sa_perm=perm))
-    for attn in ("sa", "sa+swa") for rule in ("rank", "value") for perm in ("layer", "head")]
+    for attn in ("sa", "sa+swa") for rule in ("rank", "value") for perm in ("shared", "head")]
 CACHEABLE = [(attn, kw) for attn, kw in EVERY_KIND if kw.get("sa_rule") != "rank"]
 
 
@@ -250,12 +250,12 @@ def test_an_empty_batch_generates_an_empty_batch(attn, kw):
 
 
 def test_a_moba_block_past_block_size_is_one_block_in_the_cache():
-    """--moba_block=1000000000 used to allocate a cache of 10^9 slots per layer; past block_size it is one block."""
-    model, idx = tiny("moba", moba_block=10**9), tokens(2, 5)
+    """--moba_chunk=1000000000 used to allocate a cache of 10^9 slots per layer; past block_size it is one block."""
+    model, idx = tiny("moba", moba_chunk=10**9), tokens(2, 5)
     with MaxNumel() as seen:
         got = model.generate(idx, 20, temperature=0)
     assert seen.max < 10**6
-    assert torch.equal(got, tiny("moba", moba_block=96).generate(idx, 20, temperature=0))
+    assert torch.equal(got, tiny("moba", moba_chunk=96).generate(idx, 20, temperature=0))
 
 
 # -----------------------------------------------------------------------------

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 import attention as A
-import blocked
+import tiled
 from test_attention import (assert_a_bad_value_reaches_only_its_queries, assert_same, attention_kinds, out_and_grads,
                             qkv, random_perm)
 
@@ -30,13 +30,13 @@ import kernel  # noqa: E402  (after the skip)
 pytestmark = pytest.mark.filterwarnings("ignore:.*encountered in:RuntimeWarning")
 KDEV = "cuda" if torch.cuda.is_available() else "cpu"  # conftest.py turns on the interpreter without a GPU
 # small blocks, so that T <= 130 spans several blocks: edge and interior blocks are both exercised
-SMALL = kernel.Config(32, 16, 32, 16, num_warps=4, num_stages=2, precision=None, shared_kb=0)
+SMALL = kernel.Tiling(32, 16, 32, 16, num_warps=4, num_stages=2, precision=None, shared_kb=0)
 
 
 @pytest.fixture
 def small_blocks(monkeypatch):
-    choose = kernel.choose_config
-    monkeypatch.setattr(kernel, "choose_config", lambda *a: SMALL._replace(precision=choose(*a).precision))
+    choose = kernel.choose_tiling
+    monkeypatch.setattr(kernel, "choose_tiling", lambda *a: SMALL._replace(precision=choose(*a).precision))
 
 
 def kernel_case(B, H, T, D, dtype, pos_kind):
@@ -89,7 +89,7 @@ def test_triton_swa_head_dim_64(small_blocks):
 
 
 def test_triton_swa_default_config():
-    """The configuration choose_config gives (here the sm_80 one), not only the small test blocks."""
+    """The configuration choose_tiling gives (here the sm_80 one), not only the small test blocks."""
     q, k, v, pos = kernel_case(1, 1, 300, 64, torch.float32, "perm")
     assert_same(lambda *x: kernel.triton_swa(*x, 100, pos), q, k, v, lambda *x: A.swa_reference(*x, 100, pos))
 
@@ -97,7 +97,7 @@ def test_triton_swa_default_config():
 @pytest.mark.parametrize("perm_shape", [(), (2, 1)])
 def test_stochastic_attention_through_triton(small_blocks, monkeypatch, perm_shape):
     """SA end to end: gather by perm, triton_swa(pos=perm), scatter back == the dense SA reference."""
-    monkeypatch.setattr(A, "BACKEND", "triton")
+    monkeypatch.setattr(A, "IMPL", "triton")
     q, k, v = qkv(2, 2, 100, 16, device=KDEV)
     perm = random_perm(perm_shape, 100, device=KDEV)
     assert_same(lambda *x: A.stochastic_attention(*x, 16, perm), q, k, v, lambda *x: A.sa_reference(*x, 16, perm))
@@ -109,20 +109,20 @@ def test_stochastic_attention_through_triton(small_blocks, monkeypatch, perm_sha
 def test_value_sa_through_triton(small_blocks, bf16_dot, monkeypatch, T, window, r_shape, dtype):
     """SA's value rule end to end: sorted by r, the kernel's per-block key spans (from the host)
     and its |val_i - val_j| < width mask == the dense reference, forward and backward."""
-    monkeypatch.setattr(A, "BACKEND", "triton")
+    monkeypatch.setattr(A, "IMPL", "triton")
     q, k, v = qkv(2, 2, T, 16, dtype=dtype, device=KDEV)
     r = torch.rand(*r_shape, T, generator=torch.Generator().manual_seed(T)).to(KDEV)
     assert_same(lambda *x: A.stochastic_value_attention(*x, window / T, r), q, k, v,
                 lambda *x: A.sa_value_reference(*x, window / T, r))
 
 
-@pytest.mark.parametrize("val, width, problem", [(torch.rand(8).sort().values.double(), 0.1, "val must be fp32"),
+@pytest.mark.parametrize("r, width, problem", [(torch.rand(8).sort().values.double(), 0.1, "r must be fp32"),
                                                  (torch.arange(8.0).flip(0) / 8, 0.1, "ascending"),
                                                  (torch.rand(8).sort().values, 0.0, "width > 0")])
-def test_triton_swa_rejects_bad_val(val, width, problem):
+def test_triton_swa_rejects_bad_r(r, width, problem):
     q = torch.zeros(1, 2, 8, 16, device=KDEV)
     with pytest.raises(ValueError, match=problem):
-        kernel.triton_swa(q, q, q, width, torch.arange(8, device=KDEV), val.to(KDEV))
+        kernel.triton_swa(q, q, q, width, torch.arange(8, device=KDEV), r.to(KDEV))
 
 
 @pytest.mark.parametrize("D, window, pos, problem", [
@@ -169,7 +169,7 @@ def assert_finite_like_sdpa(fn, q, k, v, mask):
 def test_kernel_under_autocast(small_blocks, bf16_dot, monkeypatch, kind, dtype):
     """fp32 inputs under torch.autocast through the kernel: SDPA's output dtype, forward and backward
     equal to the reference under the same autocast."""
-    monkeypatch.setattr(A, "BACKEND", "triton")
+    monkeypatch.setattr(A, "IMPL", "triton")
     fast, ref = attention_kinds(100, B=2, H=2)[kind]
     q, k, v = qkv(2, 2, 100, 16, device=KDEV)
     with torch.autocast(KDEV, dtype=dtype):
@@ -181,7 +181,7 @@ def test_kernel_under_autocast(small_blocks, bf16_dot, monkeypatch, kind, dtype)
 
 @pytest.mark.parametrize("kind", ["swa", "sa", "sa-value"])
 def test_kernel_nan_key_reaches_only_the_queries_that_see_it(small_blocks, monkeypatch, kind):
-    monkeypatch.setattr(A, "BACKEND", "triton")
+    monkeypatch.setattr(A, "IMPL", "triton")
     fast, ref = attention_kinds(100, window=4, B=1, H=2)[kind]
     q, k, v = (t.detach() for t in qkv(1, 2, 100, 16, device=KDEV))
     k[:, :, 70] = float("nan")
@@ -192,7 +192,7 @@ def test_kernel_nan_key_reaches_only_the_queries_that_see_it(small_blocks, monke
 
 @pytest.mark.parametrize("kind", ["swa", "sa", "sa-value"])
 def test_kernel_bad_value_reaches_only_the_queries_that_see_it(small_blocks, monkeypatch, kind):
-    monkeypatch.setattr(A, "BACKEND", "triton")
+    monkeypatch.setattr(A, "IMPL", "triton")
     assert_a_bad_value_reaches_only_its_queries(*attention_kinds(100, window=4, B=1, H=2)[kind], 100, KDEV)
 
 
@@ -210,22 +210,22 @@ def test_auto_falls_back_to_torch(monkeypatch, cause, match):
     if cause == "shared memory":   # a device with 16 KB: no configuration fits
         monkeypatch.setattr(kernel, "INTERPRETER", kernel.Target("cuda", 80, 16 * 1024))
     else:                          # as a compile for a GPU may fail
-        monkeypatch.setattr(kernel, "choose_config", oom)
+        monkeypatch.setattr(kernel, "choose_tiling", oom)
     monkeypatch.setattr(kernel, "SELF_CHECKS", {})  # no self-check passed here before
     q, k, v = qkv(1, 2, 50, 16, device=KDEV)
     perm = random_perm((), 50, device=KDEV)
-    monkeypatch.setattr(A, "BACKEND", "triton")
+    monkeypatch.setattr(A, "IMPL", "triton")
     with pytest.raises(Exception, match=match):
         A.stochastic_attention(q, k, v, 8, perm)
-    monkeypatch.setattr(A, "BACKEND", "auto")
-    monkeypatch.setattr(A, "_backend", lambda q: "triton")   # as "auto" decides for a CUDA tensor
+    monkeypatch.setattr(A, "IMPL", "auto")
+    monkeypatch.setattr(A, "_impl", lambda q: "triton")   # as "auto" decides for a CUDA tensor
     with pytest.warns(UserWarning, match=f"torch path instead: .*{match}"):
         assert_same(lambda *x: A.stochastic_attention(*x, 8, perm), q, k, v, lambda *x: A.sa_reference(*x, 8, perm))
     r = torch.rand(50, device=KDEV)
     with pytest.warns(UserWarning, match=f"torch path instead: .*{match}"):
         assert_same(lambda *x: A.stochastic_value_attention(*x, 0.2, r), q, k, v,
                     lambda *x: A.sa_value_reference(*x, 0.2, r))
-    line = A.backend_line(KDEV, torch.float32, 16, ["sa+swa"])
+    line = A.impl_line(KDEV, torch.float32, 16, ["sa+swa"])
     assert re.fullmatch(f"attention: the torch path for swa, sa rank on the CPU interpreter float32: .*{match}.*",
                         line), line
 
@@ -233,8 +233,8 @@ def test_auto_falls_back_to_torch(monkeypatch, cause, match):
 def test_a_kernel_bug_raises_under_auto(monkeypatch):
     """A kernel that fails for a reason other than the GPU's limits (here: blocks of 48 rows, no power
     of 2) must raise, not hide behind the torch path."""
-    monkeypatch.setattr(kernel, "choose_config", lambda *a: SMALL._replace(block_m=48))
-    monkeypatch.setattr(A, "_backend", lambda q: "triton")
+    monkeypatch.setattr(kernel, "choose_tiling", lambda *a: SMALL._replace(tile_m=48))
+    monkeypatch.setattr(A, "_impl", lambda q: "triton")
     q, k, v = qkv(1, 2, 50, 16, device=KDEV)
     with pytest.raises(Exception, match="power of 2"):
         A.sliding_window_attention(q, k, v, 8)
@@ -248,7 +248,7 @@ def test_only_unsupported_falls_back_under_auto(monkeypatch, error):
         raise error("raised inside the kernel")
     monkeypatch.setattr(kernel, "_launch_args", launch)
     monkeypatch.setattr(kernel, "SELF_CHECK", False)
-    monkeypatch.setattr(A, "_backend", lambda q: "triton")   # as "auto" decides for a CUDA tensor
+    monkeypatch.setattr(A, "_impl", lambda q: "triton")   # as "auto" decides for a CUDA tensor
     q, k, v = qkv(1, 2, 50, 16, device=KDEV)
     if error is ValueError:
         with pytest.raises(ValueError, match="raised inside the kernel"):
@@ -275,14 +275,14 @@ def test_kernel_imports_nothing_from_the_repo():
 
 def test_kernel_copies_equal_blocked():
     """kernel.py keeps its own copies of the band's edges and the value rule's key spans (it imports nothing from
-    the repo): the same as blocked.py's, edge cases included."""
+    the repo): the same as tiled.py's, edge cases included."""
     for window, T, two_sided in itertools.product((1, 5, 100, 300), (1, 7, 100), (False, True)):
-        assert kernel.band_edges(float(window), T, two_sided) == blocked.band_edges(float(window), T, two_sided)
+        assert kernel.band_edges(float(window), T, two_sided) == tiled.band_edges(float(window), T, two_sided)
     g = torch.Generator().manual_seed(0)
     for R, T, block, width, margin in ((1, 1, 16, 0.1, 0.0), (3, 100, 16, 0.1, 1e-6), (2, 257, 64, 0.02, 0.0),
                                        (1, 50, 32, 2.0, 1e-6)):
         val = torch.rand(R, T, generator=g).sort(-1).values
-        spans = [module.value_spans(val, width, margin, block) for module in (kernel, blocked)]
+        spans = [module.value_spans(val, width, margin, block) for module in (kernel, tiled)]
         assert all(torch.equal(got, want) for got, want in zip(*spans))
 
 
@@ -300,7 +300,7 @@ def test_auto_uses_the_kernel_only_with_a_tested_triton(monkeypatch, version, su
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            assert [A._backend(FakeCudaTensor()) for _ in range(2)] == ["triton" if supported else "torch"] * 2
+            assert [A._impl(FakeCudaTensor()) for _ in range(2)] == ["triton" if supported else "torch"] * 2
         assert len(caught) == (0 if supported else 1)
         assert supported or f"Triton {version} is outside the tested range" in str(caught[0].message)
     finally:
@@ -319,7 +319,7 @@ def test_check_passes_under_the_interpreter():
 
 
 # -----------------------------------------------------------------------------
-# Ahead-of-time compiles for real GPUs: the configuration choose_config picks for each target
+# Ahead-of-time compiles for real GPUs: the configuration choose_tiling picks for each target
 # fits its shared memory, and fp16/bf16 never spill registers.
 
 # shared memory a block may opt into (CUDA programming guide's table; AMD's LDS), in bytes
@@ -339,15 +339,15 @@ def compile_kernel(job):
     from triton.compiler import ASTSource
     name, dtype, D, which = job
     target = TARGETS[name]
-    config = kernel.choose_config(dtype, D, target)
+    config = kernel.choose_tiling(dtype, D, target)
     if which.startswith("forward"):
-        fn, consts = kernel._attn_fwd, dict(D=D, BLOCK_M=config.block_m, BLOCK_N=config.block_n)
+        fn, consts = kernel._attn_fwd, dict(D=D, TILE_M=config.tile_m, TILE_N=config.tile_n)
     else:
-        fn, consts = kernel._attn_bwd, dict(D=D, BLOCK_FIXED=config.block_fixed, BLOCK_LOOP=config.block_loop)
-    # as launched for SA: pos strides (.., 1); "value" = the value rule's variant (val and key spans)
-    consts.update(HAS_POS=True, HAS_VAL=which.endswith("value"), PRECISION=config.precision, pos_stride_t=1)
+        fn, consts = kernel._attn_bwd, dict(D=D, TILE_FIXED=config.tile_fixed, TILE_LOOP=config.tile_loop)
+    # as launched for SA: pos strides (.., 1); "value" = the value rule's variant (r and key spans)
+    consts.update(HAS_POS=True, HAS_R=which.endswith("value"), PRECISION=config.precision, pos_stride_t=1)
     signature = {n: "constexpr" if n in consts else PTR[dtype] if n in ("Q", "K", "V", "O", "DO", "DQ", "DK", "DV")
-                 else "*fp32" if n in ("LSE", "RowDot", "Val") else "*i64" if n == "Pos" else "*i32" if n == "Spans"
+                 else "*fp32" if n in ("LSE", "RowDot", "R") else "*i64" if n == "Pos" else "*i32" if n == "Spans"
                  else "fp32" if n.endswith("scale") or n == "width" else "i32" for n in fn.arg_names}
     aligned = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if signature[n][0] == "*"}
     triton.knobs.nvidia.dump_ptxas_log = True           # ptxas -v's report is printed: registers and spills
@@ -369,13 +369,13 @@ def compile_kernel(job):
 
 
 def compile_table(jobs, monkeypatch):
-    """Compile jobs (target name, dtype, D, "forward" or "backward") with choose_config's configuration,
+    """Compile jobs (target name, dtype, D, "forward" or "backward") with choose_tiling's configuration,
     print the table, and assert: within the configuration's shared_kb (so within the target's shared
-    memory), no register spills for fp16/bf16. Where choose_config declines a target, so does the table."""
+    memory), no register spills for fp16/bf16. Where choose_tiling declines a target, so does the table."""
     declined = {}
     for job in jobs:
         try:
-            kernel.choose_config(job[1], job[2], TARGETS[job[0]])
+            kernel.choose_tiling(job[1], job[2], TARGETS[job[0]])
         except kernel.Unsupported as e:
             declined[job] = str(e)
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
@@ -394,7 +394,7 @@ def compile_table(jobs, monkeypatch):
         shared, regs, spills, seconds = results[job]
         print(row + f"{shared / 1024:>10.1f} {regs:>5} {spills:>9} {seconds:>10.1f}")
     for (name, dtype, D, which), (shared, regs, spills, seconds) in results.items():
-        config = kernel.choose_config(dtype, D, TARGETS[name])
+        config = kernel.choose_tiling(dtype, D, TARGETS[name])
         assert shared <= config.shared_kb * 1024, f"{name} {dtype} D={D} {which}: {shared} bytes of shared memory"
         assert dtype == torch.float32 or spills == 0, f"{name} {dtype} D={D} {which}: {spills} bytes spilled"
     assert all(name == "sm_75" for name, *_ in declined), declined
@@ -435,40 +435,46 @@ def test_kernel_masks_equal_attentions():
 
 
 def test_a_correct_kernel_passes_the_self_check(monkeypatch):
-    """backend_line() runs the self-check of each kernel variant a model uses, once, and says so; on the CPU under "auto" it runs
+    """impl_line() runs the self-check of each kernel variant a model uses, once, and says so; on the CPU under "auto" it runs
     no kernel at all."""
     monkeypatch.setattr(kernel, "SELF_CHECKS", {})
-    assert A.backend_line("cpu", torch.float32, 16, ["sa+swa"]) == "attention: the torch path on cpu"
+    assert A.impl_line("cpu", torch.float32, 16, ["sa+swa"]) == "attention: the torch path on cpu"
     assert kernel.SELF_CHECKS == {}
-    monkeypatch.setattr(A, "BACKEND", "triton")
+    monkeypatch.setattr(A, "IMPL", "triton")
     for kinds, rule in ((["sa+swa"], "rank"), (["sa", "full"], "value")):
-        line = A.backend_line("cpu", torch.float32, 16, kinds, rule)
+        line = A.impl_line("cpu", torch.float32, 16, kinds, rule)
         assert re.fullmatch(r"attention: Triton kernel, self-check passed on the CPU interpreter float32 "
                             r"\(max err \d\.\de-0[5-9], [\d.]+ s\)", line), line
         print(line)
     assert {key[3]: err < 1e-4 for key, err in kernel.SELF_CHECKS.items()} == \
         {"swa": True, "sa rank": True, "sa value": True}
-    assert A.backend_line("cpu", torch.float32, 16, ["full", "moba"]) == "attention: no SWA or SA on cpu"
+    assert A.impl_line("cpu", torch.float32, 16, ["full", "moba"]) == "attention: no SWA or SA on cpu"
 
 
 def inject(monkeypatch, fault, dtype=None):
     """One fault in the kernel, for dtype only if given: the band one key too wide, a wrong scale (both forward
-    and backward), dk or dq 10% off (backward only), or a NaN in the output (forward only)."""
-    swa, backward = kernel.triton_swa, kernel._backward
+    and backward), dk or dq 10% off (backward only), or a NaN in the output (forward only). Injected below the ops,
+    so that the self-check, which calls them (kernel._forward, kernel._backward), meets the fault as a call does."""
+    launch_args, backward, forward = kernel._launch_args, kernel._backward, kernel._attn_fwd
     hit = lambda q: dtype is None or q.dtype == dtype  # noqa: E731
 
-    def wide(q, k, v, width, pos=None, val=None, margin=0.0, **check):
-        return swa(q, k, v, width + (1 if val is None else 1 / q.shape[2]) * hit(q), pos, val, margin, **check)
+    def wide(q, pos, r, width, *a):
+        return launch_args(q, pos, r, width + (1 if r is None else 1 / q.shape[2]) * hit(q), *a)
 
-    def nan(q, *args, **check):
-        return swa(q, *args, **check).index_fill(2, torch.tensor([7] if hit(q) else [], dtype=torch.long), float("nan"))
+    class NanRow:  # _attn_fwd[grid](q, k, v, o, ...): then a NaN in o's row 7
+        def __getitem__(self, grid):
+            def launch(q, k, v, o, *a, **kw):
+                forward[grid](q, k, v, o, *a, **kw)
+                if hit(q):
+                    o[:, :, 7] = float("nan")
+            return launch
 
     def off(i):
         return lambda do, *a: tuple(g * 1.1 if j == i and hit(g) else g for j, g in enumerate(backward(do, *a)))
     if fault == "scale":
         monkeypatch.setattr(kernel, "LOG2E", kernel.LOG2E * 1.05)
     else:
-        monkeypatch.setattr(*{"window": (kernel, "triton_swa", wide), "nan": (kernel, "triton_swa", nan),
+        monkeypatch.setattr(*{"window": (kernel, "_launch_args", wide), "nan": (kernel, "_attn_fwd", NanRow()),
                               "dq": (kernel, "_backward", off(0)), "dk": (kernel, "_backward", off(1))}[fault])
 
 
@@ -482,14 +488,14 @@ def test_the_self_check_catches_a_faulty_kernel(monkeypatch, fault, kind):
     q, k, v = qkv(1, 2, 100, 16, device=KDEV)
     inject(monkeypatch, fault)
     monkeypatch.setattr(kernel, "SELF_CHECKS", {})
-    monkeypatch.setattr(A, "BACKEND", "triton")
+    monkeypatch.setattr(A, "IMPL", "triton")
     rule = {"swa": "swa", "sa": "sa rank", "sa-value": "sa value"}[kind]
     message = f"failed its self-check on the CPU interpreter float32 for {rule} .*against the dense fp32 reference"
     with pytest.raises(kernel.Unsupported, match=message):
         fast(q, k, v)
     monkeypatch.setattr(kernel, "SELF_CHECKS", {})
-    monkeypatch.setattr(A, "BACKEND", "auto")
-    monkeypatch.setattr(A, "_backend", lambda q: "triton")   # as "auto" decides for a CUDA tensor
+    monkeypatch.setattr(A, "IMPL", "auto")
+    monkeypatch.setattr(A, "_impl", lambda q: "triton")   # as "auto" decides for a CUDA tensor
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("default")  # as a user's Python: a warning once per place and text
         assert_same(fast, q, k, v, ref)
@@ -503,13 +509,35 @@ def test_the_self_check_catches_a_faulty_kernel(monkeypatch, fault, kind):
         assert_same(fast, q, k, v, ref)
 
 
+@pytest.mark.parametrize("fault", [None, "window"])
+def test_a_compiled_model_runs_the_self_check(monkeypatch, fault):
+    """Compiled, with no eager call before it, the kernel's first call still runs its self-check, and a faulty kernel
+    refuses to run: the op runs check_once, and the compiled graph calls the op (the check used to be skipped when it
+    was traced, under torch.compile)."""
+    calls, check = [], kernel.self_check
+    monkeypatch.setattr(kernel, "self_check", lambda *a, **kw: calls.append(a[3]) or check(*a, **kw))
+    monkeypatch.setattr(kernel, "SELF_CHECKS", {})
+    monkeypatch.setattr(A, "IMPL", "triton")
+    if fault:
+        inject(monkeypatch, fault)
+    q, k, v = qkv(1, 2, 50, 16, device=KDEV)
+    torch._dynamo.reset()
+    swa = torch.compile(lambda q, k, v: A.sliding_window_attention(q, k, v, 8), backend="aot_eager", fullgraph=True)
+    if fault:
+        with pytest.raises(kernel.Unsupported, match="failed its self-check"):
+            swa(q, k, v)
+    else:
+        assert_same(swa, q, k, v, lambda *x: A.swa_reference(*x, 8))
+    assert calls == ["swa"]
+
+
 def test_the_self_check_runs_once_per_key(monkeypatch):
     """Five calls of two rules: two self-checks, not five."""
     calls = []
     check = kernel.self_check
     monkeypatch.setattr(kernel, "self_check", lambda *a, **kw: calls.append(a[1:4]) or check(*a, **kw))
     monkeypatch.setattr(kernel, "SELF_CHECKS", {})
-    monkeypatch.setattr(A, "BACKEND", "triton")
+    monkeypatch.setattr(A, "IMPL", "triton")
     q, k, v = qkv(1, 2, 50, 16, device=KDEV)
     perm = random_perm((), 50, device=KDEV)
     for _ in range(3):
@@ -524,7 +552,7 @@ def test_a_failed_dtype_leaves_the_other_alone(monkeypatch, bf16_dot, faulty):
     """A kernel wrong in one dtype only: that dtype warns and takes the torch path, the other keeps the kernel."""
     inject(monkeypatch, "window", faulty)
     monkeypatch.setattr(kernel, "SELF_CHECKS", {})
-    monkeypatch.setattr(A, "_backend", lambda q: "triton")
+    monkeypatch.setattr(A, "_impl", lambda q: "triton")
     q, k, v = qkv(1, 2, 50, 16, device=KDEV)
     with pytest.warns(UserWarning, match=f"self-check on the CPU interpreter {str(faulty)[6:]} for swa"):
         for dtype in (torch.bfloat16, torch.float32):
@@ -532,6 +560,6 @@ def test_a_failed_dtype_leaves_the_other_alone(monkeypatch, bf16_dot, faulty):
     assert {key[1]: err <= kernel.TOLERANCE[key[1]] for key, err in kernel.SELF_CHECKS.items()} == \
         {torch.bfloat16: faulty != torch.bfloat16, torch.float32: faulty != torch.float32}
     for dtype in (torch.bfloat16, torch.float32):
-        line = A.backend_line("cpu", dtype, 16, ["swa"])
+        line = A.impl_line("cpu", dtype, 16, ["swa"])
         failed = f"attention: the torch path for swa on the CPU interpreter {str(dtype)[6:]}: Unsupported: the Triton"
         assert line.startswith(failed + " kernel failed" if dtype == faulty else "attention: Triton kernel"), line

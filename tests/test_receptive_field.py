@@ -143,7 +143,7 @@ def test_large_runs_show_each_layers_progress(monkeypatch, capsys):
     assert len(lines) == layers == 9 and lines[-1].startswith("causal swa n=64 w=8 seed 0: layer 9, 1.0000 of pairs")
 
 
-@pytest.mark.parametrize("where, match", [("/sys/cov.json", "cannot write to /sys (Permission denied"),
+@pytest.mark.parametrize("where, match", [("/sys/cov.json", "cannot write to /sys/cov.json (Permission denied"),
                                           ("/dev/full", "cannot write /dev/full: No space left on device")])
 def test_cli_unwritable_output_is_one_line(where, match):
     """A read-only place stops the run before the computation; a full disk after the table."""
