@@ -1,7 +1,7 @@
 """Read first. Causal attention, q, k, v (B, H, T, D) -> (B, H, T, D): full, sliding-window (SWA), stochastic (SA), MoBA.
 
 SWA and both SA rules are one rule over a slot and a position per token, stated here once; the dense references,
-tiled.py's engine and kernel.py's Triton kernel all follow it, and test_attention.py holds them to it:
+tiled.py's engine and kernel.py's Triton kernel follow it, and test_attention.py holds them to it:
 
     key j is visible to query i  iff  |slot[i] - slot[j]| < width  and  pos[j] <= pos[i]
 
@@ -11,7 +11,7 @@ permutation perm; gather q, k, v by perm, run SWA with pos = perm, gather back b
 interact iff their slots are fewer than `window` apart. SA, the value rule: one i.i.d. uniform number r per token is
 its slot, width = delta, pos = the token index: a >= b interact iff |r_a - r_b| < delta, by r_a and r_b alone, so a
 KV cache decodes it. MoBA: query i sees its own chunk of keys (j <= i) and the top_k - 1 past chunks of largest
-q_i . mean(K_chunk). Every query sees itself, and no query reads a key it may not see, not even a NaN in its k or v.
+q_i . mean(K_chunk). Every query sees itself; no query reads a key it may not see, not even a NaN in its k or v.
 Scores are fp32. Each function takes q, k, v as PyTorch's SDPA does, checked at its door (guards.check_inputs).
 """
 import functools
@@ -27,10 +27,9 @@ import torch.nn.functional as F
 import tiled
 from guards import InputError, check_count, check_delta, check_inputs
 
-# Which implementation runs the band of SWA and SA: "auto": the Triton kernel for CUDA tensors (a Triton of
-#   TRITON_VERSIONS, a head dim and dtype it has), else "torch"; "torch": tiled.py, O(T * window) time and memory,
-#   no T x T tensor; "triton": the kernel (on the CPU too, under TRITON_INTERPRET=1); "reference": the band as a dense
-#   O(T^2) mask in slot order (rule_mask), plain code for a debugger. Full attention is SDPA's, MoBA tiled.py's, always.
+# What runs the band of SWA and SA: "auto": the Triton kernel for CUDA tensors (a Triton of TRITON_VERSIONS, a head dim
+# and dtype it has), else "torch": tiled.py, O(T * window), no T x T tensor; "triton": the kernel (on the CPU under
+# TRITON_INTERPRET=1); "reference": the band as a dense mask in slot order (rule_mask). Full attention is always SDPA.
 IMPL = "auto"
 IMPLS = ("auto", "torch", "triton", "reference")
 TRITON_VERSIONS = ((3, 2), (3, 9))  # Triton minors tested: results/kernel_triton_versions.txt
@@ -38,7 +37,7 @@ VALUE_MARGIN = 1e-6  # the value rule's key spans reach this much past delta: fp
 
 
 # -----------------------------------------------------------------------------
-# The dense references: O(T^2), the oracle of every test; each kind's mask sits next to its fast path.
+# The dense references: O(T^2), the oracle of every test; each kind's mask sits beside its fast path.
 
 def rule_mask(slot, pos, width):
     """THE rule, dense: (..., T, T) bool, True where query i may see key j; slot and pos (T,) or (..., T)."""
@@ -47,17 +46,17 @@ def rule_mask(slot, pos, width):
 
 
 def masked_attention(q, k, v, mask):
-    """softmax(q k^T / sqrt(D) where mask else -inf) @ v, the scores and softmax in fp32 (no fp16 overflow); keys may
-    be fewer than queries (a KV cache's). A non-finite v[j, d] reaches out[i, d] only where mask[i, j]."""
+    """softmax(q k^T / sqrt(D) where mask else -inf) @ v, scores in fp32; keys may be fewer than queries (a KV cache's).
+    A non-finite v[j, d] reaches out[i, d] only where mask[i, j]."""
     q, k, v = check_inputs(q, k, v, any_length=True, mask=mask)
     with torch.autocast(q.device.type, enabled=False):
         scores = (q.float() @ k.float().transpose(-1, -2) / math.sqrt(q.shape[-1])).masked_fill_(
-            ~mask, torch.finfo(torch.float32).min)                                 # (B, H, T, S)
-        p = torch.softmax(scores, dim=-1).to(v.dtype)                             # (B, H, T, S)
-        bad = ~v.isfinite()                                                       # (B, H, S, D)
+            ~mask, torch.finfo(torch.float32).min)  # (B, H, T, S)
+        p = torch.softmax(scores, dim=-1).to(v.dtype)  # (B, H, T, S)
+        bad = ~v.isfinite()  # (B, H, S, D)
         if not bad.any():
-            return p @ v                                                          # (B, H, T, D)
-        seen = (mask.to(v.dtype) @ bad.to(v.dtype)) > 0                           # (B, H, T, D): i sees a bad v[j, d]
+            return p @ v  # (B, H, T, D)
+        seen = (mask.to(v.dtype) @ bad.to(v.dtype)) > 0  # (B, H, T, D): i sees a bad v[j, d]
         return (p @ v.masked_fill(bad, 0)).masked_fill(seen, math.nan)
 
 
@@ -82,17 +81,16 @@ def swa_reference(q, k, v, window, pos=None):
 
 
 def sliding_window_attention(q, k, v, window, pos=None):
-    """SWA, with positions (the rule above): out (B, H, T, D) for q, k, v (B, H, T, D); pos a LongTensor (T,) or
+    """SWA, with positions (the rule above): q, k, v (B, H, T, D) -> (B, H, T, D); pos a LongTensor (T,) or
     broadcastable to (B, H, T). Without pos, FlashAttention's window_size=(window-1, 0). Equals swa_reference."""
     q, k, v = check_inputs(q, k, v, window=window, pos=pos)
-    return _engine(q, k, v)(q, k, v, pos, None, float(window), VALUE_MARGIN)   # IMPL's engine runs the band
+    return _engine(q, k, v)(q, k, v, pos, None, float(window), VALUE_MARGIN)  # IMPL's engine runs the band
 
 
 def sa_mask(window, perm):
     """SA's rank rule in ORIGINAL token order: slot = each token's slot (perm's inverse), pos = arange(T)."""
-    T = perm.shape[-1]
-    return rule_mask(torch.argsort(perm, dim=-1), torch.arange(T, device=perm.device), min(check_count(window, "window"),
-                                                                                        T))
+    T, window = perm.shape[-1], check_count(window, "window")
+    return rule_mask(torch.argsort(perm, dim=-1), torch.arange(T, device=perm.device), min(window, T))
 
 
 def sa_reference(q, k, v, window, perm):
@@ -104,15 +102,15 @@ def gather(t, perm):
     """t (B, H, T, D) in slot order, slot s holding token perm[..., s]; perm (T,) or broadcastable to (B, H, T).
     gather(t_slots, perm.argsort(-1)) undoes it: slot order back to token order."""
     if perm.dim() == 1:
-        return t.index_select(2, perm)                                       # (B, H, T, D): the fast row copy
-    b, h = (torch.arange(n, device=t.device) for n in t.shape[:2])           # (B,), (H,)
+        return t.index_select(2, perm)  # (B, H, T, D): the fast row copy
+    b, h = (torch.arange(n, device=t.device) for n in t.shape[:2])  # (B,), (H,)
     return t[b[:, None, None], h[None, :, None], perm.expand(*t.shape[:3])]  # (B, H, T, D)
 
 
 def stochastic_attention(q, k, v, window, perm):
-    """SA by the rank rule (above), perm (T,) or broadcastable to (B, H, T): a query sees ~`window` keys, window >= T
-    is full attention, the identity perm is SWA. Equals sa_reference. The last three lines are README.md's recipe;
-    in slot order each slot's original position is perm itself, so perm is SWA's pos there."""
+    """SA by the rank rule (above), perm (T,) or broadcastable to (B, H, T): a query sees ~`window` keys; window >= T
+    is full attention, the identity perm SWA. Equals sa_reference. The last three lines are README.md's recipe; in
+    slot order each slot's original position is perm itself, SWA's pos there."""
     q, k, v = check_inputs(q, k, v, window=window, perm=perm)
     qs, ks, vs = gather(q, perm), gather(k, perm), gather(v, perm)  # (B, H, T, D) each, in permuted (slot) order
     ys = sliding_window_attention(qs, ks, vs, window, pos=perm)     # SWA there, causal on original positions
@@ -123,8 +121,8 @@ def row_perms(seed, lengths, T, heads=1):
     """SA's permutations for right-padded rows: (B, heads, T), row b permuting only its first lengths[b] tokens,
     its pads keeping their slots after them. From `seed` and the row's length alone, never the rest of the batch."""
     rows = [torch.cat([torch.rand(heads, n, generator=torch.Generator().manual_seed(seed)).argsort(-1),  # (heads, n)
-                       torch.arange(n, T).expand(heads, -1)], -1) for n in lengths.tolist()]          # (heads, T)
-    return torch.stack(rows)                                                                           # (B, heads, T)
+                       torch.arange(n, T).expand(heads, -1)], -1) for n in lengths.tolist()]  # (heads, T) each
+    return torch.stack(rows)  # (B, heads, T)
 
 
 def sa_value_mask(delta, r):
@@ -141,11 +139,11 @@ def stochastic_value_attention(q, k, v, delta, r):
     """SA by the value rule (above), r (T,) or broadcastable to (B, H, T): delta = window / T connects a pair as often
     as the rank rule. Sorted by r, a tile of queries sees one contiguous key span. Equals sa_value_reference."""
     q, k, v = check_inputs(q, k, v, delta=delta, r=r)
-    perm = torch.argsort(r, dim=-1, stable=True)                       # (T,) or (B, H, T): ascending r
-    r_sorted = r.gather(-1, perm).float()                              # (T,) or (B, H, T): each slot's r
-    qs, ks, vs = gather(q, perm), gather(k, perm), gather(v, perm)   # (B, H, T, D) each, sorted by r
+    perm = torch.argsort(r, dim=-1, stable=True)  # (T,) or (B, H, T): ascending r
+    r_sorted = r.gather(-1, perm).float()  # (T,) or (B, H, T): each slot's r
+    qs, ks, vs = gather(q, perm), gather(k, perm), gather(v, perm)  # (B, H, T, D) each, sorted by r
     ys = _engine(qs, ks, vs)(qs, ks, vs, perm, r_sorted, float(delta), VALUE_MARGIN)  # the band over r, causal on perm
-    return gather(ys, perm.argsort(-1))                                # back to token order
+    return gather(ys, perm.argsort(-1))  # back to token order
 
 
 # -----------------------------------------------------------------------------
@@ -157,9 +155,9 @@ def moba_mask(q, k, moba_chunk, top_k):
     moba_chunk = max(1, min(check_count(moba_chunk, "moba_chunk"), T))  # a chunk of T keys or more: the same rule
     idx, ok = tiled.moba_select(q, k, moba_chunk, top_k)
     chosen = torch.zeros(*idx.shape[:3], math.ceil(T / moba_chunk), dtype=torch.bool, device=q.device)
-    chosen.scatter_(-1, idx, ok)                                         # (B, H, T, nchunks)
+    chosen.scatter_(-1, idx, ok)  # (B, H, T, nchunks)
     chunk = torch.arange(T, device=q.device) // moba_chunk
-    chosen[..., torch.arange(T), chunk] = True                           # own chunk
+    chosen[..., torch.arange(T), chunk] = True  # own chunk
     return chosen[..., chunk] & torch.ones(T, T, dtype=torch.bool, device=q.device).tril()  # (B, H, T, T): causal
 
 
@@ -169,11 +167,11 @@ def moba_reference(q, k, v, moba_chunk, top_k):
 
 
 def moba_attention(q, k, v, moba_chunk, top_k):
-    """MoBA (Mixture of Block Attention, the rule above; its blocks are our chunks): out (B, H, T, D). Equals
+    """MoBA (Mixture of Block Attention, the rule above; its blocks are our chunks) -> (B, H, T, D). Equals
     moba_reference."""
     q, k, v = check_inputs(q, k, v, moba_chunk=moba_chunk, top_k=top_k)
     moba_chunk = max(1, min(int(moba_chunk), q.shape[2]))  # a chunk of T keys or more: the same rule, in memory of T
-    idx, ok = tiled.moba_select(q, k, moba_chunk, int(top_k))         # routed once, on the true q, k
+    idx, ok = tiled.moba_select(q, k, moba_chunk, int(top_k))  # routed once, on the true q, k
     return _exact(lambda q, k, v: tiled.moba(q, k, v, idx, ok, moba_chunk)[0], q, k, v)
 
 
@@ -182,16 +180,16 @@ def moba_attention(q, k, v, moba_chunk, top_k):
 # alone would differ (an empty dimension; a NaN in v, which p @ v spreads to every query: 0 * NaN = NaN).
 
 def _exact(engine, q, k, v, *args):
-    """engine(q, k, v, *args), autocast off (q, k, v are in its dtype already: check_inputs), as SDPA answers where
-    an engine alone would not: an empty B, H, T or D gives the empty output on the autograd graph, and a non-finite
-    v[j, d] reaches out[i, d] only if query i sees key j (else: engine on v's bad entries zeroed, then NaN where the
-    engine on q = k = 0, which weighs every visible key >= 1/T and every hidden one 0, reads a bad entry)."""
+    """engine(q, k, v, *args), autocast off, answering as SDPA where an engine alone would not: an empty B, H, T or D
+    gives the empty output on the autograd graph; a non-finite v[j, d] reaches out[i, d] only if query i sees key j
+    (the engine on v's bad entries zeroed, then NaN where the engine on q = k = 0, which weighs every visible key
+    >= 1/T and every hidden one 0, reads a bad entry)."""
     if q.numel() == 0 or k.numel() == 0:
         return q.new_zeros(*q.shape[:3], v.shape[3]) + (q.sum() + k.sum() + v.sum())
     with torch.autocast(q.device.type, enabled=False):
         if torch.compiler.is_compiling() or bool(v.sum().isfinite()):  # compiled: bool() would break the graph
             return engine(q, k, v, *args)
-        bad = ~v.isfinite()                                                # (B, H, T, D)
+        bad = ~v.isfinite()  # (B, H, T, D)
         with torch.no_grad():
             seen = engine(torch.zeros_like(q), torch.zeros_like(k), bad.to(v.dtype), *args) > 0
         return engine(q, k, v.masked_fill(bad, 0), *args).masked_fill(seen, math.nan)  # (B, H, T, D)
@@ -249,8 +247,9 @@ def _kernel(q, k, v, pos, r, width, margin):
 
 def _dense(q, k, v, pos, r, width, margin):
     """The band as a dense mask in slot order: rule_mask, plain code to step through."""
-    return masked_attention(q, k, v, rule_mask(r, pos, width) if r is not None else swa_mask(q.shape[2], width, pos,
-                                                                                             q.device))
+    idx = torch.arange(q.shape[2], device=q.device)  # (T,): SWA's slot, and its pos by default
+    slot, pos = (idx, idx if pos is None else pos) if r is None else (r, pos)
+    return masked_attention(q, k, v, rule_mask(slot, pos, min(width, q.shape[2])))
 
 
 def _why(e):

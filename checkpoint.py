@@ -1,8 +1,5 @@
 """
-Support, which a first reading skips. A run's files, written so that nothing is lost and read so that nothing
-surprises: ckpt.pt, written atomically (save_checkpoint) and loaded without executing code (weights_only=True), its
-zip checked byte for byte and each entry against CHECKPOINT (load_checkpoint); a train.py run's out_dir (RunDir: the
-lock, log.jsonl, --overwrite, Ctrl-C); and every RNG state of every rank, so that a resume is exact (rng_states).
+Support, which a first reading skips. A run's files, so that nothing is lost and a resume is exact; GPT-2's weights.
 """
 import fcntl
 import json
@@ -10,7 +7,9 @@ import os
 import random
 import shlex
 import signal
+import socket
 import sys
+import urllib.parse
 import zipfile
 
 import numpy as np
@@ -20,7 +19,7 @@ from guards import InputError, check_schema, count, device_problem, memory, need
 from model import GPT, GPTConfig
 from prepare_data import META
 
-RNG_BYTES = torch.get_rng_state().numel()  # a CPU generator's state: torch's, the sampler's and SA's (sa_state)
+RNG_BYTES = torch.get_rng_state().numel()  # a CPU generator's state
 SCALER = {"scale": float, "growth_factor": float, "backoff_factor": float, "growth_interval": int,
           "_growth_tracker": int}  # GradScaler.state_dict() with fp16
 
@@ -29,12 +28,14 @@ def _words(x, n):
     return isinstance(x, (list, tuple)) and len(x) == n and all(type(w) is int and 0 <= w < 2**32 for w in x)
 
 
-def _generator(x, _):
-    return torch.is_tensor(x) and x.dtype == torch.uint8 and x.shape == (RNG_BYTES,)
+def _ranks(x, _):
+    return isinstance(x, list) and len(x) > 0 and next((f"fails for rank {i}: {p}" for i, s in enumerate(x) if (
+        p := schema_problem(s, RNG, ("torch", "numpy", "python", "sampler", "sa")))), True)
 
 
-RNG = {  # one rank's states, as rng_states writes them: {entry: (test, what it must be)}
-    **dict.fromkeys(("torch", "sampler", "sa"), (_generator, f"a uint8 tensor of shape ({RNG_BYTES},)")),
+RNG = {  # one rank's, as rng_states writes them
+    **{k: (lambda x, _: torch.is_tensor(x) and x.dtype == torch.uint8 and x.shape == (RNG_BYTES,),
+           f"a uint8 tensor of shape ({RNG_BYTES},)") for k in ("torch", "sampler", "sa")},
     "cuda": (lambda x, _: torch.is_tensor(x) and x.dtype == torch.uint8 and x.dim() == 1, "a uint8 tensor"),
     "numpy": (lambda x, _: isinstance(x, (tuple, list)) and len(x) == 5 and x[0] == "MT19937" and _words(x[1], 624)
               and type(x[2]) is int and 0 <= x[2] <= 624 and x[3] in (0, 1) and isinstance(x[4], float),
@@ -43,7 +44,7 @@ RNG = {  # one rank's states, as rng_states writes them: {entry: (test, what it 
                and (x[2] is None or isinstance(x[2], float)), "random.getstate()'s (3, 625 words, gauss)"),
 }
 CHECKPOINT = {  # what train.py writes into ckpt.pt
-    "model_args": (lambda x, _: isinstance(x, dict) and "attn" in x and not x.keys() - GPTConfig.__dataclass_fields__.keys(),
+    "model_args": (lambda x, _: isinstance(x, dict) and "attn" in x and x.keys() <= set(GPTConfig.__dataclass_fields__),
                    "GPTConfig's fields"),  # GPTConfig checks their values
     "model": (lambda x, _: isinstance(x, dict) and all(map(torch.is_tensor, x.values())), "a state_dict (tensors)"),
     "iter_num": (lambda x, _: count(x), "an integer >= 0"),
@@ -55,56 +56,49 @@ CHECKPOINT = {  # what train.py writes into ckpt.pt
         type(x[k]) is t and x[k] >= 0 for k, t in SCALER.items())), "a GradScaler's state_dict ({} but with fp16)"),
     "meta": (lambda x, _: (p := schema_problem(x, META, ("vocab_size", "tokenizer"))) and f"fails: {p}" or True,
              "a dataset's meta.json"),
-    "rng": (lambda x, _: isinstance(x, list) and len(x) > 0 and next((f"fails for rank {i}: {p}" for i, s in enumerate(x)
-                                                                      if (p := schema_problem(s, RNG, (
-                                                                          "torch", "numpy", "python", "sampler",
-                                                                          "sa")))), True),
-            "a list of each rank's RNG states"),
+    "rng": (_ranks, "a list of each rank's RNG states"),
 }
 
 
 def save_checkpoint(obj, path):
-    """torch.save to a temporary file, then os.replace: a crash mid-write leaves the old checkpoint whole."""
+    """torch.save via a .tmp file: a crash mid-write leaves the old checkpoint whole."""
     torch.save(obj, path + ".tmp")
     os.replace(path + ".tmp", path)
 
 
 def load_checkpoint(path, device="cpu", require=(), resume=None):
-    """(model, ckpt) from a train.py checkpoint, loaded onto the CPU (where the RNG states it holds must stay), the model
-    then moved to device. require: the entries the caller reads besides model and model_args; resume: train.py's
-    (settings, meta), which must be the checkpoint's (check_resume). A missing, damaged or foreign file, an entry
-    missing or not as train.py writes it, weights that do not fit model_args or that hold NaN: one InputError line."""
+    """(model on device, ckpt on the CPU, where RNG states stay), loaded without executing code; one InputError if the
+    file is missing, damaged or not as train.py writes it. require: entries read but model, model_args."""
     if resume is not None:
         require = ("optimizer", "iter_num", "best_val_loss", "settings", "meta", "rng")
-    need(os.path.isfile(path), f"checkpoint {path} not found: train one with train.py, which writes out_dir/ckpt.pt")
-    need(device_problem(str(device)) is None, f"device={device!r}: {device_problem(str(device))}")
+    need(os.path.isfile(path), f"checkpoint {path} not found: train one with train.py")
+    need(not (bad := device_problem(str(device))), f"device={device!r}: {bad}")
     try:
         with zipfile.ZipFile(path) as z:  # torch.load skips the zip's CRCs: a flipped byte would load
             damaged = z.testzip()
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # truncated zips, random bytes and pickles of arbitrary classes all land here
-        raise InputError(f"checkpoint {path} is unreadable ({type(e).__name__}): it is corrupt, truncated, or holds "
-                         "more than tensors and plain Python values; restore it or train again") from None
-    need(damaged is None, f"checkpoint {path} is damaged: its entry {damaged} fails its checksum; restore it or train "
+    except Exception as e:
+        raise InputError(f"checkpoint {path} is unreadable ({type(e).__name__}): corrupt, or more than tensors "
+                         "and plain values; restore it or train again") from None
+    need(not damaged, f"checkpoint {path} is damaged: its entry {damaged} fails its checksum; restore it or train "
          "again")
     check_schema(ckpt, CHECKPOINT, path, required=("model", "model_args", *require))
     try:
-        with torch.device("meta"):  # shapes only: model_args that do not fit the weights allocate nothing
+        with torch.device("meta"):  # shapes only: no allocation
             shapes = GPT(GPTConfig(**ckpt["model_args"]))
     except InputError as e:
         raise InputError(f"{path} has an incompatible config: {e}") from None
-    expected, saved = shapes.state_dict(), ckpt["model"]
-    mismatched = sorted(expected.keys() ^ saved.keys()) + sorted(
-        k for k in expected.keys() & saved.keys() if (expected[k].shape, expected[k].dtype) != (saved[k].shape,
-                                                                                                saved[k].dtype))
-    need(not mismatched, f"{path}: its weights do not fit its model_args ({len(mismatched)} mismatched entries, e.g. "
-         f"{mismatched[:3]}): the file was edited or written by other code")
-    need_bytes = sum(t.numel() * t.element_size() for t in [*shapes.parameters(), *shapes.buffers()])  # RoPE's too
-    need(need_bytes <= memory("cpu"), f"{path}: its model_args make a model of {need_bytes / 2**30:,.0f} GiB, more than "
-         "this machine's memory: the file was edited or written by other code")
+    want, saved, edited = shapes.state_dict(), ckpt["model"], "the file was edited or written by other code"
+    bad = sorted(want.keys() ^ saved.keys()) + sorted(k for k in want.keys() & saved.keys() if (
+        want[k].shape, want[k].dtype) != (saved[k].shape, saved[k].dtype))
+    need(not bad, f"{path}: its weights do not fit its model_args ({len(bad)} mismatched entries, e.g. {bad[:3]}): "
+         + edited)
+    size = sum(t.numel() * t.element_size() for t in [*shapes.parameters(), *shapes.buffers()])  # RoPE's too
+    need(size <= memory("cpu"), f"{path}: its model_args make a model of {size / 2**30:,.0f} GiB, more than this "
+         f"machine's memory: {edited}")
     nan = [k for k, v in saved.items() if v.is_floating_point() and not torch.isfinite(v).all()]
-    need(not nan, f"{path}: {len(nan)} weights hold NaN or inf (e.g. {nan and nan[0]}): the run that wrote it "
-         "diverged; train again with a lower learning_rate")
+    need(not nan, f"{path}: {len(nan)} weights hold NaN or inf (e.g. {nan and nan[0]}): its run diverged; "
+         "train again with a lower learning_rate")
     if resume is not None:
         check_resume(path, ckpt, *resume)
     model = GPT(shapes.config)
@@ -113,46 +107,36 @@ def load_checkpoint(path, device="cpu", require=(), resume=None):
 
 
 def check_resume(path, ckpt, settings, meta):
-    """A resume's checkpoint must be of this run: data of the same vocabulary, the same model settings (dropout may
-    change), and AdamW's state (another optimizer's can load, then fail at the first step)."""
-    old = ckpt["meta"]
+    """A resume's checkpoint must be this run's: tokenizer, model settings but dropout, and AdamW's state."""
+    old, was, opt = ckpt["meta"], ckpt["settings"], ckpt["optimizer"]
     need(all(old.get(k) == meta.get(k) for k in ("tokenizer", "vocab_size", "chars")), f"{path} was trained on "
          f"{old.get('tokenizer')} tokens of vocabulary {old.get('vocab_size')}, but this run's data has "
-         f"{meta['tokenizer']} tokens of {meta['vocab_size']}: resume on the data it was trained on, or start a new "
-         "out_dir")
-    was = ckpt["settings"]
+         f"{meta['tokenizer']} tokens of {meta['vocab_size']}: resume on its data, or start a new out_dir")
     diff = [k for k in GPTConfig.__dataclass_fields__ if k != "dropout" and was.get(k) != settings.get(k)]
-    need(not diff, f"{path} was trained with {', '.join(f'{k}={was.get(k)!r}' for k in diff)}, but this "
-         f"run asks for {', '.join(f'{k}={settings.get(k)!r}' for k in diff)}: resume with the original settings, or "
-         "train from scratch in another out_dir")
-    state = ckpt["optimizer"]["state"].values()
-    why = next((f"no {k!r}" for st in state for k in ("step", "exp_avg", "exp_avg_sq") if k not in st), None)
-    need(why is None and len(ckpt["optimizer"]["param_groups"]) == 2, f"{path}: its 'optimizer' is not this model's "
-         f"AdamW state ({why or 'param groups'}): it was written by other code; resume from one that train.py wrote")
+    need(not diff, f"{path} was trained with {', '.join(f'{k}={was.get(k)!r}' for k in diff)}, but this run asks for "
+         f"{', '.join(f'{k}={settings.get(k)!r}' for k in diff)}: resume with those, or train in another out_dir")
+    why = next((f"no {k!r}" for s in opt["state"].values() for k in ("step", "exp_avg", "exp_avg_sq") if k not in s),
+               None if len(opt["param_groups"]) == 2 else "param groups")
+    need(why is None, f"{path}: its 'optimizer' is not this model's AdamW state ({why}): resume from one that "
+         "train.py wrote")
 
 
 def restore(ckpt, optimizer, scaler, sampler, model, rank):
-    """A resume's optimizer, GradScaler (fp16) and this rank's RNG states from ckpt (rng_states'), in place."""
     try:
         optimizer.load_state_dict(ckpt["optimizer"])
-    except (ValueError, KeyError, TypeError, AttributeError) as e:  # check_resume let through what torch refuses
-        raise InputError(f"the checkpoint's 'optimizer' is not this model's AdamW state ({str(e).splitlines()[0][:120]}):"
-                         " resume from one that train.py wrote") from None
-    if ckpt["scaler"]:  # fp16: the loss scale and its growth tracker
+    except (ValueError, KeyError, TypeError, AttributeError) as e:  # what torch refuses after check_resume
+        raise InputError(f"the checkpoint's 'optimizer' is not this model's AdamW state ({str(e).splitlines()[0][:120]}"
+                         "): resume from one that train.py wrote") from None
+    if ckpt["scaler"]:  # fp16
         scaler.load_state_dict(ckpt["scaler"])
     if not set_rng_states(ckpt["rng"], rank, sampler, model):
-        print(f"rank {rank}: the checkpoint has RNG states for fewer ranks; this one continues from fresh seeds, so the "
-              "run is no longer an exact continuation")
+        print(f"rank {rank}: the checkpoint has RNG states for fewer ranks: this one continues from fresh seeds")
 
-
-# -----------------------------------------------------------------------------
-# Exact resume: every RNG state of every rank.
 
 def rng_states(sampler, model, ddp):
-    """Every RNG state of every rank, a list of RNG's dicts (a collective under DDP). numpy's and python's global
-    generators are not drawn from here, but are kept too, so that code that does draw from them stays exact."""
-    np_state = np.random.get_state()
-    state = {"torch": torch.get_rng_state(), "numpy": (np_state[0], np_state[1].tolist(), *np_state[2:]),
+    """Every rank's RNG states (a collective under DDP), numpy's and python's included."""
+    name, words, *rest = np.random.get_state()
+    state = {"torch": torch.get_rng_state(), "numpy": (name, words.tolist(), *rest),
              "python": random.getstate(), "sampler": sampler.get_state(), "sa": model.sa_state.clone()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state()
@@ -164,7 +148,7 @@ def rng_states(sampler, model, ddp):
 
 
 def set_rng_states(states, rank, sampler, model):
-    """rng_states' states of this rank back in place; False where the checkpoint has none for it (more ranks now)."""
+    """This rank's rng_states restored; False where it has none (more ranks now)."""
     if rank >= len(states):
         return False
     s = states[rank]
@@ -178,45 +162,39 @@ def set_rng_states(states, rank, sampler, model):
     return True
 
 
-# -----------------------------------------------------------------------------
-# A train.py run's out_dir.
-
 class RunDir:
-    """out_dir of a train.py run, for its master: ckpt.pt and log.jsonl. The lock keeps a second run out while this
-    one lives (the OS frees it when the process ends, even by SIGKILL). A resume from iteration n cuts the log back to
-    n's eval, which it repeats, so that the log reads as one run. A run from scratch over an old ckpt.pt (overwrite)
-    logs to log.jsonl.new, which its first checkpoint moves into place: until then the old pair stays whole. Ctrl-C
-    waits for a checkpoint being written, then ends the run in one line that says how to resume it."""
+    """A train.py run's out_dir, for its master. A lock keeps out a second run (freed even on SIGKILL). A resume from
+    iteration n cuts log.jsonl back to before n's eval, which it repeats. A new run over an old ckpt.pt logs to
+    log.jsonl.new until its first checkpoint: the old pair stays whole. Ctrl-C waits for a checkpoint being written,
+    then says how to resume."""
 
     def __init__(self, out_dir, resume_iter=None):
-        self.ckpt_path, self.log_path = os.path.join(out_dir, "ckpt.pt"), os.path.join(out_dir, "log.jsonl")
-        self.saved, self.resumed, self.last_iter = None, resume_iter, resume_iter or 0
-        self.new_log = self.log_path + ".new" if resume_iter is None and os.path.exists(self.ckpt_path) else None
+        resume, join = resume_iter is not None, os.path.join
+        self.ckpt_path, self.log_path = join(out_dir, "ckpt.pt"), join(out_dir, "log.jsonl")
+        self.saved, self.kept, self.last_iter = None, resume_iter, resume_iter or 0  # kept: what ckpt.pt holds
+        self.new_log = self.log_path + ".new" if not resume and os.path.exists(self.ckpt_path) else None
         try:
             os.makedirs(out_dir, exist_ok=True)
-            self.lock = open(os.path.join(out_dir, ".lock"), "a")
+            self.lock = open(join(out_dir, ".lock"), "a")
             fcntl.flock(self.lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise InputError(f"out_dir={out_dir} is in use by another train.py run (it holds {out_dir}/.lock): wait "
-                             "for it to end, or train in another --out_dir") from None
+            raise InputError(f"out_dir={out_dir} is in use by another train.py run: wait for it to end, or "
+                             "train in another --out_dir") from None
         except OSError as e:
             raise InputError(f"cannot write to out_dir={out_dir}: {e.strerror or e}") from None
-        need(resume_iter is not None or os.path.exists(self.ckpt_path) == bool(self.new_log), f"{self.ckpt_path} was "
-             "written by another run after this one started: train in a new --out_dir")
-        for stale in (self.ckpt_path + ".tmp", self.log_path + ".new"):  # half-written files of an interrupted run
-            if os.path.exists(stale):
-                os.remove(stale)
-        if resume_iter is not None and os.path.exists(self.log_path):
+        need(resume or os.path.exists(self.ckpt_path) == bool(self.new_log), f"{self.ckpt_path} was written by "
+             "another run after this one started: train in a new --out_dir")
+        _remove(self.ckpt_path + ".tmp", self.log_path + ".new")  # half-written files of an interrupted run
+        if resume and os.path.exists(self.log_path):
             kept = [r for r in read_log(self.log_path) if r["iter"] < resume_iter or r["iter"] == resume_iter
                     and "val_loss" not in r]
             with open(self.log_path + ".tmp", "w") as f:
                 f.writelines(json.dumps(r) + "\n" for r in kept)
             os.replace(self.log_path + ".tmp", self.log_path)
-        self.log_file = open(self.new_log or self.log_path, "a" if resume_iter is not None else "w")
+        self.log_file = open(self.new_log or self.log_path, "a" if resume else "w")
         signal.signal(signal.SIGINT, self.interrupted)
 
     def log(self, record):
-        """Append a record to log.jsonl (train.py says what it holds)."""
         self.last_iter = record["iter"]
         try:
             print(json.dumps(record), file=self.log_file, flush=True)
@@ -225,8 +203,7 @@ class RunDir:
                              f"is {self.ckpt_path if self.saved is not None else 'none'}") from None
 
     def save(self, ckpt):
-        """Write ckpt atomically (a Ctrl-C meanwhile waits until it and the log are whole); an --overwrite run's first
-        save then moves its log into place. A full disk ends the run in one line, the old checkpoint whole."""
+        """A full disk ends the run in one line, the old pair whole."""
         pending = []
         ctrl_c = signal.signal(signal.SIGINT, lambda *_: pending.append(True))
         try:
@@ -235,11 +212,9 @@ class RunDir:
                 self.log_file.close()
                 os.replace(self.new_log, self.log_path)
                 self.log_file, self.new_log = open(self.log_path, "a"), None
-            self.saved = ckpt["iter_num"]
-        except (OSError, RuntimeError) as e:  # torch.save's writer raises RuntimeError on a full disk
-            for partial in (self.ckpt_path + ".tmp", self.new_log):  # an --overwrite run's log goes with its ckpt
-                if partial and os.path.exists(partial):
-                    os.remove(partial)
+            self.saved = self.kept = ckpt["iter_num"]
+        except (OSError, RuntimeError) as e:  # torch.save: RuntimeError on a full disk
+            _remove(self.ckpt_path + ".tmp", self.new_log)
             raise InputError(f"cannot write {self.ckpt_path}: {str(e).splitlines()[0][:200]} (disk full?); " + (
                 f"it still holds iteration {self.saved}" if self.saved is not None else "no checkpoint was saved"))
         finally:
@@ -248,27 +223,28 @@ class RunDir:
             ctrl_c(signal.SIGINT, None)
 
     def close(self):
-        """The run's end: an --overwrite run that saved nothing drops its log, and the old pair stays."""
         self.log_file.close()
         if self.new_log:
             os.remove(self.new_log)
-        kept = self.saved if self.saved is not None else self.resumed
-        return (f"checkpoint {self.ckpt_path} (iteration {kept})" if kept is not None else
-                "no iteration trained, no checkpoint saved" + (f"; the old {self.ckpt_path} is kept"
-                                                                if self.new_log else ""))
+        return (f"checkpoint {self.ckpt_path} (iteration {self.kept})" if self.kept is not None else "no iteration "
+                "trained, no checkpoint saved" + (f"; the old {self.ckpt_path} is kept" if self.new_log else ""))
 
     def interrupted(self, signum, frame):
-        """Ctrl-C: one line (guards.one_line prints a KeyboardInterrupt's message) saying where the run resumes."""
-        kept = self.saved if self.saved is not None else self.resumed
         args = [a for a in sys.argv[1:] if not a.startswith("--init_from=")] + ["--init_from=resume"]
         raise KeyboardInterrupt(f"interrupted after iteration {self.last_iter}: " + (
-            f"{self.ckpt_path} holds iteration {kept}; continue it with `python train.py {shlex.join(args)}`"
-            if kept is not None else "no checkpoint of this run was saved"))
+            f"{self.ckpt_path} holds iteration {self.kept}; continue it with `python train.py {shlex.join(args)}`"
+            if self.kept is not None else "no checkpoint of this run was saved"))
+
+
+def _remove(*paths):
+    for path in paths:
+        if path and os.path.exists(path):
+            os.remove(path)
 
 
 def read_log(path):
-    """log.jsonl's records. Blank lines are skipped, and so is a last line cut short (a killed run); any other line
-    that is not a JSON record (or not UTF-8) stops the run with one line naming it."""
+    """log.jsonl's records; a bad line is one InputError, but blank lines and a last line cut short (a killed run) are
+    skipped."""
     with open(path, "rb") as f:
         lines = f.readlines()
     records = []
@@ -284,3 +260,60 @@ def read_log(path):
              f"({line.strip()[:60]!r}): delete that line, then resume again")
         records.append(record)
     return records
+
+
+GPT2_SIZES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
+WEIGHT_FIELDS = ("vocab_size", "n_layer", "n_head", "n_embd", "bias", "pos_emb", "block_size")
+
+
+def from_gpt2(model_type, override_args=None):
+    """nanoGPT's from_pretrained: GPT-2's weights (model_type: a size of GPT2_SIZES, a directory of a transformers
+    GPT2LMHeadModel, or one) in our GPT; override_args: fields but WEIGHT_FIELDS (sa+swa's gates: at their init)."""
+    override_args, allowed = override_args or {}, GPTConfig.__dataclass_fields__.keys() - set(WEIGHT_FIELDS)
+    need(override_args.keys() <= allowed, f"from_pretrained can override only {sorted(allowed)}, got "
+         f"{sorted(override_args)}")
+    hf = model_type if isinstance(model_type, torch.nn.Module) else hub_model(model_type)
+    c, weights = hf.config, hf.state_dict()
+    for field, ok in (("activation_function", ("gelu_new", "gelu_pytorch_tanh")), ("layer_norm_epsilon", (1e-5,)),
+                      ("n_inner", (None, 4 * c.n_embd))):  # our Layer must compute exactly what GPT-2's does
+        need(getattr(c, field) in ok, f"GPT-2 config {field}={getattr(c, field)!r}: our GPT needs one of {ok}")
+    model = GPT(GPTConfig(**{"attn": "full", "dropout": 0.0, **override_args}, block_size=c.n_positions, bias=True,
+                          vocab_size=c.vocab_size, n_layer=c.n_layer, n_head=c.n_head, n_embd=c.n_embd,
+                          pos_emb="learned"))
+    conv1d = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")  # GPT-2's (in, out)
+    with torch.no_grad():
+        for k, v in model.state_dict().items():
+            if not k.endswith("attn.gate.weight"):
+                w = weights[k].t() if k.endswith(conv1d) else weights[k]
+                need(w.shape == v.shape, f"GPT-2 weight {k} has shape {tuple(w.shape)}, ours {tuple(v.shape)}")
+                v.copy_(w)
+    return model
+
+
+def hub_model(name):
+    """A transformers GPT2LMHeadModel: a size of GPT2_SIZES from the hub (or its cache), or a local directory."""
+    need(name in GPT2_SIZES or os.path.isdir(name), f"unknown GPT-2 model {name!r}: use one of {', '.join(GPT2_SIZES)}"
+         " or a directory of a saved GPT2LMHeadModel")
+    offline = hub_offline(name)
+    try:
+        from transformers import GPT2LMHeadModel
+    except ImportError:
+        raise InputError("loading GPT-2 weights needs transformers: pip install transformers") from None
+    try:
+        return GPT2LMHeadModel.from_pretrained(name)
+    except OSError as e:
+        why = "the Hugging Face hub is unreachable and it is not in the local cache" if offline else \
+            str(e).splitlines()[0][:200]
+        raise InputError(f"--init_from={name}: cannot load it ({why}); go online once, or give a local path") from None
+
+
+def hub_offline(name):
+    """Whether HF_HUB_OFFLINE=1 (the cache only), set here before transformers is imported if name is no path and the
+    hub is unreachable (else it retries for ~30 s)."""
+    if not (os.path.exists(name) or os.environ.get("HF_HUB_OFFLINE") == "1"):
+        hub = urllib.parse.urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+        try:
+            socket.create_connection((hub.hostname, hub.port or 443), timeout=5).close()
+        except OSError:
+            os.environ["HF_HUB_OFFLINE"] = "1"
+    return os.environ.get("HF_HUB_OFFLINE") == "1"

@@ -1,9 +1,7 @@
 """Support, skipped on a first reading: every input check of the repo, each input checked once, at its door.
 
-A setting is checked by configurator.py (its type, and its range here: SETTINGS), a file by its one loader against a
-schema here (check_schema), a tensor by the public function it enters, with one call (check_inputs, check_tokens).
-A bad input raises InputError, which a script prints as one line (one_line); any other exception is a bug, here or
-below, and keeps its traceback.
+A setting's range: SETTINGS (configurator.py checks its type); a file: check_schema; a tensor: check_inputs and
+check_tokens. A bad input raises InputError, one line (one_line); any other exception is a bug, with its traceback.
 """
 import math
 import numbers
@@ -13,32 +11,29 @@ import re
 import sys
 import tempfile
 
-# torch is imported where it is used, so that prepare_data.py, whose files are checked here, starts without it
+# torch is imported where it is used: prepare_data.py starts without it
 FP32_MAX = 3.4028234663852886e38  # torch.finfo(torch.float32).max
 FP32_TINY = 1.1754943508222875e-38  # its smallest normal
 
 
 class InputError(ValueError):
-    """A setting, file or tensor this repo cannot take; its message names it and the fix, on one line."""
+    """A setting, file or tensor this repo cannot take; its one-line message names it and the fix."""
 
 
 def need(ok, message):
-    """InputError(message) unless ok."""
     if not ok:
         raise InputError(message)
 
 
 def one_line(kind, error, tb):
-    """A script's sys.excepthook (configurator.py sets it): an InputError or Ctrl-C as its one-line message."""
+    """A script's sys.excepthook (configurator.py sets it): an InputError or Ctrl-C as one line."""
     if issubclass(kind, (InputError, KeyboardInterrupt)):
         print(str(error) or "interrupted", file=sys.stderr)
     else:
         sys.__excepthook__(kind, error, tb)
 
 
-# -----------------------------------------------------------------------------
-# Settings: configurator.py checks each against its default's type, then these ranges. A name means one thing in
-# every script; a number not named here is >= 0. rule(value, settings) -> ok, and what to use instead.
+# Settings: {name: (rule(value, settings) -> ok, what to use instead)}, a name meaning one thing in every script.
 
 def device_problem(device):
     """Why this machine cannot run on device (a str), or None."""
@@ -51,8 +46,7 @@ def device_problem(device):
 
 
 def nearest_dir(path):
-    """path, if it is a directory, else the nearest directory above it, where makedirs would create it; None where
-    a file stands in the way."""
+    """path if a directory, else the nearest one above it; None if a file is in the way."""
     d = os.path.abspath(path or ".")
     while not os.path.isdir(d):
         if os.path.exists(d):
@@ -62,8 +56,7 @@ def nearest_dir(path):
 
 
 def path_problem(path, is_file=False):
-    """Why path cannot be written, as a directory or (is_file) a file, or None: it, or the nearest directory above it,
-    must take a new file."""
+    """Why path cannot be written as a directory (is_file: a file), or None."""
     if os.path.isdir(path) if is_file else os.path.isfile(path):
         return f"it is a {'directory' if is_file else 'file'}, not a {'file' if is_file else 'directory'}"
     d = nearest_dir(os.path.dirname(path) if is_file else path)
@@ -87,46 +80,43 @@ SETTINGS = {
     "mqar_vocab": (lambda x, s: x >= 3, "use an integer >= 3 (the filler, a key and a value)"),
     "learning_rate": (lambda x, s: 0 < x <= FP32_MAX, "use a value > 0 (a negative one is gradient ascent) that fp32 "
                       "holds (AdamW's steps are fp32)"),
-    "min_lr": (lambda x, s: 0 <= x <= s.get("learning_rate", x), "use a value from 0 to learning_rate (the cosine "
-               "decays to it)"),
+    "min_lr": (lambda x, s: 0 <= x <= s.get("learning_rate", x), "use a value from 0 to learning_rate"),
     **dict.fromkeys(("beta1", "beta2"), (lambda x, s: 0 <= x < 1, "AdamW's betas lie in [0, 1)")),
     "dropout": (lambda x, s: 0 <= x < 1, "use a value in [0, 1)"),
     "val_fraction": (lambda x, s: 0 < x < 1, "it must lie between 0 and 1"),
-    "rope_base": (lambda x, s: x > 1, "use a number > 1 (RoPE's frequencies are base^(-2i/hs); 10000 is usual)"),
+    "rope_base": (lambda x, s: x > 1, "use a number > 1 (10000 is usual)"),
     "copy_task": (lambda x, s: not x or s.get("block_size", 0) % 2 == 0, "it needs an even block_size (two halves)"),
     "tokenizer": (lambda x, s: x == "bytes" or bool(s.get("input_file") or s.get("adopt")), "it applies to "
-                  "--input_file and --adopt only (a named dataset has its own tokenizer)"),
+                  "--input_file and --adopt only (a dataset has its own)"),
     "dtype": (lambda x, s: x in ("float32", "bfloat16", "float16"), "use one of float32, bfloat16, float16"),
     "device": (lambda x, s: device_problem(x) or True, None),
     "backend": (lambda x, s: x in ("", "nccl", "gloo", "mpi", "ucc", "xccl"), "use \"\" (nccl on CUDA, gloo on the "
-                "CPU) or one of torch.distributed's: nccl, gloo, mpi, ucc, xccl"),
+                "CPU) or one of nccl, gloo, mpi, ucc, xccl"),
     "attn_impl": (lambda x, s: x in ("auto", "torch", "triton", "reference"), "use one of auto, torch, triton, "
                   "reference"),
     "out_dir": (lambda x, s: x != "" and (path_problem(x) or True), "name a directory"),
-    "overwrite": (lambda x, s: x or s.get("init_from") != "scratch" or not os.path.exists(os.path.join(
-        s["out_dir"], "ckpt.pt")) or f"{os.path.join(s['out_dir'], 'ckpt.pt')} exists: continue it with "
-        "--init_from=resume, train in a new --out_dir, or replace it with --overwrite=True", None),
+    "overwrite": (lambda x, s: x or s.get("init_from") != "scratch" or not os.path.exists(p := os.path.join(
+        s["out_dir"], "ckpt.pt")) or f"{p} exists: continue it with --init_from=resume, train in a new --out_dir, or "
+        "replace it with --overwrite=True", None),
     "json_out": (lambda x, s: not x or path_problem(x, is_file=True) or True, None),
-    "dataset": (lambda x, s: x == os.path.basename(x) and x not in (".", ".."), "use a plain name, no path: a dataset "
-                "is the directory data_root/<dataset>/"),
+    "dataset": (lambda x, s: x == os.path.basename(x) and x not in (".", ".."), "use a plain name, no path (it names "
+                "data_root/<dataset>/)"),
 }
 
 
 def setting_problem(key, value, settings=None):
-    """What is wrong with value for the setting key, or None: a number must be finite (an integer within 64 bits) and
-    fit SETTINGS[key], or be >= 0 where SETTINGS has no rule for it; rules may read the other settings."""
+    """What is wrong with value for setting key (SETTINGS; a number is finite, and >= 0 if not named), or None."""
     rule, why = SETTINGS.get(key, (None, None))
     number = isinstance(value, (int, float)) and not isinstance(value, bool)
     if number and not math.isfinite(value) or isinstance(value, int) and not -2**63 <= value < 2**63:
         return "use a finite number" + " (an integer within 64 bits)" * isinstance(value, int)
     if rule is None or value is None:
         return f"use {'an integer' if isinstance(value, int) else 'a value'} >= 0" if number and value < 0 else None
-    got = rule(value, settings or {})  # True, False or what is wrong
+    got = rule(value, settings or {})
     return None if got is True else got if isinstance(got, str) else why
 
 
 def memory(device):
-    """Bytes of memory on device: a GPU's, or this machine's."""
     import torch
     if str(device).startswith("cuda"):
         return torch.cuda.mem_get_info(device)[1]
@@ -134,9 +124,7 @@ def memory(device):
 
 
 def check_memory(device, n_layer, n_embd, vocab_size, batch_size, T):
-    """A model or batch too large stops in one line, not in the OOM killer: the weights, gradients and AdamW's two
-    moments (16 bytes per fp32 parameter; n_params a lower bound) and one micro-step's fp32 logits and their gradient
-    must fit in device's memory."""
+    """One line, not the OOM killer, for a model (n_params a lower bound) or a batch too large for device."""
     n_params, have = n_layer * 12 * n_embd ** 2 + vocab_size * n_embd, memory(device)  # the blocks, the embedding
     need(16 * n_params <= have, f"n_layer={n_layer}, n_embd={n_embd}: {n_params / 1e9:,.1f}B parameters need "
          f"{16 * n_params / 2**30:,.0f} GiB for weights, gradients and AdamW's moments; {device} has "
@@ -146,12 +134,11 @@ def check_memory(device, n_layer, n_embd, vocab_size, batch_size, T):
          f"{2 * logits / 2**30:,.0f} GiB for their logits alone; {device} has {have / 2**30:,.0f} GiB: use fewer")
 
 
-# -----------------------------------------------------------------------------
-# Files: each loader checks what it read against a schema, {entry: (test, what it must be)}.
+# Files
 
 def schema_problem(record, schema, required=()):
-    """What is wrong with record, or None: a dict whose entries each pass their test in schema, {entry: (test(value,
-    record) -> True, False or what is wrong, what it must be)}; entries that are not there are checked if required."""
+    """What is wrong with record, or None: a dict with the required entries, each passing its test in schema:
+    {entry: (test(value, record) -> True, False or what is wrong, what it must be)}."""
     if not isinstance(record, dict):
         return f"it is {shown(record)}, not a dict of entries"
     missing = [k for k in required if k not in record]
@@ -165,14 +152,14 @@ def schema_problem(record, schema, required=()):
 
 
 def check_schema(record, schema, where, required=()):
-    """record, if schema_problem finds nothing; else InputError naming `where`, the entry and what it must be."""
+    """record, or one InputError naming where and what schema_problem finds."""
     problem = schema_problem(record, schema, required)
     need(problem is None, f"{where}: {problem}: it was edited, or is not what this repo writes")
     return record
 
 
 def shown(x):
-    """x in a one-line message: its repr when short, else its type (a tensor: its dtype and shape)."""
+    """x in a one-line message: its repr if short, else its type (a tensor's dtype and shape)."""
     if type(x).__name__ in ("Tensor", "Parameter"):
         return f"a {str(x.dtype)[6:]} tensor of shape {tuple(x.shape)}"
     text = repr(x)
@@ -184,11 +171,10 @@ def count(x):
     return type(x) is int and x >= 0
 
 
-# -----------------------------------------------------------------------------
-# Tensors: the one call at the door of each public function.
+# Tensors: one call at the door of each public function
 
 def check_count(value, name, least=1):
-    """value, if it is an integer >= least (a Python or numpy integer, not a bool); else InputError naming it."""
+    """value, if an integer >= least (Python's or numpy's, not a bool); else InputError naming it."""
     try:
         ok = not isinstance(value, bool) and operator.index(value) >= least
     except TypeError:
@@ -198,21 +184,17 @@ def check_count(value, name, least=1):
 
 
 def check_delta(delta):
-    """delta, the value rule's width, if it is a number >= fp32's smallest normal (below it, |r_i - r_j| < delta would
-    hide even a query's own key); inf: every key."""
+    """delta, the value rule's width, if a number >= fp32's smallest normal (below it a query's own key would hide);
+    inf: every key."""
     need(isinstance(delta, numbers.Real) and not isinstance(delta, bool) and delta >= FP32_TINY,  # False for NaN
          f"delta must be a number >= {FP32_TINY:.2g} (fp32's smallest normal), got {delta!r}")
     return delta
 
 
 def check_inputs(q, k, v, any_length=False, **args):
-    """q, k, v of an attention function, as PyTorch's scaled_dot_product_attention takes them: tensors (B, H, T, D) of
-    one shape (any_length: keys of their own T), floating point, on one device (not meta), of one dtype, or under
-    autocast any, cast to its dtype: returned. And its other arguments, by name: counts (window, moba_chunk, top_k:
-    integers >= 1), delta (a number >= fp32's smallest normal, below which |r_i - r_j| < delta would hide even a
-    query's own key), and draws, (T,) or broadcastable to (B, H, T) on q's device: SA's permutation perm of range(T),
-    its finite numbers r, or SWA's positions pos (any integers; None by default). One function, no calls: it runs
-    in every attention call."""
+    """q, k, v of an attention function as SDPA takes them (any_length: keys of their own length), returned, cast to
+    the autocast dtype under autocast; and its other arguments, by name: window, moba_chunk, top_k, delta, mask, perm,
+    r, pos. Each message says what it wants. One function, no calls: it runs in every attention call."""
     import torch
     if not all(isinstance(t, torch.Tensor) for t in (q, k, v)):
         raise InputError(f"q, k, v must be tensors, got {', '.join(type(t).__name__ for t in (q, k, v))}")
@@ -227,12 +209,12 @@ def check_inputs(q, k, v, any_length=False, **args):
         q, k, v = (t.to(torch.get_autocast_dtype(q.device.type)) for t in (q, k, v))
     elif not q.dtype == k.dtype == v.dtype:  # as SDPA: no silent cast of the others to q's dtype
         raise InputError(f"q, k, v must have one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
-    (B, H, T), tiny = q.shape[:3], FP32_TINY
+    B, H, T = q.shape[:3]
     for name, x in args.items():
-        if name == "delta" and not (isinstance(x, numbers.Real) and not isinstance(x, bool) and x >= tiny):  # NaN too
-            raise InputError(f"delta must be a number >= {tiny:.2g} (fp32's smallest normal), got {x!r}")
-        if name in ("window", "moba_chunk", "top_k") and (isinstance(x, bool) or not hasattr(x, "__index__")
-                                                          or operator.index(x) < 1):
+        if name == "delta" and not (isinstance(x, numbers.Real) and not isinstance(x, bool) and x >= FP32_TINY):  # NaN
+            raise InputError(f"delta must be a number >= {FP32_TINY:.2g} (fp32's smallest normal), got {x!r}")
+        if name in ("window", "moba_chunk", "top_k") and (
+                isinstance(x, bool) or not hasattr(x, "__index__") or operator.index(x) < 1):
             raise InputError(f"{name} must be an integer >= 1, got {x!r}")
         if name == "mask" and not (isinstance(x, torch.Tensor) and x.dtype == torch.bool and x.dim() <= 4 and all(
                 n in (1, m) for n, m in zip(x.shape[::-1], (k.shape[2], T, H, B)))):
@@ -240,18 +222,17 @@ def check_inputs(q, k, v, any_length=False, **args):
                              f"got {shown(x)}")
         if name not in ("perm", "r", "pos") or x is None and name == "pos":
             continue
-        kind = "a float tensor" if name == "r" else "a LongTensor"
-        if not isinstance(x, torch.Tensor):
-            raise InputError(f"{name} must be {kind} of shape (T,) or (B, H, T), got {type(x).__name__}")
-        if not (x.is_floating_point() if name == "r" else x.dtype == torch.long) or x.dim() not in (1, 3) \
-                or any(n not in (1, m) for n, m in zip(x.shape[:-1], (B, H))) or x.shape[-1] != T:
-            raise InputError(f"{name} must be {kind} of shape (T,) or broadcastable to (B, H, T)=({B}, {H}, {T}), "
-                             f"got {x.dtype} {tuple(x.shape)}")
+        tensor = isinstance(x, torch.Tensor)
+        if not tensor or not (x.is_floating_point() if name == "r" else x.dtype == torch.long) or x.dim() not in (
+                1, 3) or any(n not in (1, m) for n, m in zip(x.shape[:-1], (B, H))) or x.shape[-1] != T:
+            raise InputError(f"{name} must be {'a float tensor' if name == 'r' else 'a LongTensor'} of shape (T,) or "
+                             f"broadcastable to (B, H, T)=({B}, {H}, {T}), got "
+                             + (f"{x.dtype} {tuple(x.shape)}" if tensor else type(x).__name__))
         if x.device != q.device:
             raise InputError(f"{name} must be on q's device {q.device}, got {x.device}")
         if torch.compiler.is_compiling() or name == "pos" or not x.numel():  # values unknown while tracing; pos: any
             continue
-        rows = x.reshape(-1, T)                                          # (R, T)
+        rows = x.reshape(-1, T)  # (R, T)
         if name == "r" and not bool(rows.isfinite().all()):
             raise InputError("r must be finite, got NaN or inf")
         if name == "perm":
@@ -261,12 +242,9 @@ def check_inputs(q, k, v, any_length=False, **args):
     return q, k, v
 
 
-def check_tokens(idx, config, targets=None, lengths=None, cache=None, draws=None):
-    """A GPT's input (model.py), for the model of config: idx a (B, T) int64 (or int32) tensor of ids in
-    [0, vocab_size), not on the meta device, T within block_size after what the cache holds; targets None or ids of
-    idx's shape, -1 where ignored; lengths None or the real tokens of each right-padded row, a (B,) integer tensor with
-    1 <= lengths <= T; cache None or a KVCache of this config, which takes no lengths and one token at a time after
-    the prompt; draws None or a list of one draw per layer."""
+def check_tokens(idx, config, targets=None, lengths=None, cache=None, draws=None, sampling=None):
+    """GPT.forward's door (idx, targets, lengths, cache, draws) and generate's (sampling: max_new_tokens, temperature,
+    top_k), for config's model. Each message says what it wants."""
     import torch
     for name, t, least in [("idx", idx, 0)] + ([("targets", targets, -1)] if targets is not None else []):
         if not isinstance(t, torch.Tensor) or t.dim() != 2 or t.dtype not in (torch.long, torch.int) or t.is_meta \
@@ -286,6 +264,14 @@ def check_tokens(idx, config, targets=None, lengths=None, cache=None, draws=None
         raise InputError(f"a KV cache takes no lengths, and one token at a time after the prompt; got {T} at {start}")
     if cache is not None and cache.config != config:  # another model's, or this one's before a swap_attention
         raise InputError("this KV cache was made for another config than the model's: make a new KVCache(config)")
+    if sampling is not None:
+        max_new_tokens, temperature, top_k = sampling
+        check_count(max_new_tokens, "max_new_tokens", least=0)
+        need(isinstance(temperature, numbers.Real) and not isinstance(temperature, bool) and temperature >= 0,
+             f"temperature={temperature!r}: use a number > 0, or 0 for greedy decoding")  # NaN fails too
+        if top_k is not None:
+            check_count(top_k, "top_k (None: sample among all tokens)")
+        need(T > 0, f"idx of shape {tuple(idx.shape)}: use a prompt (B, T) of at least one token")
     if draws is not None and (not isinstance(draws, (list, tuple)) or len(draws) != config.n_layer):  # zip: fewer
         raise InputError(f"draws must be a list of one draw per layer, {config.n_layer}, got a "
                          f"{type(draws).__name__}" + (f" of {len(draws)}" if isinstance(draws, (list, tuple)) else ""))

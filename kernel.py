@@ -1,12 +1,8 @@
 """Support, which a first reading skips past _fwd_inner. Sliding-window attention in Triton, forward and backward:
 triton_swa(q, k, v, width, pos, r).
 
-The rule is stated once, in attention.py's docstring; this file imports nothing from the repo, so that it can be
-read, compiled and checked alone. As in Triton's fused-attention tutorial, forward program (i, b*h) owns TILE_M
-query rows and streams the key tiles its band reaches with an online softmax in fp32, O(T * w); the backward computes
-dK, dV per key tile, then dQ per query tile. Masked scores are -inf before any sum: a masked NaN reaches no query.
-It checks itself: before it first runs a variant (VARIANTS) on a device, dtype and head dim, self_check holds it to
-its dense rule. If that fails, or it has no configuration for the GPU, dtype or shape, it raises Unsupported.
+As in Triton's fused-attention tutorial, each forward program streams the key tiles its TILE_M query rows' band
+reaches, with an online softmax in fp32: O(T * w). This file imports nothing from the repo.
 """
 import math
 from typing import NamedTuple, Optional
@@ -16,18 +12,18 @@ from torch import Tensor
 import triton
 import triton.language as tl
 
-SELF_CHECK = True  # check_once runs self_check before the kernel first runs a variant (False: off, unchecked)
-HEAD_DIMS = (16, 32, 64, 128)  # power-of-two head dims the kernels compile for
+SELF_CHECK = True  # False: unchecked
+HEAD_DIMS = (16, 32, 64, 128)
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-LOG2E = 1.4426950408889634     # the kernels use exp2; scores are pre-scaled by log2(e)
+LOG2E = 1.4426950408889634  # scores pre-scaled for exp2
 
 
 class Unsupported(ValueError):
-    """This GPU, dtype or shape is not supported: the kernel declines it (attention.py's "auto": the torch path)."""
+    """The kernel declines this GPU, dtype or shape."""
 
 
-CANNOT_RUN = (Unsupported, triton.compiler.errors.CompilationError, triton.runtime.errors.OutOfResources,  # "auto":
-              getattr(triton.runtime.errors, "PTXASError", triton.runtime.errors.OutOfResources))  # the torch path
+CANNOT_RUN = (Unsupported, triton.compiler.errors.CompilationError, triton.runtime.errors.OutOfResources,
+              getattr(triton.runtime.errors, "PTXASError", triton.runtime.errors.OutOfResources))  # "auto": torch
 
 
 # -----------------------------------------------------------------------------
@@ -35,8 +31,8 @@ CANNOT_RUN = (Unsupported, triton.compiler.errors.CompilationError, triton.runti
 
 @triton.jit
 def _span(start, TILE_FIXED: tl.constexpr, TILE_LOOP: tl.constexpr, before, after, T, Spans, HAS_R: tl.constexpr):
-    """Moving rows x meet fixed rows y iff y - before <= x <= y + after and x < T: [lo, hi) on the TILE_LOOP grid,
-    split at mid_lo <= mid_hi, [mid_lo, mid_hi) inside the band for every fixed row. With r, the host's span."""
+    """Moving rows x < T meet fixed rows y iff y - before <= x <= y + after: [lo, hi) on the TILE_LOOP grid,
+    [mid_lo, mid_hi) in every y's band. With r: the host's span."""
     if HAS_R:
         lo = tl.load(Spans) // TILE_LOOP * TILE_LOOP
         hi = tl.load(Spans + 1)
@@ -52,8 +48,6 @@ def _span(start, TILE_FIXED: tl.constexpr, TILE_LOOP: tl.constexpr, before, afte
 @triton.jit
 def _mask(s, Pos, R, pos_stride_t, qi, kj, left, right, width, T,
           EDGE: tl.constexpr, HAS_POS: tl.constexpr, HAS_R: tl.constexpr):
-    """s where key kj is visible to query qi, else -inf. Inside the band (EDGE False) only the pos rule is left;
-    with r the band is |r[qi] - r[kj]| < width. Query rows past T load zeros and are never stored."""
     if HAS_R:
         r_q = tl.load(R + qi * pos_stride_t, mask=qi < T, other=0.0)
         r_k = tl.load(R + kj * pos_stride_t, mask=kj < T, other=0.0)
@@ -69,7 +63,6 @@ def _mask(s, Pos, R, pos_stride_t, qi, kj, left, right, width, T,
 
 @triton.jit
 def _load(ptr, rows, T, D: tl.constexpr, EDGE: tl.constexpr):
-    """(len(rows), D) tile of a contiguous (T, D) matrix; only edge tiles can run past T."""
     ptrs = ptr + rows[:, None] * D + tl.arange(0, D)[None, :]
     if EDGE:
         return tl.load(ptrs, mask=rows[:, None] < T, other=0.0)
@@ -80,7 +73,7 @@ def _load(ptr, rows, T, D: tl.constexpr, EDGE: tl.constexpr):
 def _key_tile(q, offs_m, start_n, K, V, Pos, R, pos_stride_t, left, right, width, T, qk_scale,
                D: tl.constexpr, TILE_N: tl.constexpr, EDGE: tl.constexpr, HAS_POS: tl.constexpr,
                HAS_R: tl.constexpr, PRECISION: tl.constexpr):
-    """k, v of the key tile at start_n and the masked scores of q against it, in log2 units."""
+    """k, v at start_n and q's scores in log2 units, -inf where masked: a masked NaN score reaches no sum."""
     offs_n = start_n + tl.arange(0, TILE_N)
     k, v = _load(K, offs_n, T, D, EDGE), _load(V, offs_n, T, D, EDGE)
     s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # (TILE_M, TILE_N)
@@ -96,10 +89,10 @@ def _fwd_inner(acc, l_i, m_i, q, offs_m, K, V, Pos, R, pos_stride_t, lo, hi, lef
     for start_n in range(lo, hi, TILE_N):
         k, v, s = _key_tile(q, offs_m, start_n, K, V, Pos, R, pos_stride_t, left, right, width, T, qk_scale,
                              D, TILE_N, EDGE, HAS_POS, HAS_R, PRECISION)
-        m_new = tl.maximum(m_i, tl.max(s, 1))                    # 1. the new running max of each row
-        m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)     # (only masked keys so far: subtract 0, not -inf)
-        p = tl.math.exp2(s - m_sub[:, None])                     # 2. unnormalised, <= 1; masked keys give 0
-        alpha = tl.math.exp2(m_i - m_sub)                        # 3. rescale the sums so far, add this tile
+        m_new = tl.maximum(m_i, tl.max(s, 1))  # 1. the new running max of each row
+        m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)  # (only masked keys so far: subtract 0, not -inf)
+        p = tl.math.exp2(s - m_sub[:, None])  # 2. unnormalised, <= 1; masked keys give 0
+        alpha = tl.math.exp2(m_i - m_sub)  # 3. rescale the sums so far, add this tile
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         m_i = m_new
@@ -113,22 +106,22 @@ def _attn_fwd(Q, K, V, O, LSE, Pos, R, Spans, pos_stride_b, pos_stride_h, pos_st
               HAS_R: tl.constexpr, PRECISION: tl.constexpr):
     start_m = tl.program_id(0) * TILE_M
     bh = tl.program_id(1)
-    off = bh.to(tl.int64) * T * D                     # (B, H, T, D) contiguous
+    off = bh.to(tl.int64) * T * D
     Q, K, V, O, LSE = Q + off, K + off, V + off, O + off, LSE + bh.to(tl.int64) * T
-    Pos += (bh // H) * pos_stride_b + (bh % H) * pos_stride_h  # pos is expanded to (B, H, T), maybe with 0 strides
-    R += (bh // H) * pos_stride_b + (bh % H) * pos_stride_h  # r has pos's shape
+    Pos += (bh // H) * pos_stride_b + (bh % H) * pos_stride_h  # strides maybe 0
+    R += (bh // H) * pos_stride_b + (bh % H) * pos_stride_h
     offs_m = start_m + tl.arange(0, TILE_M)
     q = _load(Q, offs_m, T, D, True)
     acc = tl.zeros([TILE_M, D], dtype=tl.float32)
     l_i, m_i = tl.zeros([TILE_M], dtype=tl.float32), tl.zeros([TILE_M], dtype=tl.float32) + float("-inf")
-    Spans += bh * span_stride + tl.program_id(0) * 2  # with r: this tile's key span
+    Spans += bh * span_stride + tl.program_id(0) * 2
     lo, mid_lo, mid_hi, hi = _span(start_m, TILE_M, TILE_N, left, right, T, Spans, HAS_R)
-    for region in tl.static_range(3):  # the left edge, the interior (no band mask, no bounds checks), the right edge
+    for region in tl.static_range(3):  # left edge, interior (no band mask or bounds checks), right edge
         a = lo if region == 0 else mid_lo if region == 1 else mid_hi
         b = mid_lo if region == 0 else mid_hi if region == 1 else hi
         acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, offs_m, K, V, Pos, R, pos_stride_t, a, b, left, right, width,
                                    T, qk_scale, D, TILE_N, region != 1, HAS_POS, HAS_R, PRECISION)
-    tl.store(LSE + offs_m, m_i + tl.math.log2(l_i), mask=offs_m < T)  # log2-sum-exp2, for the backward
+    tl.store(LSE + offs_m, m_i + tl.math.log2(l_i), mask=offs_m < T)
     tl.store(O + offs_m[:, None] * D + tl.arange(0, D)[None, :], (acc / l_i[:, None]).to(O.dtype.element_ty),
              mask=offs_m[:, None] < T)
 
@@ -137,7 +130,7 @@ def _attn_fwd(Q, K, V, O, LSE, Pos, R, Spans, pos_stride_b, pos_stride_h, pos_st
 def _bwd_dkdv_inner(dk, dv, k, v, offs_n, Q, DO, LSE, RowDot, Pos, R, pos_stride_t, lo, hi, left, right, width, T,
                     qk_scale, D: tl.constexpr, TILE_M: tl.constexpr, EDGE: tl.constexpr, HAS_POS: tl.constexpr,
                     HAS_R: tl.constexpr, PRECISION: tl.constexpr):
-    """Fixed key tile (k, v), moving query tiles; everything transposed: keys along rows."""
+    """Fixed key tile, moving query tiles; keys along rows."""
     for start_m in range(lo, hi, TILE_M):
         offs_m = start_m + tl.arange(0, TILE_M)
         q, do = _load(Q, offs_m, T, D, EDGE), _load(DO, offs_m, T, D, EDGE)
@@ -146,7 +139,7 @@ def _bwd_dkdv_inner(dk, dv, k, v, offs_n, Q, DO, LSE, RowDot, Pos, R, pos_stride
         sT = tl.dot(k, tl.trans(q), input_precision=PRECISION) * qk_scale  # (TILE_N, TILE_M)
         sT = _mask(sT, Pos, R, pos_stride_t, offs_m[None, :], offs_n[:, None], left, right, width, T,
                    EDGE, HAS_POS, HAS_R)
-        pT = tl.math.exp2(tl.minimum(sT - lse[None, :], 0.0))  # <= 1: at |s| ~ 1e9 a recomputed score may exceed lse
+        pT = tl.math.exp2(tl.minimum(sT - lse[None, :], 0.0))  # <= 1: at |s| ~ 1e9, s may exceed lse
         dv += tl.dot(pT.to(do.dtype), do, input_precision=PRECISION)
         dpT = tl.dot(v, tl.trans(do), input_precision=PRECISION)
         dsT = pT * (dpT - rowdot[None, :])
@@ -158,11 +151,10 @@ def _bwd_dkdv_inner(dk, dv, k, v, offs_n, Q, DO, LSE, RowDot, Pos, R, pos_stride
 def _bwd_dq_inner(dq, q, do, lse, rowdot, offs_m, K, V, Pos, R, pos_stride_t, lo, hi, left, right, width, T,
                   qk_scale, D: tl.constexpr, TILE_N: tl.constexpr, EDGE: tl.constexpr, HAS_POS: tl.constexpr,
                   HAS_R: tl.constexpr, PRECISION: tl.constexpr):
-    """Fixed query tile, moving key tiles."""
     for start_n in range(lo, hi, TILE_N):
         k, v, s = _key_tile(q, offs_m, start_n, K, V, Pos, R, pos_stride_t, left, right, width, T, qk_scale,
                              D, TILE_N, EDGE, HAS_POS, HAS_R, PRECISION)
-        p = tl.math.exp2(tl.minimum(s - lse[:, None], 0.0))               # probabilities, clamped to <= 1
+        p = tl.math.exp2(tl.minimum(s - lse[:, None], 0.0))
         dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
         ds = p * (dp - rowdot[:, None])
         dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
@@ -174,7 +166,7 @@ def _attn_bwd(Q, K, V, DO, DQ, DK, DV, LSE, RowDot, Pos, R, Spans, pos_stride_b,
               span_stride, H, T, left, right, width, qk_scale, sm_scale,
               D: tl.constexpr, TILE_FIXED: tl.constexpr, TILE_LOOP: tl.constexpr, HAS_POS: tl.constexpr,
               HAS_R: tl.constexpr, PRECISION: tl.constexpr):
-    """Program (i, bh) computes dK, dV for key tile i and dQ for query tile i."""
+    """Program (i, bh): dK, dV of key tile i, then dQ of query tile i."""
     start = tl.program_id(0) * TILE_FIXED
     bh = tl.program_id(1)
     off = bh.to(tl.int64) * T * D
@@ -182,11 +174,11 @@ def _attn_bwd(Q, K, V, DO, DQ, DK, DV, LSE, RowDot, Pos, R, Spans, pos_stride_b,
     LSE, RowDot = LSE + bh.to(tl.int64) * T, RowDot + bh.to(tl.int64) * T
     Pos += (bh // H) * pos_stride_b + (bh % H) * pos_stride_h
     R += (bh // H) * pos_stride_b + (bh % H) * pos_stride_h
-    Spans += bh * span_stride + tl.program_id(0) * 2  # with r: the tile's span, the same for dK, dV and dQ
+    Spans += bh * span_stride + tl.program_id(0) * 2
     rows = start + tl.arange(0, TILE_FIXED)
-    at = rows[:, None] * D + tl.arange(0, D)[None, :]   # this tile's (TILE_FIXED, D) elements
+    at = rows[:, None] * D + tl.arange(0, D)[None, :]  # (TILE_FIXED, D)
 
-    # dK, dV: query i reaches key j iff j - right <= i <= j + left, so the span's reach is mirrored
+    # dK, dV: query i reaches key j iff j - right <= i <= j + left
     k, v = _load(K, rows, T, D, True), _load(V, rows, T, D, True)
     dk, dv = tl.zeros([TILE_FIXED, D], dtype=tl.float32), tl.zeros([TILE_FIXED, D], dtype=tl.float32)
     lo, mid_lo, mid_hi, hi = _span(start, TILE_FIXED, TILE_LOOP, right, left, T, Spans, HAS_R)  # r: symmetric
@@ -197,7 +189,6 @@ def _attn_bwd(Q, K, V, DO, DQ, DK, DV, LSE, RowDot, Pos, R, Spans, pos_stride_b,
                                  width, T, qk_scale, D, TILE_LOOP, region != 1, HAS_POS, HAS_R, PRECISION)
     tl.store(DK + at, (dk * sm_scale).to(DK.dtype.element_ty), mask=rows[:, None] < T)
     tl.store(DV + at, dv.to(DV.dtype.element_ty), mask=rows[:, None] < T)
-    # dQ: the same tile's queries, moving key tiles
     q, do = _load(Q, rows, T, D, True), _load(DO, rows, T, D, True)
     lse, rowdot = tl.load(LSE + rows, mask=rows < T, other=0.0), tl.load(RowDot + rows, mask=rows < T, other=0.0)
     dq = tl.zeros([TILE_FIXED, D], dtype=tl.float32)
@@ -211,30 +202,29 @@ def _attn_bwd(Q, K, V, DO, DQ, DK, DV, LSE, RowDot, Pos, R, Spans, pos_stride_b,
 
 
 # -----------------------------------------------------------------------------
-# Tiling: from the device and the dtype
+# Host
 
 class Target(NamedTuple):
-    backend: str    # "cuda" or "hip" (ROCm; there q.is_cuda is True too)
-    arch: object    # compute capability as an int (80 = sm_80) or an AMD arch name ("gfx942")
-    shared: int     # shared memory a program (a CUDA thread block) may use, in bytes
+    backend: str  # "cuda" or "hip" (ROCm)
+    arch: object  # 80 for sm_80, or "gfx942"
+    shared: int  # bytes
 
 
 class Tiling(NamedTuple):
-    tile_m: int      # forward: query rows per program
-    tile_n: int      # forward: keys per inner step
-    tile_fixed: int  # backward: rows a program owns (keys for dK/dV, queries for dQ)
-    tile_loop: int   # backward: rows per inner step, the tiles its loops move over
+    tile_m: int  # forward: query rows per program
+    tile_n: int  # forward: keys per step
+    tile_fixed: int  # backward: rows per program (keys, queries)
+    tile_loop: int  # backward: rows per step
     num_warps: int
-    num_stages: int   # software pipelining depth of the inner loops' loads
-    precision: str    # tl.dot input_precision of fp32 dots; None (the default) for fp16/bf16
-    shared_kb: int    # shared memory the kernels need at most, as compiled for the targets above
+    num_stages: int
+    precision: str  # tl.dot input_precision for fp32
+    shared_kb: int  # KB the kernels need
 
 
-INTERPRETER = Target("cuda", 80, 163 * 1024)  # what the CPU interpreter pretends to be
+INTERPRETER = Target("cuda", 80, 163 * 1024)
 
 
 def device_target(device):
-    """The Target of a CUDA or ROCm device, as Triton sees it."""
     if device.type != "cuda":
         return INTERPRETER
     with torch.cuda.device(device):
@@ -244,55 +234,46 @@ def device_target(device):
 
 
 def choose_tiling(dtype, D, target):
-    """The largest tiles found to compile without fp16/bf16 spills on sm_80 to sm_90, shared_kb the most they need
-    there (tests/test_kernel.py asserts both), for this dtype, head dim and device; else Unsupported."""
+    """The largest tiles found to compile without fp16/bf16 spills on sm_80 to sm_90, within shared_kb."""
     if target.backend == "cuda" and target.arch < 80:
-        raise Unsupported(f"sm_{target.arch}: Triton {triton.__version__} has no tensor-core dot below sm_80, "
-                         "so the kernel would spill registers and lose to the torch path")
-    amd = target.backend == "hip"  # gfx942: 64 KB of LDS, 64-thread warps: fewer warps and stages
-    if dtype == torch.float32:
-        # fp32 tiles hold twice the bytes, tf32x3's three passes thrice the operands: small tiles (AMD: "ieee")
-        config = Tiling(32 if D <= 64 else 16, 32, 32 if D <= 64 else 16, 32, num_warps=4, num_stages=2,
-                        precision="ieee" if amd else "tf32x3", shared_kb=64 if D <= 64 else 80)
-    elif D <= 64:
-        config = Tiling(128, 64, 128, 32, num_warps=8, num_stages=3, precision=None, shared_kb=72)
+        raise Unsupported(f"sm_{target.arch}: Triton {triton.__version__} has no tensor-core dot below sm_80: the "
+                          "kernel would spill registers")
+    amd, small = target.backend == "hip", D <= 64  # gfx942: 64 KB LDS, 64-thread warps
+    if dtype == torch.float32:  # 2x bytes, tf32x3's 3 passes: small tiles
+        config = Tiling(*(32, 32, 32, 32) if small else (16, 32, 16, 32), 4, 2, "ieee" if amd else "tf32x3",
+                        64 if small else 80)
     else:
-        config = Tiling(128, 32, 64, 32, num_warps=8, num_stages=3, precision=None, shared_kb=96)
-    if amd:  # at D = 128 the backward's moving tiles of 32 rows spill on gfx942: 16 rows
-        config = config._replace(tile_loop=16 if D > 64 else config.tile_loop, num_warps=4, num_stages=2,
-                                 shared_kb=64)
+        config = Tiling(*(128, 64, 128, 32) if small else (128, 32, 64, 32), 8, 3, None, 72 if small else 96)
+    if amd:  # D = 128: 32 moving rows spill
+        config = config._replace(tile_loop=config.tile_loop if small else 16, num_warps=4, num_stages=2, shared_kb=64)
     if target.shared < config.shared_kb * 1024:
         raise Unsupported(f"the kernel for {str(dtype)[6:]} at head dim {D} needs {config.shared_kb} KB of shared "
-                         f"memory, the GPU has {target.shared // 1024} KB")
+                          f"memory, the GPU has {target.shared // 1024} KB")
     return config
 
 
-# -----------------------------------------------------------------------------
-# The launches, as registered ops, and the public function
-
+# tiled.py's band_edges and value_spans, copied (test_kernel.py holds them equal)
 def band_edges(window, T, two_sided):
-    """The slot band [i - left, i + right]: kernel.py's copy of tiled.band_edges (tests/test_kernel.py)."""
     left = min(int(window), T) - 1
     return left, left if two_sided else 0
 
 
 def value_spans(r, width, margin, tile):
-    """Each query tile's key slots [lo, hi): kernel.py's copy of tiled.value_spans (tests/test_kernel.py)."""
-    first = torch.arange(0, r.shape[-1], tile, device=r.device)                       # (ntiles,)
+    first = torch.arange(0, r.shape[-1], tile, device=r.device)  # (ntiles,)
     last = (first + tile).clamp(max=r.shape[-1]) - 1
-    hi = torch.searchsorted(r, r[:, last] + width + margin).maximum(last + 1)        # (n, ntiles): its own slots in
+    hi = torch.searchsorted(r, r[:, last] + width + margin).maximum(last + 1)  # (n, ntiles), own slots in
     return torch.searchsorted(r, r[:, first] - width - margin), hi
 
 
 def _launch_args(q, pos, r, width, margin, tiling, tile):
-    """The kernels' arguments after q, k, v up to the scale (pos, r, with r each tile's key span), and options."""
+    """The kernels' arguments Pos .. width, and options."""
     B, H, T, D = q.shape
-    Pos = q if pos is None else pos.expand(B, H, T)    # (B, H, T) view with 0 strides: no copy; q is a dummy
-    R = q if r is None else r.expand(B, H, T)        # r has pos's shape, so pos's strides
-    if r is None:     # the slot band [i - left, i + right]; spans unused
+    Pos = q if pos is None else pos.expand(B, H, T)  # no copy; q: a dummy
+    R = q if r is None else r.expand(B, H, T)
+    if r is None:  # the band [i - left, i + right]
         (left, right), width, spans, span_stride = band_edges(width, T, pos is not None), 0.0, q, 0
-    else:             # the value band |r_i - r_j| < width, over each tile's span from the host
-        rows = r.expand(B, H, T).reshape(B * H, T) if r.dim() > 1 else r[None]       # (n, T), n = 1 or B*H
+    else:  # |r_i - r_j| < width over each tile's span
+        rows = R.reshape(B * H, T) if r.dim() > 1 else r[None]  # (n, T), n = 1 or BH
         spans = torch.stack(value_spans(rows, width, margin, tile), -1).to(torch.int32)  # (n, ntiles, 2)
         left, right, span_stride = 0, 0, 0 if len(rows) == 1 else spans[0].numel()
     options = dict(D=D, HAS_POS=pos is not None, HAS_R=r is not None, PRECISION=tiling.precision,
@@ -301,23 +282,21 @@ def _launch_args(q, pos, r, width, margin, tiling, tile):
             width), options
 
 
-# The tutorial's autograd.Function, as registered ops: torch.compile traces nothing inside, breaks no graph. The op
-# runs check_once itself, so that a compiled model, whose graph calls the op and not triton_swa, is checked too.
-@torch.library.custom_op("sa::triton_swa", mutates_args=())
+@torch.library.custom_op("sa::triton_swa", mutates_args=())  # opaque to torch.compile
 def _forward(q: Tensor, k: Tensor, v: Tensor, pos: Optional[Tensor], r: Optional[Tensor], width: float,
              margin: float, check: bool) -> tuple[Tensor, Tensor]:
-    """out (B, H, T, D) and each row's logsumexp (B, H, T), fp32; check: check_once first."""
+    """out (B, H, T, D) and each row's log2-sum-exp2 (B, H, T) fp32."""
     (B, H, T, D), target = q.shape, device_target(q.device)
     if check:
         check_once(q.device, q.dtype, D, VARIANTS[(pos is not None) + (r is not None)], margin)
     tiling = choose_tiling(q.dtype, D, target)
-    q, k, v = (t.contiguous() for t in (q, k, v))      # the kernels index (B, H, T, D) as contiguous
+    q, k, v = map(Tensor.contiguous, (q, k, v))
     o, lse = torch.empty_like(q), q.new_empty((B, H, T), dtype=torch.float32)
-    with torch.cuda.device(q.device if q.is_cuda else -1):  # launch on q's GPU, not the current one
+    with torch.cuda.device(q.device if q.is_cuda else -1):  # q's GPU, not the current one
         args, options = _launch_args(q, pos, r, width, margin, tiling, tiling.tile_m)
-        _attn_fwd[(triton.cdiv(T, tiling.tile_m), B * H)](q, k, v, o, lse, *args, LOG2E / math.sqrt(D),
-                                                            TILE_M=tiling.tile_m, TILE_N=tiling.tile_n, **options)
-        if q.is_cuda and torch.is_grad_enabled():  # compile the backward now: if it cannot run, "auto" can fall back
+        _attn_fwd[(triton.cdiv(T, tiling.tile_m), B * H)](
+            q, k, v, o, lse, *args, LOG2E / math.sqrt(D), TILE_M=tiling.tile_m, TILE_N=tiling.tile_n, **options)
+        if q.is_cuda and torch.is_grad_enabled():  # compile the backward now: "auto" can fall back
             bwd = _attn_bwd.warmup(q, k, v, o, q, k, v, lse, lse, *args, 0.0, 0.0, grid=(1,),
                                    TILE_FIXED=tiling.tile_fixed, TILE_LOOP=tiling.tile_loop, **options)
             if bwd is not None and bwd.metadata.shared > target.shared:  # None: a compile hook took it
@@ -329,14 +308,13 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, pos: Optional[Tensor], r: Optional
 @torch.library.custom_op("sa::triton_swa_backward", mutates_args=())
 def _backward(dout: Tensor, out: Tensor, lse: Tensor, q: Tensor, k: Tensor, v: Tensor, pos: Optional[Tensor],
               r: Optional[Tensor], width: float, margin: float, check: bool) -> tuple[Tensor, Tensor, Tensor]:
-    """dq, dk, dv (B, H, T, D) of _forward's out, the probabilities recomputed from lse (checked by _forward)."""
     B, H, T, D = q.shape
     tiling = choose_tiling(q.dtype, D, device_target(q.device))
-    q, k, v, dout = (t.contiguous() for t in (q, k, v, dout))
+    q, k, v, dout = map(Tensor.contiguous, (q, k, v, dout))
     with torch.cuda.device(q.device if q.is_cuda else -1):
         args, options = _launch_args(q, pos, r, width, margin, tiling, tiling.tile_fixed)
-        rowdot = (out.float() * dout.float()).sum(-1)       # (B, H, T): rowsum(dO * O), fp32
-        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        rowdot = (out.float() * dout.float()).sum(-1)  # (B, H, T)
+        dq, dk, dv = map(torch.empty_like, (q, k, v))
         _attn_bwd[(triton.cdiv(T, tiling.tile_fixed), B * H)](
             q, k, v, dout, dq, dk, dv, lse, rowdot, *args, LOG2E / math.sqrt(D), 1 / math.sqrt(D),
             TILE_FIXED=tiling.tile_fixed, TILE_LOOP=tiling.tile_loop, **options)
@@ -344,7 +322,7 @@ def _backward(dout: Tensor, out: Tensor, lse: Tensor, q: Tensor, k: Tensor, v: T
 
 
 def _save(ctx, inputs, output):
-    ctx.save_for_backward(*output, *inputs[:5])            # out, lse, q, k, v and the op's two tensors
+    ctx.save_for_backward(*output, *inputs[:5])  # _backward's out .. r
     ctx.scalars = inputs[5:]
 
 
@@ -355,14 +333,12 @@ _forward.register_autograd(lambda ctx, dout, _: (*_backward(dout, *ctx.saved_ten
 
 
 def triton_swa(q, k, v, width, pos=None, r=None, margin=0.0, check=True):
-    """Sliding-window attention (B, H, T, D) -> (B, H, T, D) by attention.py's rule: key j is visible to query i iff
-    |i - j| < width (the window, an int >= 1) and pos[j] <= pos[i]; with r (fp32, pos's shape, ascending along T),
-    iff |r[i] - r[j]| < width (delta) and pos[j] <= pos[i], each tile's key span reaching `margin` further.
-    Unsupported where it has no kernel or failed check_once; ValueError for input that breaks its contract."""
+    """(B, H, T, D) -> (B, H, T, D): key j is visible to query i iff |i - j| < width (an int >= 1), with r (fp32,
+    pos's shape, ascending) iff |r[i] - r[j]| < width, and pos[j] <= pos[i]; spans reach `margin` further."""
     B, H, T, D = q.shape
     if D not in HEAD_DIMS or q.dtype not in SUPPORTED_DTYPES:
         raise Unsupported(f"triton_swa supports head dims {HEAD_DIMS} in {SUPPORTED_DTYPES}, got {D} in {q.dtype}; "
-                          "pad it or set attention.IMPL = 'torch'")
+                          "pad it or use the torch path")
     if any((t.shape, t.dtype, t.device) != (q.shape, q.dtype, q.device) for t in (k, v)):
         raise ValueError(f"q, k, v must share one shape, device and dtype, got "
                          f"{[(tuple(t.shape), t.dtype, str(t.device)) for t in (q, k, v)]}")
@@ -374,45 +350,43 @@ def triton_swa(q, k, v, width, pos=None, r=None, margin=0.0, check=True):
                           or not width > 0 or not (torch.compiler.is_compiling() or bool((r.diff() >= 0).all()))):
         raise ValueError(f"r must be fp32 with pos's shape, ascending along T, and the width > 0; got {r.dtype} "
                          f"{tuple(r.shape)}, pos {None if pos is None else tuple(pos.shape)}, width {width!r}")
-    pos, r = (pos, r) if r is None else (pos.contiguous(), r.contiguous())  # one set of strides for both
+    pos, r = (pos, r) if r is None else (pos.contiguous(), r.contiguous())  # one set of strides
     return _forward(q, k, v, pos, r, width, margin, check)[0]
 
 
-# -----------------------------------------------------------------------------
-# The self-check, at each variant's first use and in python kernel.py --check: against the dense rule.
+# The self-check
 
-VARIANTS = ("swa", "sa rank", "sa value")  # the kernel's variants: no pos (causal SWA), pos, pos and r
-TOLERANCE = {torch.bfloat16: 5e-2, torch.float16: 5e-2, torch.float32: 1e-3}  # of self_check's max error
-SELF_CHECKS = {}  # (device, dtype, head dim, variant) -> self_check's max error, in this process
+VARIANTS = ("swa", "sa rank", "sa value")  # no pos (causal SWA); pos; pos and r
+TOLERANCE = {torch.bfloat16: 5e-2, torch.float16: 5e-2, torch.float32: 1e-3}
+SELF_CHECKS = {}  # (device, dtype, D, variant) -> max error
 
 
 def dense(q, k, v, width, pos=None, r=None, dout=None):
-    """triton_swa's rule, dense, in fp32 (the mask is attention.rule_mask's: tests/test_kernel.py holds them equal):
-    out, and with dout also dq, dk, dv, by the softmax's backward written out (no autograd: it runs inside an op)."""
+    """triton_swa's rule, dense, fp32: out, and with dout dq, dk, dv (no autograd in an op)."""
     idx = torch.arange(q.shape[2], device=q.device)
     slot, pos = idx if r is None else r, idx if pos is None else pos
     mask = ((slot[..., :, None] - slot[..., None, :]).abs() < width) & (pos[..., None, :] <= pos[..., :, None])
     q, k, v, scale = q.float(), k.float(), v.float(), q.shape[-1] ** -0.5
-    p = torch.softmax((q @ k.transpose(-1, -2) * scale).masked_fill(~mask, float("-inf")), -1)  # (B, H, T, T)
-    out = p @ v                                                                                  # (B, H, T, D)
+    p = torch.softmax((q @ k.mT * scale).masked_fill(~mask, float("-inf")), -1)  # (B, H, T, T)
+    out = p @ v  # (B, H, T, D)
     if dout is None:
         return out
-    ds = p * (dout.float() @ v.transpose(-1, -2) - (dout.float() * out).sum(-1, keepdim=True))  # dloss/dscores
-    return out, ds @ k * scale, ds.transpose(-1, -2) @ q * scale, p.transpose(-1, -2) @ dout.float()
+    do = dout.float()
+    ds = p * (do @ v.mT - (do * out).sum(-1, keepdim=True))  # dloss/dscores
+    return out, ds @ k * scale, ds.mT @ q * scale, p.mT @ do
 
 
 def self_check(device, dtype, D, variant, T=300, window=100, B=1, H=2, margin=0.0, seed=0):
-    """Max |error| of the kernel's out, dq, dk, dv relative to max(1, |dense's|) (NaN: inf) on random input, through
-    the tiling real calls compile to. Defaults: T no multiple of any tile, a window across tiles."""
+    """Max |error| of the kernel's out, dq, dk, dv / max(1, |dense's|) (NaN: inf) on random input."""
     g = torch.Generator().manual_seed(seed)
     q, k, v, do = (torch.randn(B, H, T, D, generator=g).to(device, dtype) for _ in range(4))
-    perm = (r := torch.rand(T, generator=g).to(device)).argsort()   # a random permutation; the value rule's slots
+    perm = (r := torch.rand(T, generator=g).to(device)).argsort()  # r[perm]: value-rule slots
     width, pos, r = {"swa": (window, None, None), "sa rank": (window, perm, None),
                      "sa value": (window / T, perm, r[perm])}[variant]
     out, lse = _forward(q, k, v, pos, r, width, margin, False)
-    got, want = [out, *_backward(do, out, lse, q, k, v, pos, r, width, margin, False)], dense(q, k, v, width, pos, r, do)
+    got = [out, *_backward(do, out, lse, q, k, v, pos, r, width, margin, False)]
     return max(((a.float() - b).abs().nan_to_num(math.inf).max() / b.abs().max().clamp(min=1)).item()
-               for a, b in zip(got, want))
+               for a, b in zip(got, dense(q, k, v, width, pos, r, do)))
 
 
 def where(device):
@@ -420,9 +394,7 @@ def where(device):
 
 
 def check_once(device, dtype, D, variant, margin=0.0):
-    """self_check of variant on device, dtype and head dim D, run at its first use unless SELF_CHECK is off; if it
-    failed, Unsupported now and at every later use: the kernel declines to be wrong. The op runs it (eagerly, under
-    torch.compile too), so that no variant runs unchecked."""
+    """self_check at a key's first use (by _forward, the op compiled graphs call); failed: Unsupported from then on."""
     key = (device, dtype, D, variant)
     if SELF_CHECK and key not in SELF_CHECKS:
         with torch.autocast(device.type, enabled=False):
@@ -433,26 +405,26 @@ def check_once(device, dtype, D, variant, margin=0.0):
 
 
 if __name__ == "__main__":
+    import itertools
     import os
     import sys
-    B, H, D, check_T, check_windows = 1, 16, 64, "1000,4099", "1,64,300"  # lengths no multiple of any block
+    B, H, D, check_T, check_windows = 1, 16, 64, "1000,4099", "1,64,300"  # lengths no multiple of any tile
     args, cuda = dict(a[2:].partition("=")[::2] for a in sys.argv[1:]), torch.cuda.is_available()  # --B=2: B, 2
-    if "check" not in args or set(args) - {"check", "B", "H", "D", "check_T", "check_windows"} or not (
+    if "check" not in args or set(args) - {"check", *"BHD", "check_T", "check_windows"} or not (
             cuda or os.environ.get("TRITON_INTERPRET") == "1"):
-        raise SystemExit("usage: python kernel.py --check [--B= --H= --D= --check_T=1000,4099 --check_windows=1,64,300]"
-                         " on a CUDA GPU, or on the CPU with TRITON_INTERPRET=1")
-    globals().update({key: int(value) if key in ("B", "H", "D") else value for key, value in args.items()})
-    device, failed = "cuda" if cuda else "cpu", 0
-    __import__("numpy").seterr(all="ignore")  # the interpreter computes rows past T too (0 / 0), never stored
-    print(f"B={B} H={H} D={D} on {where(torch.device(device))}: max |error| of "
-          "out, dq, dk, dv relative to max(1, |dense reference|), which runs in fp32")
-    # the interpreter multiplies bf16 bit patterns in tl.dot (triton-lang/triton#11584): fp32 only there
-    for dtype, T, window, variant in ((dtype, int(T), int(w), v) for dtype in (torch.bfloat16, torch.float32)[not cuda:]
-                                      for T in check_T.split(",") for w in check_windows.split(",") for v in VARIANTS):
+        raise SystemExit("usage: python kernel.py --check [--B= --H= --D= --check_T= --check_windows=] on a CUDA GPU, "
+                         "or on the CPU with TRITON_INTERPRET=1")
+    globals().update({k: int(v) if k in "BHD" else v for k, v in args.items()})
+    device, failed = torch.device("cuda" if cuda else "cpu"), 0
+    __import__("numpy").seterr(all="ignore")  # interpreter: rows past T (0 / 0)
+    print(f"B={B} H={H} D={D} on {where(device)}: max |error| of out, dq, dk, dv / max(1, |dense fp32|)")
+    dtypes = (torch.bfloat16, torch.float32)[not cuda:]  # interpreter: bf16 tl.dot wrong (triton-lang/triton#11584)
+    Ts, windows = (map(int, x.split(",")) for x in (check_T, check_windows))
+    for dtype, T, window, variant in itertools.product(dtypes, Ts, windows, VARIANTS):
         err, tol = self_check(device, dtype, D, variant, T, window, B, H, seed=T + window), TOLERANCE[dtype]
-        failed += not err <= tol
+        failed += not (ok := err <= tol)
         print(f"{variant:>8} {str(dtype)[6:]:>8} T={T:<6} window={window:<5} max err {err:.1e} (tol {tol:.0e}) "
-              f"{'PASS' if err <= tol else 'FAIL'}")
+              f"{'PASS' if ok else 'FAIL'}")
     if failed:
         raise SystemExit(f"{failed} checks FAILED: please report them with this output")
     print("all checks PASS")

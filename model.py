@@ -1,16 +1,12 @@
 """
-Read first. A GPT with a switchable attention, after nanoGPT: GPTConfig.attn picks every layer's kind, "full", "swa",
-"sa" (SWA over a fresh random permutation per layer and forward pass, so that a few layers reach far), "sa+swa" (the
-paper's gated dual path) or "moba" (the baseline). The rules live in attention.py's docstring, the kinds in KINDS.
-GPT.generate decodes from a KV cache (kv_cache.py) where the rule allows it exactly (GPTConfig.cacheable).
+Read first. A GPT with a switchable attention, after nanoGPT: GPTConfig.attn picks every layer's kind (KINDS): "full",
+"swa", "sa" (SWA over a fresh random permutation per layer and forward pass), "sa+swa" (the paper's gated dual path) or
+"moba" (the baseline). The rules are attention.py's. GPT.generate decodes from a KV cache where a rule allows it.
 """
 import inspect
 import math
 import numbers
 import operator
-import os
-import socket
-import urllib.parse
 from collections import OrderedDict
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, fields, replace
@@ -21,15 +17,14 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 import attention
-from guards import InputError, check_count, check_tokens, need, setting_problem
+from guards import InputError, check_tokens, need, setting_problem
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 class CausalSelfAttention(nn.Module):
     """Multi-head causal self-attention of kind config.attn. "sa+swa", the paper's best model, runs SA and SWA on the
-    same q, k, v and mixes them with sigmoid gates, one per head and path: Y = sigmoid(x W_sa) Y_sa + sigmoid(x W_swa)
-    Y_swa, 2 * n_embd * n_head parameters."""
+    same q, k, v and mixes them with a sigmoid gate per head and path: Y = sigmoid(x W_sa) Y_sa + sigmoid(x W_swa) Y_swa."""
 
     def __init__(self, config, layer_idx=0):
         super().__init__()
@@ -41,41 +36,41 @@ class CausalSelfAttention(nn.Module):
             self.gate = nn.Linear(config.n_embd, 2 * config.n_head, bias=False)
 
     def forward(self, x, draw=None, rope=None, cache=None):
-        """x (B, T, C) -> (B, T, C). draw: this layer's SA draw (GPT.draw_sa); rope: RoPE's cos and sin for the T
-        positions; cache: a KVCache, which a prefill fills and a decode step (one token) attends over."""
+        """x (B, T, C) -> (B, T, C). draw: this layer's SA draw; rope: RoPE's (cos, sin) of the T positions; cache: a
+        KVCache, which a prefill fills and a decode step (one token) attends over."""
         B, T, C = x.size()
         nh = self.config.n_head
         q, k, v = self.c_attn(x).split(C, dim=2)
-        q = q.view(B, T, nh, C // nh).transpose(1, 2)                            # (B, nh, T, hs)
-        k = k.view(B, T, nh, C // nh).transpose(1, 2)                            # (B, nh, T, hs)
-        v = v.view(B, T, nh, C // nh).transpose(1, 2)                            # (B, nh, T, hs)
+        q = q.view(B, T, nh, C // nh).transpose(1, 2)  # (B, nh, T, hs)
+        k = k.view(B, T, nh, C // nh).transpose(1, 2)  # (B, nh, T, hs)
+        v = v.view(B, T, nh, C // nh).transpose(1, 2)  # (B, nh, T, hs)
         if rope is not None:  # RoPE rotates q and k by their true positions, before SA permutes them (the paper)
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         if cache is not None:
             cache.store(self.layer_idx, k, v, draw)
         if self.config.attn == "sa+swa":  # both paths see the same q, k, v; the gates mix them per head
-            g = torch.sigmoid(self.gate(x)).transpose(1, 2).unsqueeze(-1)        # (B, 2*nh, T, 1)
-            y = g[:, :nh] * self.attend("sa", q, k, v, draw, cache) + g[:, nh:] * self.attend("swa", q, k, v, draw,
+            g = torch.sigmoid(self.gate(x)).transpose(1, 2).unsqueeze(-1)  # (B, 2*nh, T, 1)
+            y = g[:, :nh] * self.attend("sa", q, k, v, draw, cache) + g[:, nh:] * self.attend("swa", q, k, v, None,
                                                                                                  cache)
         else:
             y = self.attend(self.config.attn, q, k, v, draw, cache)
-        y = y.transpose(1, 2).contiguous().view(B, T, C)                         # (B, T, C)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
         return self.resid_dropout(self.c_proj(y))
 
     def attend(self, kind, q, k, v, draw, cache=None):
-        """q, k, v (B, nh, T, hs) -> (B, nh, T, hs) by kind's function in attention.py, with the arguments its KINDS
-        row names; a decode step (one token after the prompt) attends over the KV cache instead."""
+        """q, k, v (B, nh, T, hs) -> (B, nh, T, hs) by kind's function, with the arguments its KINDS row names; a decode
+        step (one token after the prompt) attends over the KV cache instead."""
         c = self.config
         if cache is not None and cache.start > 0:
             return cache.attend(self.layer_idx, q, kind)
-        if kind == "sa" and c.sa_rule == "value":  # the value rule: numbers r for a permutation, delta for a window
+        if kind == "sa" and c.sa_rule == "value":  # the value rule: numbers r, not a permutation; delta, not a window
             return attention.stochastic_value_attention(q, k, v, c.sa_delta, draw)
         fn, args = KINDS[kind].fn, KINDS[kind].args
         return fn(q, k, v, *[draw if a == "draw" else getattr(c, a) for a in args])
 
 
 class Layer(nn.Module):
-    """A transformer layer, pre-LayerNorm as GPT-2: x + attention(ln_1(x)), then x + mlp(ln_2(x))."""
+    """A transformer layer, pre-LayerNorm as GPT-2's: x + attn(ln_1(x)), then x + mlp(ln_2(x))."""
 
     def __init__(self, config, layer_idx=0):
         super().__init__()
@@ -94,16 +89,15 @@ class Layer(nn.Module):
 
 
 class Kind(NamedTuple):
-    """What the repo reads of an attention kind: how CausalSelfAttention.attend calls it, the keys a query sees of T
-    (flops_per_token), and what a KV cache keeps of it (kv_cache.py; None: generate recomputes the prefix)."""
-    fn: Optional[Callable]   # attention.py's function, (q, k, v, *args); None: sa+swa, composed in the layer
-    args: tuple              # its arguments after q, k, v: GPTConfig fields, or "draw" (the layer's SA draw)
-    keys: Callable           # (config, T) -> keys a query sees
-    cache: Callable          # config -> "all", "window", "chunks" or "sorted" (value-rule SA), or None
-    draws: bool = False      # whether it draws SA's randomness (GPT.draw_sa)
+    """All the repo reads of an attention kind."""
+    fn: Optional[Callable]  # its function, (q, k, v, *args) -> y; None: sa+swa, which the layer composes
+    args: tuple  # those args: GPTConfig fields, or "draw" (the layer's SA draw)
+    keys: Callable  # (config, T) -> the keys a query sees (flops_per_token)
+    cache: Callable  # config -> what a KVCache keeps: "all", "window", "chunks", "sorted"; None: no cache
+    draws: bool = False  # whether it draws SA's randomness (GPT.draw_sa)
 
 
-# Every attention kind. A new kind is its function in attention.py and a row here (README: "Add a kind").
+# Every attention kind. A new kind is its function (in attention.py) and a row here: README's "Add a kind".
 KINDS = {
     "full": Kind(attention.full_attention, (), lambda c, T: (T + 1) / 2, lambda c: "all"),
     "swa": Kind(attention.sliding_window_attention, ("window",), lambda c, T: min(c.window, T), lambda c: "window"),
@@ -131,28 +125,25 @@ class GPTConfig:
     moba_chunk: int = 64       # MoBA's key chunk (its paper's "block")
     moba_topk: int = 4         # MoBA's chunks per query, its own included
     sa_perm: str = "shared"    # "shared": one permutation per layer for the batch and heads (the paper); "head": one
-    sa_rule: str = "rank"      # per batch row and head. "rank": the window over permuted slots (the paper); "value":
-    # numbers r decide (attention.py), so that a KV cache decodes it. RoPE, the default, rotates q and k BEFORE the
-    # permutation, so SA scores keep their true relative positions; "learned" is GPT-2's, to load GPT-2's weights.
-    pos_emb: str = "rope"
+    sa_rule: str = "rank"      # per row and head. "rank": windows over permuted slots (the paper); "value": numbers r
+    pos_emb: str = "rope"      # rope rotates q and k before SA permutes them; "learned" is GPT-2's, to load its weights
     rope_base: float = 10000.0
 
-    def __post_init__(self):  # the door of every model: each field checked once, in one line
+    def __post_init__(self):  # the door of every model: each field checked once (guards.SETTINGS and these choices)
         choices = dict(attn=tuple(KINDS), sa_perm=("shared", "head"), sa_rule=("rank", "value"),
                        pos_emb=("rope", "learned"), bias=(True, False))
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.type in (int, float) and isinstance(value, numbers.Real) and not isinstance(value, bool):
-                value = operator.index(value) if hasattr(value, "__index__") else value  # numpy integers too
-                setattr(self, f.name, float(value) if f.type is float else value)
-                value = getattr(self, f.name)
+            if not isinstance(value, bool) and (f.type is int and hasattr(value, "__index__") or f.type is float
+                                                and isinstance(value, numbers.Real)):  # numpy's numbers too
+                value = f.type(operator.index(value) if f.type is int else value)
+                setattr(self, f.name, value)
             if f.name in choices:
                 problem = None if value in choices[f.name] and type(value) is type(choices[f.name][0]) else \
                     f"must be one of {choices[f.name]}"
-            elif type(value) not in ((int, float) if f.type is float else (int,)):
-                problem = f"must be {'a number' if f.type is float else 'an integer'}"
             else:
-                problem = setting_problem(f.name, value, asdict(self))
+                problem = setting_problem(f.name, value, asdict(self)) if type(value) is f.type else \
+                    f"must be {'a number' if f.type is float else 'an integer'}"
             need(problem is None, f"GPTConfig.{f.name}={value!r} is invalid: {problem}")
         need(self.n_embd % self.n_head == 0, f"GPTConfig.n_embd={self.n_embd} is invalid: must be divisible by "
              f"n_head={self.n_head}")
@@ -161,14 +152,13 @@ class GPTConfig:
 
     @property
     def sa_delta(self):
-        """The value rule's width delta = window / block_size: a pair then meets as often as under the rank rule, with
-        probability about 2 * delta (README.md), so a query sees about `window` keys."""
+        """The value rule's width: a pair meets with probability about 2 * delta, as often as under the rank rule."""
         return self.window / self.block_size
 
     @property
     def cacheable(self):
-        """Whether GPT.generate can decode this model from a KV cache exactly (KINDS' cache). Rank-rule SA cannot:
-        whether key j is visible to query i depends on the permuted slots of the tokens after i."""
+        """Whether GPT.generate can decode this model from a KV cache exactly. Rank-rule SA cannot: whether query i sees
+        key j depends on the slots of the tokens after i."""
         return KINDS[self.attn].cache(self) is not None
 
 
@@ -191,9 +181,8 @@ class GPT(nn.Module):
             self.register_buffer("rope_sin", sin, persistent=False)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.transformer.wte.weight = self.lm_head.weight  # weight tying
-        # SA's draws come from a CPU generator's state (sa_draws), so that a seed gives the same draws on every
-        # device; checkpoints save it, so a resumed run draws exactly what it would have.
-        self.sa_state = torch.Generator().manual_seed(sa_seed).get_state()     # (5056,) uint8, not a buffer
+        # SA's draws come from a CPU generator's state, the same on every device; checkpoints save it (exact resume)
+        self.sa_state = torch.Generator().manual_seed(sa_seed).get_state()  # (5056,) uint8, not a buffer
         self.apply(self._init_weights)
         for name, p in self.named_parameters():
             if name.endswith("c_proj.weight"):  # GPT-2's scaled init of residual projections
@@ -214,12 +203,12 @@ class GPT(nn.Module):
 
     def forward(self, idx, targets=None, lengths=None, cache=None, draws=None):
         """idx (B, T) -> logits (B, T, vocab), and the loss if targets (-1: ignored). lengths: the real tokens of
-        right-padded rows (draw_sa); cache: a KVCache (kv_cache.py) that idx continues, all at once into an empty
-        cache or one token at a time; draws: SA's draw per layer, instead of fresh ones."""
+        right-padded rows (draw_sa); cache: a KVCache that idx continues (a prompt, then one token at a time); draws:
+        SA's draw per layer, instead of fresh ones."""
         check_tokens(idx, self.config, targets, lengths, cache, draws)
         B, T = idx.size()
-        start = 0 if cache is None else cache.start                              # idx[:, 0]'s absolute position
-        x = self.transformer.wte(idx)                                            # (B, T, C)
+        start = 0 if cache is None else cache.start  # idx[:, 0]'s position
+        x = self.transformer.wte(idx)  # (B, T, C)
         if self.config.pos_emb == "learned":
             x = x + self.transformer.wpe(torch.arange(start, start + T, device=idx.device))  # (B, T, C)
         rope = (self.rope_cos[start:start + T], self.rope_sin[start:start + T]) if self.config.pos_emb == "rope" \
@@ -230,21 +219,20 @@ class GPT(nn.Module):
             x = layer(x, draw, rope, cache)
         if cache is not None:
             cache.start += T
-        logits = self.lm_head(self.transformer.ln_f(x))                          # (B, T, vocab)
+        logits = self.lm_head(self.transformer.ln_f(x))  # (B, T, vocab)
         loss = None
         if targets is not None:
             loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.reshape(-1), ignore_index=-1)
         return logits, loss
 
     def draw_sa(self, B, T, device, lengths=None):
-        """SA's fresh draw for each layer, (T,) or (B, nh, T) by config.sa_perm: a permutation (sa_rule="rank") or a
-        uniform number r in [0, 1) per token (sa_rule="value"); None per layer for kinds that draw nothing. With
-        lengths (B,), the real tokens of right-padded rows, a row's draw depends on a seed and its length only, never
-        on the batch (sa_draws)."""
+        """SA's fresh draw per layer, (T,) or (B, nh, T) by sa_perm: a permutation, or (sa_rule="value") numbers r in
+        [0, 1); None for kinds that draw none. With lengths (B,) of right-padded rows, a row's draw depends on a
+        seed and its length only, never on the batch (sa_draws)."""
         c = self.config
         if not KINDS[c.attn].draws:
             return [None] * c.n_layer
-        for name, n in (("B", B), ("T", T)):  # the door of a public method: no call for valid input
+        for name, n in (("B", B), ("T", T)):  # no call for valid input: this runs in every forward
             if type(n) is not int or n < 0:
                 raise InputError(f"{name} must be an integer >= 0, got {n!r}")
         heads = 1 if c.sa_perm == "shared" else c.n_head
@@ -257,14 +245,14 @@ class GPT(nn.Module):
         self.sa_state.copy_(torch.Generator().manual_seed(operator.index(seed)).get_state())
 
     def swap_attention(self, **changes):
-        """Training-free swap: evaluate these weights with another attention kind or budget (see swapped)."""
+        """Training-free swap: these weights with another attention kind or budget (swapped)."""
         self.config = swapped(self.config, **changes)
         for layer in self.transformer.h:
             layer.attn.config = self.config
         return self
 
     def crop_block_size(self, block_size):
-        """A shorter context for a loaded model (nanoGPT's): GPT-2's 1024 learned positions cut to block_size."""
+        """A shorter context for a loaded model, as nanoGPT's: e.g. GPT-2's 1024 learned positions cut."""
         need(block_size <= self.config.block_size, f"block_size={block_size}: the model holds at most "
              f"{self.config.block_size} positions")
         self.config = replace(self.config, block_size=block_size)
@@ -284,7 +272,7 @@ class GPT(nn.Module):
         return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, **(dict(fused=True) if fused else {}))
 
     def flops_per_token(self, T):
-        """Training FLOPs per token: 6N for the weights plus 12 * L * C * (keys a query attends, KINDS' keys)."""
+        """Training FLOPs per token: 6N for the weights plus 12 * L * C * (the keys a query sees)."""
         c = self.config
         return 6 * self.get_num_params() + 12 * c.n_layer * c.n_embd * KINDS[c.attn].keys(c, T)
 
@@ -294,19 +282,12 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True):
-        """Append max_new_tokens sampled tokens to idx (B, T). temperature=0: greedy, the most likely token.
-        use_cache: decode from a KVCache (kv_cache.py), one token per step, where use_kv_cache allows it; else every
-        step recomputes the whole prefix. Past block_size, without the cache every step crops the context to its last
-        block_size tokens (nanoGPT); with it, a full cache is refilled from the last block_size // 2 tokens."""
+        """Append max_new_tokens sampled tokens to idx (B, T); temperature=0: greedy. use_cache: decode from a KVCache,
+        one token per step, where the model allows it; else each step recomputes the prefix, its last block_size
+        tokens (nanoGPT). A full cache is refilled from the last block_size // 2 tokens."""
         c = self.config
-        need(isinstance(temperature, (int, float)) and not isinstance(temperature, bool) and temperature >= 0,
-             f"temperature={temperature!r}: use a number > 0, or 0 for greedy decoding")  # NaN fails too
-        check_count(max_new_tokens, "max_new_tokens", least=0)
-        if top_k is not None:
-            check_count(top_k, "top_k (None: sample among all tokens)")
-        check_tokens(idx, c)
-        need(idx.size(1) > 0, f"idx of shape {tuple(idx.shape)}: use a prompt (B, T) of at least one token")
-        from kv_cache import KVCache, use_kv_cache  # kv_cache.py reads KINDS: imported here, not at the top
+        check_tokens(idx, c, sampling=(max_new_tokens, temperature, top_k))
+        from kv_cache import KVCache, use_kv_cache  # kv_cache.py imports KINDS from here
         use_cache = use_kv_cache(c, use_cache)
         cache = None
         for _ in range(max_new_tokens):
@@ -316,9 +297,9 @@ class GPT(nn.Module):
                 logits, _ = self(idx[:, -keep:], cache=cache)
             else:  # with the cache, the newest token; without, the last block_size tokens (cache is None)
                 logits, _ = self(idx[:, -1:] if use_cache else idx[:, -c.block_size:], cache=cache)
-            logits = logits[:, -1, :].double()                                   # (B, vocab), whatever the autocast
+            logits = logits[:, -1, :].double()  # (B, vocab), whatever the autocast
             if temperature == 0:
-                idx_next = logits.argmax(-1, keepdim=True)                       # (B, 1)
+                idx_next = logits.argmax(-1, keepdim=True)  # (B, 1)
             else:  # minus the max first: a tiny temperature then gives 0 and -inf, never inf - inf
                 logits = (logits - logits.max(-1, keepdim=True).values) / temperature
                 if top_k is not None:
@@ -330,71 +311,40 @@ class GPT(nn.Module):
 
     @classmethod
     def from_pretrained(cls, model_type, override_args=None):
-        """GPT-2's weights in our GPT, as nanoGPT does it. model_type: a size name (GPT2_SIZES, from the Hugging Face
-        hub), a directory holding a transformers GPT2LMHeadModel, or such a model already built. override_args may set
-        the fields that carry no weights (not WEIGHT_FIELDS); attn="sa+swa" adds gates at their init."""
-        override_args = override_args or {}
-        allowed = [f.name for f in fields(GPTConfig) if f.name not in WEIGHT_FIELDS]
-        need(not set(override_args) - set(allowed), f"from_pretrained can override only {sorted(allowed)}, got "
-             f"{sorted(override_args)}")
-        hf = model_type if isinstance(model_type, nn.Module) else hub_model(model_type)
-        c = hf.config
-        for field, value, supported in (  # our Layer must compute exactly what GPT-2's does
-                ("activation_function", c.activation_function, ("gelu_new", "gelu_pytorch_tanh")),
-                ("layer_norm_epsilon", c.layer_norm_epsilon, (1e-5,)), ("n_inner", c.n_inner, (None, 4 * c.n_embd))):
-            need(value in supported, f"GPT-2 config {field}={value!r} is not supported: our GPT needs one of "
-                 f"{supported}")
-        config = GPTConfig(**{"block_size": c.n_positions, "vocab_size": c.vocab_size, "n_layer": c.n_layer,
-                              "n_head": c.n_head, "n_embd": c.n_embd, "bias": True, "pos_emb": "learned",
-                              "attn": "full", "dropout": 0.0, **override_args})
-        model = cls(config)
-        sd, sd_hf = model.state_dict(), hf.state_dict()
-        # GPT-2 stores these as Conv1D, (in, out): transpose into nn.Linear's (out, in)
-        conv1d = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
-        with torch.no_grad():
-            for k, v in sd.items():
-                if k.endswith("attn.gate.weight"):
-                    continue
-                w = sd_hf[k].t() if k.endswith(conv1d) else sd_hf[k]
-                need(w.shape == v.shape, f"GPT-2 weight {k} has shape {tuple(w.shape)}, ours {tuple(v.shape)}")
-                v.copy_(w)
-        return model
+        """GPT-2's weights in our GPT, as nanoGPT's (checkpoint.from_gpt2 says how)."""
+        from checkpoint import from_gpt2
+        return from_gpt2(model_type, override_args)
 
     def model_args(self):
         return asdict(self.config)
 
 
 # -----------------------------------------------------------------------------
-# Support, which a first reading skips: RoPE, SA's draws, swaps, GPT-2's weights, autocast.
+# Support, which a first reading skips: RoPE, SA's draws, swaps, autocast.
 
-# The fields that shape the weights: from_pretrained may set every other one on GPT-2's weights. A training-free
-# swap (swap_attention) changes only the attention's fields, which the modules read at each forward.
-WEIGHT_FIELDS = ("vocab_size", "n_layer", "n_head", "n_embd", "bias", "pos_emb", "block_size")
-SWAP_FIELDS = ("attn", "window", "moba_chunk", "moba_topk", "sa_perm", "sa_rule")
-GPT2_SIZES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
+SWAP_FIELDS = ("attn", "window", "moba_chunk", "moba_topk", "sa_perm", "sa_rule")  # a swap reaches these alone
 
 
 def rope_tables(config):
     hs = config.n_embd // config.n_head
-    inv_freq = 1.0 / config.rope_base ** (torch.arange(0, hs, 2).float() / hs)   # (hs/2,)
-    angles = torch.outer(torch.arange(config.block_size).float(), inv_freq)       # (block_size, hs/2)
+    inv_freq = 1.0 / config.rope_base ** (torch.arange(0, hs, 2).float() / hs)  # (hs/2,)
+    angles = torch.outer(torch.arange(config.block_size).float(), inv_freq)  # (block_size, hs/2)
     return angles.cos(), angles.sin()
 
 
 def apply_rope(x, cos, sin):
     """x (B, nh, T, hs) rotated by the angles of its T positions, cos and sin (T, hs/2)."""
-    x1, x2 = x.float().chunk(2, dim=-1)                                          # (B, nh, T, hs/2) each
+    x1, x2 = x.float().chunk(2, dim=-1)  # (B, nh, T, hs/2) each
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], -1).type_as(x)  # (B, nh, T, hs)
 
 
 @torch.library.custom_op("sa::draws", mutates_args=("state",))
 def sa_draws(state: torch.Tensor, n: int, B: int, heads: int, T: int, value: bool,
              lengths: Optional[torch.Tensor]) -> torch.Tensor:
-    """n layers' SA draws from a CPU generator's state, advanced in place: (n, T) with heads 1, else (n, B, heads, T);
-    uniform r in [0, 1) (value) or permutations. With lengths (B,), each layer draws from a seed of its own, so that a
-    row's draw depends on that seed and the row's length alone: the rank rule permutes only each row's first
-    lengths[b] tokens (attention.row_perms, (n, B, heads, T)), the value rule's r of token t come t-th from the seed
-    ((n, 1, heads, T)). A registered op, so that torch.compile keeps these draws."""
+    """n layers' SA draws from a CPU generator's state, advanced in place: permutations, or (value) numbers r in [0, 1),
+    (n, T) for one head, else (n, B, heads, T). With lengths (B,), each layer draws from a seed of its own: the rank
+    rule permutes each row's first lengths[b] tokens (attention.row_perms), the value rule's r of token t come t-th
+    from the seed ((n, 1, heads, T)). A registered op, so that torch.compile keeps these draws."""
     g = torch.Generator().set_state(state)
     if lengths is not None:
         seeds = torch.randint(2**62, (n,), generator=g).tolist()
@@ -421,46 +371,11 @@ def swapped(config, **changes):
     need(not other, f"swap_attention changes the attention ({', '.join(SWAP_FIELDS)}), not {', '.join(other)}")
     new = replace(config, **changes)
     need((new.attn == "sa+swa") == (config.attn == "sa+swa"), f"cannot swap attn={config.attn!r} -> {new.attn!r} "
-         "without training: the gates of sa+swa are learned with both paths, so only an sa+swa model has them (a swap "
-         "may change the window)")
+         "without training: the gates of sa+swa are learned with both paths (a swap may change its window)")
     return new
 
 
-def hub_offline(name):
-    """True, and Hugging Face's offline mode (HF_HUB_OFFLINE=1: the local cache only) set, when name is no local path
-    and the hub cannot be reached; transformers would otherwise retry 5 times, for about 30 s, then raise. Set before
-    transformers is imported, where it counts."""
-    if os.path.exists(name) or os.environ.get("HF_HUB_OFFLINE") == "1":
-        return os.environ.get("HF_HUB_OFFLINE") == "1"
-    hub = urllib.parse.urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
-    try:
-        socket.create_connection((hub.hostname, hub.port or 443), timeout=5).close()
-        return False
-    except OSError:
-        os.environ["HF_HUB_OFFLINE"] = "1"
-        return True
-
-
-def hub_model(name):
-    """A transformers GPT2LMHeadModel: a size name of GPT2_SIZES from the hub (or its cache), or a local directory."""
-    need(name in GPT2_SIZES or os.path.isdir(name), f"unknown GPT-2 model {name!r}: use one of {', '.join(GPT2_SIZES)}"
-         " or a directory that holds a saved GPT2LMHeadModel")
-    offline = hub_offline(name)
-    try:
-        from transformers import GPT2LMHeadModel
-    except ImportError:
-        raise InputError("loading GPT-2 weights needs transformers: pip install transformers") from None
-    try:
-        return GPT2LMHeadModel.from_pretrained(name)
-    except OSError as e:  # not in the cache and the hub unreachable, or no model in the directory
-        why = "the Hugging Face hub is unreachable and it is not in the local cache" if offline else \
-            str(e).splitlines()[0][:200]
-        raise InputError(f"--init_from={name}: cannot load it ({why}); go online once, or give a local path") from None
-
-
 def autocast(device, dtype):
-    """The mixed-precision context of train.py, sample.py and eval.py: none for "float32",
-    else torch.autocast to "bfloat16" or "float16" on device's type."""
-    need(dtype in DTYPES and isinstance(device, str), f"device={device!r}, dtype={dtype!r}: use a device's name and "
-         f"one of {', '.join(DTYPES)}")
+    """The mixed-precision context of the scripts: none for float32, else torch.autocast to dtype."""
+    need(dtype in DTYPES, f"dtype={dtype!r}: use one of {', '.join(DTYPES)}")
     return nullcontext() if dtype == "float32" else torch.autocast(device.split(":")[0], dtype=DTYPES[dtype])

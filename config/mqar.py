@@ -1,4 +1,5 @@
-# Recall (MQAR): python prepare_data.py --dataset=mqar   (its mqar defaults are this recipe's data),
+# Recall (MQAR) at 2 layers, BELOW SA+SWA's coverage: SA+SWA fails here as SWA does (see config/recall_demo.py).
+# Data: python prepare_data.py --dataset=mqar   (its mqar defaults are this recipe's data),
 # then python train.py config/mqar.py --attn=swa --out_dir=out-mqar-swa     (or full, sa, sa+swa, moba)
 # 64-token sequences: 4 key-value pairs first, then 4 queries at random positions of the second
 # half, each at least min_gap = 25 tokens after its pair; the answer is found by content (which

@@ -7,6 +7,7 @@ results/); summary.md collects the tables that the README quotes.
     python results/reproduce.py --only=mqar --seeds=0 # the MQAR tables from the finished (or committed) runs
     python results/reproduce.py --only=lm1024         # issues 33, 38: plain LM, far copying at T=1024 (~22 CPU-hours)
     python results/reproduce.py --fast=True           # a tiny version of everything, about 4 minutes (tested in CI)
+    python results/reproduce.py --only=demo --out=out-demo  # the class demo: SWA, SA+SWA and full on recall
     python results/reproduce.py --only=mqar,lm        # some of: figure, lm, swap, mqar, mqar_decisive, recall_swap,
                                                       # coverage, speed, lm1024; mqar_search and sa_rules when named
 
@@ -40,11 +41,12 @@ arms = ""               # mqar_decisive: train these arms, comma list of P ("" =
 swap_T = "256"          # swap: the LM contexts, comma list; 256 swaps lm's model, another T trains its own (swap_T<T>.json)
 train = True            # lm1024: False builds its tables from the finished runs only
 names = ""              # lm1024: train only these runs, comma list of run names in this order ("" = every run)
+demo_seeds = "0"        # demo: train these seeds of each kind, comma list
 # -----------------------------------------------------------------------------
 exec(open(os.path.join(ROOT, "configurator.py")).read())
 
 KINDS = ["full", "swa", "sa", "sa+swa", "moba"]
-EXTRA = {"sa_rules", "mqar_search"}  # run when named in --only (and in --fast): the value rule is ours, not the
+EXTRA = {"sa_rules", "mqar_search", "demo"}  # run when named in --only (and in --fast): the value rule is ours, not the
 # paper's; the search's result is committed (mqar_search.json), and leaving it out keeps the default run near 3 hours
 if fast:
     MQAR = dict(iters=8, seeds=[0], depths=[2], T=64, window=4, swap_windows=[4, 64], swap_seeds=2,
@@ -222,7 +224,7 @@ def recall_val(n, data=None):
     from prepare_data import load_meta, load_tokens, mqar_targets
     path = os.path.join(data or mqar_data(), "mqar")
     meta = load_meta(path)
-    x = np.asarray(load_tokens(path, "val", meta), np.int64).reshape(-1, MQAR["T"])[:n]
+    x = np.asarray(load_tokens(path, "val", meta), np.int64).reshape(-1, meta["mqar"]["seq_len"])[:n]
     return x, mqar_targets(x, meta)
 
 
@@ -917,6 +919,97 @@ def copy_reading(verdict, R, R_prime):
     return None
 
 
+def long_answer(sa_first, sa_copied, swa_first, gain):
+    """Issue 45's pre-registered answer for one seed: SA+SWA's halves at 12,000, SWA's first half, and the copy
+    advantage's gain over the same seed's committed 4,000-iteration runs."""
+    if sa_copied <= 0.1 and abs(sa_first - swa_first) <= 0.02:
+        return "closes"
+    return "does not close" if gain < 0.05 or sa_copied > 0.2 else "narrows"
+
+
+def long_verdict(rows, long_rows):
+    """Issue 45, from the 12,000-iteration runs (long_rows) and the committed 4,000-iteration ones (rows): the rule
+    at 12,000 (full attention's 4,000-iteration runs as L2(full)), the question per seed and over all, and the same
+    quantities at iterations 4,000 and 8,000 of the long runs (another schedule: no verdict)."""
+    c = LM1024
+    seeds_ = c["seeds"]
+    if not all(any((r["attn"], r["seed"]) == (k, s) for r in long_rows) for k in ("sa+swa", "swa") for s in seeds_):
+        return dict(verdict="not decidable (not run)")
+    w = long_rows[0]["window"]
+    full = {s: next(r for r in rows if (r["task"], r["attn"], r["seed"], r["window"]) == ("copy", "full", s,
+                                                                                         c["window"])) for s in seeds_}
+    short = {(k, s): next(r for r in rows if (r["task"], r["attn"], r["seed"], r["window"], r.get("sa_perm", "head"))
+                          == ("copy", k, s, w, "head")) for k in ("sa+swa", "swa") for s in seeds_}
+    at = {}
+    for it in (4000, 8000, c["long_iters"]):
+        halves = {("full", s): (full[s]["first"], full[s]["second"]) for s in seeds_}
+        for r in long_rows:
+            point = next((p for p in r["curve"] if p[0] == it), None)
+            if point:
+                halves[r["attn"], r["seed"]] = tuple(point[1:])
+        verdict, R = copy_verdict(halves, seeds_)
+        adv = [halves["swa", s][1] - halves["sa+swa", s][1] for s in seeds_]
+        at[it] = dict(verdict=verdict, R=R, R_prime=copy_r_prime(halves, seeds_), advantage=adv,
+                      copied=[halves["sa+swa", s][1] for s in seeds_], first=[halves["sa+swa", s][0] for s in seeds_],
+                      swa_first=[halves["swa", s][0] for s in seeds_],
+                      first_gap=[halves["sa+swa", s][0] - halves["swa", s][0] for s in seeds_])
+        if reading := copy_reading(verdict, R, at[it]["R_prime"]):
+            at[it]["reading"] = reading
+    end = at[c["long_iters"]]
+    adv4k = [short["swa", s]["second"] - short["sa+swa", s]["second"] for s in seeds_]
+    answers = [long_answer(f, cp, sf, a - a4) for f, cp, sf, a, a4 in zip(end["first"], end["copied"], end["swa_first"],
+                                                                           end["advantage"], adv4k)]
+    overall = answers[0] if len(set(answers)) == 1 and answers[0] != "narrows" else "narrows"
+    return dict(window=w, iters=c["long_iters"], advantage_4k_committed=adv4k, answers=answers, answer=overall, at=at,
+                **{k: end[k] for k in ("verdict", "R", "R_prime", "first_gap")}, reading=end.get("reading"))
+
+
+def long_lines(v):
+    """summary.md's issue-45 tables: the question, the rule at 12,000, and iterations 4,000 and 8,000 beside it."""
+    if "answers" not in v:
+        return ["", f"12,000-iteration runs (issue 45): {v['verdict']}"]
+    f = lambda xs: ", ".join(f"{x:.3f}" for x in xs)  # noqa: E731
+    lines = ["", f"SA+SWA and SWA at w = {v['window']} for {v['iters']:,} iterations (issue 45; the cosine over "
+             f"{v['iters']:,}), full attention's 4,000-iteration runs as L2(full); per seed 0, 1, 2", "",
+             "| iteration of the long runs | SA+SWA copied half | SA+SWA first half | SWA first half | copy advantage "
+             "(SWA's copied - SA+SWA's) | R | R' | verdict by the rule |", "|---|---|---|---|---|---|---|---|"]
+    for it, a in v["at"].items():
+        lines.append(f"| {it:,} | {f(a['copied'])} | {f(a['first'])} | {f(a['swa_first'])} | {f(a['advantage'])} | "
+                     f"{', '.join(f'{x:.2f}' for x in a['R'])} | {', '.join(f'{x:.2f}' for x in a['R_prime'])} | "
+                     f"{a['verdict']}{': ' + a['reading'] if 'reading' in a else ''} |")
+    gains = [a - b for a, b in zip(v["at"][v["iters"]]["advantage"], v["advantage_4k_committed"])]
+    lines += ["", f"copy advantage of the committed 4,000-iteration runs: {f(v['advantage_4k_committed'])}; at "
+              f"{v['iters']:,}: {f(v['at'][v['iters']]['advantage'])}; gain {', '.join(f'{g:+.3f}' for g in gains)}",
+              f"SA+SWA's first half minus SWA's at {v['iters']:,}: {', '.join(f'{g:+.3f}' for g in v['first_gap'])}",
+              f"the question, per seed: {', '.join(v['answers'])}; over all three: **{v['answer']}**",
+              f"the rule at {v['iters']:,}: **{v['verdict']}**" + (f": {v['reading']}" if v.get("reading") else "")]
+    return lines
+
+
+def long_plot(p, rows, long_rows, T):
+    """lm1024_long.png: the copied half over training, 12,000-iteration runs (solid) beside the committed
+    4,000-iteration ones (dashed) and full attention's (black), per seed."""
+    fig, axes = p.subplots(1, len(LM1024["seeds"]), figsize=(11, 3.4), sharey=True)
+    w = long_rows[0]["window"]
+    for ax, s in zip(axes, LM1024["seeds"]):
+        for kind, color in (("sa+swa", "C4"), ("swa", "C0")):
+            for r, ls, what in ([r for r in long_rows if (r["attn"], r["seed"]) == (kind, s)], "-", "12,000"), (
+                    [r for r in rows if (r["task"], r["attn"], r["seed"], r["window"], r.get("sa_perm", "head")) ==
+                     ("copy", kind, s, w, "head")], "--", "4,000"):
+                for row in r:
+                    it, _, second = zip(*row["curve"])
+                    ax.plot(it, second, color=color, ls=ls, lw=1, label=f"{kind}, {what} iterations")
+        for row in [r for r in rows if (r["task"], r["attn"], r["seed"]) == ("copy", "full", s)][:1]:
+            it, _, second = zip(*row["curve"])
+            ax.plot(it, second, color="k", lw=1, label="full, 4,000 iterations")
+        ax.set(xlabel="iteration", title=f"seed {s}, w = {w} (w/T = 1/{T // w})")
+        ax.title.set_fontsize(9)
+    axes[0].set_ylabel("val loss on the copied half (nats per byte)")
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, "lm1024_long.png"), dpi=120)
+
+
 def swap_verdict(sa, swa):
     """Claim 6(b)'s pre-registered rule on the second-half losses {window: loss} of SA and SWA."""
     below = [sa[w] < swa[w] for w in swa]
@@ -1175,7 +1268,7 @@ def lm1024():
                              copy_verdict=verdict, R=R, verdicts=verdicts, full_window_check=check,
                              copy_paths=dict(sorted(paths.items(), key=lambda kv: (kv[1]["window"], kv[0]))),
                              swap_source=source, swap_full=unswapped, swap=swaps,
-                             swap_verdict=swap_v, long_runs=long_rows,
+                             swap_verdict=swap_v, long_runs=long_rows, long_verdict=long_verdict(rows, long_rows),
                              halves="first: targets 0..T/2-2 (plain LM); second: targets T/2-1..T-2 (copies)"))
 
     p = plt()
@@ -1212,6 +1305,8 @@ def lm1024():
     fig.savefig(os.path.join(out, "lm1024.png"), dpi=120)
     if paths:
         copy_paths_plot(p, paths, T)
+    if long_rows:
+        long_plot(p, rows, long_rows, T)
 
     by = lambda task, kind, w: [r for r in rows if (r["task"], r["attn"], r["window"]) == (task, kind, w)]
     lines = [f"Plain LM (T={T}, {c['plain_iters']} iterations): val loss on {len(x)} windows, split by copy "
@@ -1267,6 +1362,7 @@ def lm1024():
             lines += ["", f"retrained {r['name']}: its evals differ from the committed run's, by "
                       f"{max(abs(a - b) for a, b in zip(c0, n0)):.1e} at iteration 0; final first / copied half "
                       f"{c1[0]:.3f} / {c1[1]:.3f} committed (kept for the rule), {n1[0]:.3f} / {n1[1]:.3f} retrained"]
+    lines += long_lines(long_verdict(rows, long_rows))
     lines += ["", f"full attention ignores the window: {check['iters']} iterations at w = {check['windows'][0]} and "
               f"{check['windows'][1]} log {'identical' if check['identical'] else 'DIFFERENT'} training losses"]
     if paths:
@@ -1298,6 +1394,76 @@ def coverage():
     return "see results/coverage.json, coverage_value.json and the tables receptive_field.py printed"
 
 
+# The class demo (issue 46, README's "See SA reach"): recall whose every answer lies beyond SWA's reach, n_layer *
+# (window - 1) tokens, but within SA+SWA's coverage; config/recall_demo.py is the recipe, results/README.md its search.
+DEMO = dict(preset="config/recall_demo.py", kinds=("swa", "sa+swa", "full"),
+            data=["--mqar_seq_len=64", "--mqar_num_pairs=1", "--mqar_num_queries=1", "--mqar_vocab=32",
+                  "--mqar_offset=1"])
+
+
+def demo():
+    """SWA, SA+SWA and full attention on the demo's recall task, a run of each per seed of demo_seeds, two at a time:
+    a table (answer accuracy, val loss, keys a query sees, how many answers the attention graph reaches) and
+    demo.png, accuracy over iterations beside how the graph's coverage grows with depth (receptive_field.py)."""
+    import numpy as np
+    import receptive_field as rf
+
+    from model import KINDS, GPTConfig
+    recipe = {}
+    exec(open(os.path.join(ROOT, DEMO["preset"])).read(), recipe)
+    c = GPTConfig(**{k: recipe[k] for k in ("block_size", "n_layer", "n_head", "n_embd", "window", "sa_perm")})
+    iters = 8 if fast else recipe["max_iters"]
+    data = mqar_data("data-demo", DEMO["data"])
+    run_dir = lambda kind, s: os.path.join(work, f"demo-{kind}-s{s}")  # noqa: E731
+    seeds_ = [int(s) for s in demo_seeds.split(",")]
+    train_all([(run_dir(kind, s), dict(presets=[DEMO["preset"]], data_root=data, attn=kind, seed=s, max_iters=iters,
+                                       eval_interval=max(1, iters // 10))) for s in seeds_ for kind in DEMO["kinds"]])
+    x, y = recall_val(300, data)
+    meta = json.load(open(os.path.join(data, "mqar", "meta.json")))["mqar"]
+    heads = c.n_head if c.sa_perm == "head" else 1
+    reach = {kind: predictions(kind, c.sa_perm, c.n_head, c.n_layer, x, y, c.window, 1)["reachable"]
+             for kind in DEMO["kinds"]}
+    rows = [dict(attn=kind, seed=s, val_acc=log[-1]["val_acc"], val_loss=log[-1]["val_loss"],
+                 keys=KINDS[kind].keys(c, c.block_size), reachable=reach[kind],
+                 curve=[(r["iter"], r["val_acc"]) for r in log], wall_s=wall_and_resumes(run_dir(kind, s))["wall_s"])
+            for s in seeds_ for kind in DEMO["kinds"] for log in [evals(run_dir(kind, s))]]
+    layers = range(c.n_layer + 4)
+    total = rf.pairs(c.block_size, "causal")
+    coverage = {kind: [n / total for n in rf.simulate(c.block_size, c.window, kind, "causal", heads, layers[-1], 0)[2]]
+                for kind in ("swa", "sa+swa")}
+    save("demo.json", dict(recipe={k: v for k, v in recipe.items() if k[:1].islower() and isinstance(
+        v, (int, float, str, bool))}, data=DEMO["data"], min_gap=meta["min_gap"], swa_reach=c.n_layer * (c.window - 1),
+        chance=1 / (32 - 1 - meta["num_keys"]), runs=rows, coverage=coverage))
+    p = plt()
+    fig, axes = p.subplots(1, 2, figsize=(9, 3.4))
+    for i, kind in enumerate(DEMO["kinds"]):
+        for r in (r for r in rows if r["attn"] == kind):
+            it, acc = zip(*r["curve"])
+            axes[0].plot(it, acc, color=f"C{i}", alpha=1 if r["seed"] == seeds_[0] else 0.4,
+                         label=kind if r["seed"] == seeds_[0] else None)
+    axes[0].axhline(1 / (32 - 1 - meta["num_keys"]), color="gray", ls=":", lw=0.8, label="chance")
+    axes[0].set(ylim=(0, 1.03), xlabel="iteration", ylabel="val answer accuracy", title=f"recall, answers >= {meta['min_gap']} back; "
+                f"SWA reaches {c.n_layer * (c.window - 1)}")
+    for i, kind in enumerate(("swa", "sa+swa")):
+        axes[1].plot(list(layers)[:len(coverage[kind])], coverage[kind], marker="o", color=f"C{i}", label=kind)
+    axes[1].axvline(c.n_layer, color="gray", ls="--", lw=0.8, label=f"the model's {c.n_layer} layers")
+    axes[1].set(xlabel="layers", ylabel="(query, key) pairs connected", title=f"coverage: T={c.block_size}, "
+                f"window {c.window}, {heads} permutations per layer")
+    for ax in axes:
+        ax.legend(fontsize=8, title_fontsize=8)
+        ax.title.set_fontsize(8)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, "demo.png"), dpi=120)
+    chance = 1 / (32 - 1 - meta["num_keys"])
+    lines = [f"recall: {c.n_layer} layers, window {c.window}; every answer >= {meta['min_gap']} tokens back, SWA reaches "
+             f"{c.n_layer} x ({c.window} - 1) = {c.n_layer * (c.window - 1)}; chance {chance:.3f}; {iters} iterations",
+             "", "| kind | seed | accuracy | val loss | keys per query | answers the graph reaches | minutes |",
+             "|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['attn']} | {r['seed']} | {r['val_acc']:.3f} | {r['val_loss']:.3f} | {r['keys']:g} | "
+              f"{r['reachable']:.2f} | {r['wall_s'] / 60:.1f} |" for r in rows]
+    return "\n".join(lines + ["", f"figure: {os.path.join(out, 'demo.png')}"])
+
+
 def speed():
     run("results/bench.py", f"--json_out={os.path.join(out, 'speed_cpu.json')}", *SPEED)
     with open(os.path.join(out, "speed_cpu.json")) as f:
@@ -1306,7 +1472,7 @@ def speed():
 
 if __name__ == "__main__":
     steps = dict(figure=figure, lm=lm, swap=swap, mqar_search=mqar_search, mqar=mqar, mqar_decisive=mqar_decisive,
-                 recall_swap=recall_swap, coverage=coverage, speed=speed, sa_rules=sa_rules, lm1024=lm1024)
+                 recall_swap=recall_swap, coverage=coverage, speed=speed, sa_rules=sa_rules, lm1024=lm1024, demo=demo)
     chosen = [s for s in only.split(",") if s] or [s for s in steps if fast or s not in EXTRA]
     unknown = set(chosen) - steps.keys()
     if unknown:

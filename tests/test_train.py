@@ -435,7 +435,7 @@ def test_mqar_config_without_data_names_its_prepare_line(tmp_path):
     job = ["train.py", "config/mqar.py", f"--data_root={tmp_path}", f"--out_dir={tmp_path / 'out'}"]
     r = run(*job, check=False)
     assert_clean_error(r, "prepare the dataset first with `python prepare_data.py --dataset=mqar`")
-    header = open(os.path.join(REPO, "config", "mqar.py")).readline()
+    header = "".join(open(os.path.join(REPO, "config", "mqar.py")).readlines()[:2])
     assert "python prepare_data.py --dataset=mqar " in header
     run("prepare_data.py", "--dataset=mqar", f"--data_root={tmp_path}", "--mqar_train_seqs=64", "--mqar_val_seqs=64")
     assert "val_acc" in run(*job, "--max_iters=1", "--eval_interval=1", "--eval_iters=1").stdout
