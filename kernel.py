@@ -2,7 +2,9 @@
 triton_swa(q, k, v, width, pos, r).
 
 As in Triton's fused-attention tutorial, each forward program streams the key tiles its TILE_M query rows' band
-reaches, with an online softmax in fp32: O(T * w). This file imports nothing from the repo.
+reaches, with an online softmax in fp32: O(T * w). This file imports nothing from the repo; the rule it runs is
+attention.py's. Before the kernel first runs a variant on a device, dtype and head dim, its op checks it against the
+dense rule (check_once); a failure, or a GPU, dtype or shape it has no tiling for, raises Unsupported.
 """
 import math
 from typing import NamedTuple, Optional
@@ -12,7 +14,7 @@ from torch import Tensor
 import triton
 import triton.language as tl
 
-SELF_CHECK = True  # False: unchecked
+SELF_CHECK = True  # check_once's self_check; False: the kernel runs unchecked (the only public way)
 HEAD_DIMS = (16, 32, 64, 128)
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 LOG2E = 1.4426950408889634  # scores pre-scaled for exp2
@@ -285,7 +287,8 @@ def _launch_args(q, pos, r, width, margin, tiling, tile):
 @torch.library.custom_op("sa::triton_swa", mutates_args=())  # opaque to torch.compile
 def _forward(q: Tensor, k: Tensor, v: Tensor, pos: Optional[Tensor], r: Optional[Tensor], width: float,
              margin: float, check: bool) -> tuple[Tensor, Tensor]:
-    """out (B, H, T, D) and each row's log2-sum-exp2 (B, H, T) fp32."""
+    """out (B, H, T, D) and each row's log2-sum-exp2 (B, H, T) fp32; check: check_once first (False: self_check's
+    own calls)."""
     (B, H, T, D), target = q.shape, device_target(q.device)
     if check:
         check_once(q.device, q.dtype, D, VARIANTS[(pos is not None) + (r is not None)], margin)
@@ -332,7 +335,7 @@ _forward.register_autograd(lambda ctx, dout, _: (*_backward(dout, *ctx.saved_ten
                                                  *[None] * (2 + len(ctx.scalars))), setup_context=_save)
 
 
-def triton_swa(q, k, v, width, pos=None, r=None, margin=0.0, check=True):
+def triton_swa(q, k, v, width, pos=None, r=None, margin=0.0):
     """(B, H, T, D) -> (B, H, T, D): key j is visible to query i iff |i - j| < width (an int >= 1), with r (fp32,
     pos's shape, ascending) iff |r[i] - r[j]| < width, and pos[j] <= pos[i]; spans reach `margin` further."""
     B, H, T, D = q.shape
@@ -351,7 +354,7 @@ def triton_swa(q, k, v, width, pos=None, r=None, margin=0.0, check=True):
         raise ValueError(f"r must be fp32 with pos's shape, ascending along T, and the width > 0; got {r.dtype} "
                          f"{tuple(r.shape)}, pos {None if pos is None else tuple(pos.shape)}, width {width!r}")
     pos, r = (pos, r) if r is None else (pos.contiguous(), r.contiguous())  # one set of strides
-    return _forward(q, k, v, pos, r, width, margin, check)[0]
+    return _forward(q, k, v, pos, r, width, margin, True)[0]  # True: check_once first
 
 
 # The self-check

@@ -935,13 +935,17 @@ def long_verdict(rows, long_rows):
     seeds_ = c["seeds"]
     if not all(any((r["attn"], r["seed"]) == (k, s) for r in long_rows) for k in ("sa+swa", "swa") for s in seeds_):
         return dict(verdict="not decidable (not run)")
+    ends = {r["curve"][-1][0] for r in long_rows if (r["attn"], r["seed"]) in {(k, s) for k in ("sa+swa", "swa")
+                                                                                for s in seeds_}}
+    if ends != {c["long_iters"]}:
+        return dict(verdict=f"not decidable (runs end at iterations {sorted(ends)}, not {c['long_iters']:,})")
     w = long_rows[0]["window"]
     full = {s: next(r for r in rows if (r["task"], r["attn"], r["seed"], r["window"]) == ("copy", "full", s,
                                                                                          c["window"])) for s in seeds_}
     short = {(k, s): next(r for r in rows if (r["task"], r["attn"], r["seed"], r["window"], r.get("sa_perm", "head"))
                           == ("copy", k, s, w, "head")) for k in ("sa+swa", "swa") for s in seeds_}
     at = {}
-    for it in (4000, 8000, c["long_iters"]):
+    for it in sorted({4000, 8000, c["long_iters"]} & {p[0] for p in long_rows[0]["curve"]}):
         halves = {("full", s): (full[s]["first"], full[s]["second"]) for s in seeds_}
         for r in long_rows:
             point = next((p for p in r["curve"] if p[0] == it), None)
@@ -989,8 +993,8 @@ def long_lines(v):
 def long_plot(p, rows, long_rows, T):
     """lm1024_long.png: the copied half over training, 12,000-iteration runs (solid) beside the committed
     4,000-iteration ones (dashed) and full attention's (black), per seed."""
-    fig, axes = p.subplots(1, len(LM1024["seeds"]), figsize=(11, 3.4), sharey=True)
-    w = long_rows[0]["window"]
+    fig, axes = p.subplots(1, len(LM1024["seeds"]), figsize=(11, 3.4), sharey=True, squeeze=False)
+    axes, w = axes[0], long_rows[0]["window"]
     for ax, s in zip(axes, LM1024["seeds"]):
         for kind, color in (("sa+swa", "C4"), ("swa", "C0")):
             for r, ls, what in ([r for r in long_rows if (r["attn"], r["seed"]) == (kind, s)], "-", "12,000"), (
@@ -1203,8 +1207,10 @@ def lm1024():
     # a run finished here is read from its log; one finished on a machine whose checkpoints are gone keeps its
     # committed row (committed: True)
     old = {r["name"]: r for r in committed("lm1024.json").get("runs", [])}
-    rows = [dict(r, committed=True) for name, r in old.items() if name not in done]
-    long_rows = []  # issue 45's runs (-i<iters>): kept apart, so that the rule above reads only its own runs
+    rows, long_rows = [], []  # issue 45's runs (-i<iters>) kept apart, so that the rule above reads only its own runs
+    for name, r in old.items():
+        if name not in done:
+            (long_rows if lm1024_cell(name)[5] else rows).append(dict(r, committed=True))
     for name, od in done.items():
         task, kind, window, seed, sa_perm, long = lm1024_cell(name)
         log = evals(od)

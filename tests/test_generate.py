@@ -249,7 +249,7 @@ def test_an_empty_batch_generates_an_empty_batch(attn, kw):
         assert out.shape == (0, 9) and out.dtype == torch.long
 
 
-def test_a_moba_block_past_block_size_is_one_block_in_the_cache():
+def test_a_moba_chunk_past_block_size_is_one_chunk_in_the_cache():
     """--moba_chunk=1000000000 used to allocate a cache of 10^9 slots per layer; past block_size it is one block."""
     model, idx = tiny("moba", moba_chunk=10**9), tokens(2, 5)
     with MaxNumel() as seen:

@@ -197,8 +197,8 @@ def test_kernel_bad_value_reaches_only_the_queries_that_see_it(small_blocks, mon
 
 
 # -----------------------------------------------------------------------------
-# The fallback: where the kernel cannot compile or run on a GPU, BACKEND="auto" warns and takes
-# the torch path; BACKEND="triton" raises. A bug in the kernel raises under both.
+# The fallback: where the kernel cannot compile or run on a GPU, IMPL="auto" warns and takes
+# the torch path; IMPL="triton" raises. A bug in the kernel raises under both.
 
 def oom(*args):
     raise triton.runtime.errors.OutOfResources(300000, 232448, "shared memory")
@@ -273,7 +273,7 @@ def test_kernel_imports_nothing_from_the_repo():
     assert {"torch", "triton", "os", "numpy"} <= imported and not imported & repo_modules, imported
 
 
-def test_kernel_copies_equal_blocked():
+def test_kernel_copies_equal_tiled():
     """kernel.py keeps its own copies of the band's edges and the value rule's key spans (it imports nothing from
     the repo): the same as tiled.py's, edge cases included."""
     for window, T, two_sided in itertools.product((1, 5, 100, 300), (1, 7, 100), (False, True)):

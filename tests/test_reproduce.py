@@ -181,7 +181,7 @@ def test_reproduce_fast_writes_every_result(tmp_path):
                        cwd=REPO, capture_output=True, text=True, timeout=900,
                        env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert r.returncode == 0, r.stderr[-3000:]
-    for png in ("sa_picture", "lm", "swap", "mqar", "mqar_decisive", "recall_swap", "coverage", "lm1024"):
+    for png in ("sa_picture", "lm", "swap", "mqar", "mqar_decisive", "recall_swap", "coverage", "lm1024", "demo"):
         assert (out / f"{png}.png").stat().st_size > 1000, png
     kinds = {"full", "swa", "sa", "sa+swa", "moba"}
     mqar = json.loads((out / "mqar.json").read_text())
@@ -228,9 +228,12 @@ def test_reproduce_fast_writes_every_result(tmp_path):
     assert all(0 <= r["val_acc"] <= 1 for r in rules if r["task"] == "recall")
     loss = {(r["task"], r["attn"], r["seed"], r["sa_rule"]): r["val_loss"] for r in rules}
     assert all(loss[t, k, s, "rank"] != loss[t, k, s, "value"] for t, k, s, _ in loss)  # --sa_rule reached the model
+    demo = json.loads((out / "demo.json").read_text())  # issue 46: the class demo's three kinds, its reach
+    assert {r["attn"] for r in demo["runs"]} == {"swa", "sa+swa", "full"} and demo["swa_reach"] < demo["min_gap"]
+    assert all(0 <= r["val_acc"] <= 1 and r["wall_s"] > 0 for r in demo["runs"])
     summary = (out / "summary.md").read_text()
     for section in ("figure", "lm", "swap", "mqar_search", "mqar", "mqar_decisive", "recall_swap", "coverage", "speed",
-                    "sa_rules", "lm1024"):
+                    "sa_rules", "lm1024", "demo"):
         assert f"## {section} (" in summary
 
 
@@ -253,7 +256,7 @@ def test_train_all_resumes_only_a_checkpoint_of_the_same_args(reproduce, tmp_pat
 
 def test_the_far_copy_write_up_quotes_the_summary():
     """Issues 38 and 45: every number with two or more decimals in the far-copy write-up (results/README.md's
-    issue-38 and issue-45 results sections, each from its heading to the next heading, and README.md's claim-5 row)
+    issue-38 and issue-45 results sections, each from its heading to the next heading, and README.md's claim-5 bullet)
     stands in results/summary.md, which reproduce.py writes from lm1024.json: the verdicts are written from the
     JSON, never by hand. The issue-45 section may hold no number yet (its runs are pending)."""
     def numbers(text):
@@ -268,7 +271,9 @@ def test_the_far_copy_write_up_quotes_the_summary():
     with open(os.path.join(REPO, "results", "README.md")) as f:
         results = f.read()
     with open(os.path.join(REPO, "README.md")) as f:
-        row = next(line for line in f if line.startswith("| SA+SWA ≈ full in perplexity"))
+        readme = f.read()
+    start = readme.index("- **SA+SWA ≈ full in perplexity**")
+    row = readme[start:readme.index("\n- **", start)]  # the claim's bullet, to the next one
     issue38 = section("### Far copying at w/T = 1/16 and 1/8: the results (issue 38)")
     issue45 = section("### SA+SWA at w/T = 1/8 for 12,000 iterations: the results (issue 45)")
     assert numbers(issue38) and numbers(row)
