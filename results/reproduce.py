@@ -1120,14 +1120,40 @@ def copy_paths(model, x, y, draws=8):
                             gate_sa=float(g[:, :, l, :, 0].mean()), gate_swa=float(g[:, :, l, :, 1].mean()),
                             gate_sa_inside=mean(g[:, :, l, :, 0], inside[:, :, l]),
                             gate_sa_outside=mean(g[:, :, l, :, 0], ~inside[:, :, l])) for l in range(L)])
-    gain = lambda part: L1 - out[part] if out[part] is not None else 0.0  # noqa: E731
-    if L1 - L2 < 0.1:
-        out["reading"] = "does not copy"
-    elif gain("loss_other") <= 0.1 * gain("loss_direct"):
-        out["reading"] = "the shortcuts carry it directly"
-    else:
-        out["reading"] = "relays carry it too" if gain("loss_other") >= 0.5 * gain("loss_direct") else "mixed"
+    out["reading"] = path_reading(L1, L2, out["loss_direct"], out["loss_other"])
+    used = [l for l in range(L) if out["layers"][l]["gate_sa"] >= USED_GATE]    # issue 45: the layers a model uses
+    direct_used = inside[:, :, used].any(2)                                    # (D, n, T/2)
+    out.update(used_layers=[l + 1 for l in used], loss_direct_used=mean(loss, direct_used),
+               loss_other_used=mean(loss, ~direct_used))
     return out
+
+
+USED_GATE = 0.1  # a layer is used by SA if its mean SA gate on copied-half queries is at least this (issue 45)
+
+
+def path_reading(L1, L2, loss_direct, loss_other):
+    """The pre-registered reading of a direct/other split: G(part) = first half - the part's copied-half loss."""
+    gain = lambda part: L1 - part if part is not None else 0.0  # noqa: E731
+    if L1 - L2 < 0.1:
+        return "does not copy"
+    if gain(loss_other) <= 0.1 * gain(loss_direct):
+        return "the shortcuts carry it directly"
+    return "relays carry it too" if gain(loss_other) >= 0.5 * gain(loss_direct) else "mixed"
+
+
+def used_split(q):
+    """The split on the used layers (USED_GATE): (used layers, loss direct, loss other, reading), from copy_paths'
+    own split, else exact from the per-layer one where at most one layer is used; None where it needs the model."""
+    used = [i + 1 for i, layer in enumerate(q["layers"]) if layer["gate_sa"] >= USED_GATE]
+    if "loss_direct_used" in q:
+        d, o = q["loss_direct_used"], q["loss_other_used"]
+    elif len(used) == 1:
+        d, o = q["layers"][used[0] - 1]["loss_inside"], q["layers"][used[0] - 1]["loss_outside"]
+    elif not used:  # no query is direct
+        d, o = None, q["second"]
+    else:
+        return None
+    return used, d, o, path_reading(q["first"], q["second"], d, o)
 
 
 def copy_paths_plot(p, paths, T):
@@ -1376,12 +1402,15 @@ def lm1024():
                   f"{c['path_draws']} draws; a copied-half query is direct where its source is in its SA window "
                   "in some layer and head", "",
                   "| model | first half | copied half | direct: share (masks predict) | loss direct | loss other | "
-                  "SA gate by layer | reading |", "|---|---|---|---|---|---|---|---|"]
+                  "SA gate by layer | reading | used layers (SA gate >= 0.1): loss direct / other, reading |",
+                  "|---|---|---|---|---|---|---|---|---|"]
         fmt = lambda x: "-" if x is None else f"{x:.3f}"  # noqa: E731
+        used = lambda u: "needs the model (more than one layer used)" if u is None else (  # noqa: E731
+            f"{', '.join(map(str, u[0])) or 'none'}: {fmt(u[1])} / {fmt(u[2])}, {u[3]}")
         lines += [f"| {name} | {q['first']:.3f} | {q['second']:.3f} | {q['direct']:.3f} ({q['direct_predicted']:.3f}) | "
                   f"{fmt(q['loss_direct'])} | {fmt(q['loss_other'])} | "
-                  + ", ".join(f"{layer['gate_sa']:.2f}" for layer in q["layers"]) + f" | {q['reading']} |"
-                  for name, q in sorted(paths.items(), key=lambda kv: (kv[1]["window"], kv[0]))]
+                  + ", ".join(f"{layer['gate_sa']:.2f}" for layer in q["layers"]) + f" | {q['reading']} | "
+                  f"{used(used_split(q))} |" for name, q in sorted(paths.items(), key=lambda kv: (kv[1]["window"], kv[0]))]
     if swaps:
         lines += ["", f"Training-free: {source} swapped, {c['copy_val']} val copy sequences; loss on the copied half "
                   f"(unswapped: {unswapped:.3f})",

@@ -93,6 +93,13 @@ def test_copy_verdicts_follow_the_preregistered_rule(reproduce):
     assert reading("partial", [0.7, 0.6], [0.8, 0.5]) == "copies, at a cost in local modelling"  # only L1 failed
     assert reading("partial", [0.7, 0.4], [0.8, 0.9]) is None  # R fails too: partial, no more
     assert reading("partial", [0.7, 0.6], [0.8, 0.4]) is None and reading("confirms", [0.7], [0.8]) is None
+    layer = lambda gate, inside, outside: dict(gate_sa=gate, loss_inside=inside, loss_outside=outside)  # noqa: E731
+    q = dict(first=1.26, second=0.94, layers=[layer(0.06, 0.95, 0.94), layer(0.31, 0.77, 1.06), layer(0.01, 0.9, 0.9)])
+    assert reproduce.used_split(q) == ([2], 0.77, 1.06, "mixed")  # issue 45: w=64 seed 2 on its one used layer
+    assert reproduce.path_reading(1.26, 0.94, 0.95, 0.94) == "relays carry it too"  # layer 1 alone reads relays
+    q["layers"][2]["gate_sa"] = 0.2  # two used layers: the union needs the model
+    assert reproduce.used_split(q) is None and reproduce.used_split(dict(q, loss_direct_used=0.5, loss_other_used=1.2)
+                                                                    ) == ([2, 3], 0.5, 1.2, "the shortcuts carry it directly")
     T = reproduce.LM1024["T"]
     swa = {T // 8: 2.0, T // 4: 1.5, T // 2: 0.1}
     assert reproduce.swap_verdict({T // 8: 1.9, T // 4: 1.4, T // 2: 0.2}, swa) == "confirms"  # w = T/2: not counted
