@@ -100,6 +100,24 @@ def test_copy_verdicts_follow_the_preregistered_rule(reproduce):
     q["layers"][2]["gate_sa"] = 0.2  # two used layers: the union needs the model
     assert reproduce.used_split(q) is None and reproduce.used_split(dict(q, loss_direct_used=0.5, loss_other_used=1.2)
                                                                     ) == ([2, 3], 0.5, 1.2, "the shortcuts carry it directly")
+    c = reproduce.LM1024  # issue 45's question, from 4,000-iteration rows and 12,000-iteration curves
+    row = lambda k, s, w, first, second: dict(task="copy", attn=k, seed=s, window=w, first=first, second=second)  # noqa
+    rows = [row("full", s, c["window"], 1.2, 0.01) for s in c["seeds"]] + [
+        row(k, s, c["wide"], 1.2, 1.1 if k == "swa" else 0.4) for s in c["seeds"] for k in ("swa", "sa+swa")]
+    curve = lambda copied: [(it, 1.2, 1.15) for it in (4000, 8000)] + [(c["long_iters"], 1.2, copied)]  # noqa: E731
+    long = lambda k, s, copied=0.05, end=c["long_iters"]: dict(  # noqa: E731
+        attn=k, seed=s, window=c["wide"], curve=[p for p in curve(1.15 if k == "swa" else copied) if p[0] <= end])
+    assert reproduce.long_verdict(rows, [])["verdict"] == "not decidable (not run)"
+    one = reproduce.long_verdict(rows, [long("swa", 0), long("sa+swa", 0), long("sa+swa", 1, end=8000)])
+    assert one["answers"] == ["closes"] and one["answer"] == one["verdict"] == "not decidable (seed 0 of 0, 1, 2 finished)"
+    every = [long(k, s, copied=0.05 if s else 0.5) for s in c["seeds"] for k in ("swa", "sa+swa")]
+    v = reproduce.long_verdict(rows, every)  # seed 0: copied 0.5 > 0.2; seeds 1, 2: copied 0.05, first halves equal
+    assert v["answers"] == ["does not close", "closes", "closes"] and v["answer"] == "narrows"
+    assert v["advantage_4k_committed"] == pytest.approx([0.7] * 3) and v["R"] == pytest.approx([.65 / 1.14, 1.1 / 1.14,
+                                                                                                1.1 / 1.14])
+    assert v["verdict"] == "confirms" and 4000 in v["at"] and 8000 in v["at"]  # R >= 0.5, equal first halves
+    two = reproduce.long_verdict(rows, every[2:])  # seeds 1 and 2 only: their answers, no verdict over all
+    assert two["answers"] == ["closes"] * 2 and two["answer"].startswith("not decidable (seed 1, 2 of 0, 1, 2")
     T = reproduce.LM1024["T"]
     swa = {T // 8: 2.0, T // 4: 1.5, T // 2: 0.1}
     assert reproduce.swap_verdict({T // 8: 1.9, T // 4: 1.4, T // 2: 0.2}, swa) == "confirms"  # w = T/2: not counted
