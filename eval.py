@@ -3,12 +3,10 @@ Support, which a first reading skips. Evaluate a language model (ours, GPT-2 or 
 zero-shot tasks scored as lm-evaluation-harness 0.4.13 scores them, and attention swaps, which need no training:
 swa, sa and moba have no weights of their own.
 
-  python eval.py --out_dir=out-quick  # perplexity on the checkpoint's val.bin
-  python eval.py --out_dir=out-quick --tasks=ppl,lambada,hellaswag  # + zero-shot tasks (needs `datasets`)
+  python eval.py --out_dir=out-quick --tasks=ppl,lambada  # perplexity on the checkpoint's val.bin, LAMBADA (datasets)
   python eval.py --out_dir=out-quick --task_file=mine.jsonl  # a task from a local JSONL file
   python eval.py --out_dir=out-full --attn=sa --window=64 --seeds=5  # a swap; SA as mean ± std over seeds
-  python eval.py --init_from=gpt2 --dataset=wikitext-103 --split=test --windows=16,32,64,128,256
-  python eval.py --init_from=Qwen/Qwen3-0.6B --tasks=lambada --windows=32,64,128 --json_out=res/qwen.json
+  python eval.py --init_from=Qwen/Qwen3-0.6B --dataset=wikitext-103 --split=test --windows=16,64 --json_out=q.json
 """
 import json
 import math
@@ -24,7 +22,7 @@ from torch.nn.utils.rnn import pad_sequence
 
 import attention
 from checkpoint import GPT2_SIZES, hub_offline, load_checkpoint
-from guards import InputError, check_count, need, path_problem, setting_problem
+from guards import InputError, check_count, count, need, path_problem, setting_problem
 from model import DTYPES, GPT, KINDS, autocast, swapped
 from prepare_data import dataset_dir, get_tokenizer, load_meta, load_tokens, progress, pyplot
 
@@ -61,10 +59,9 @@ def run(settings):
     ppl, names, files, kinds, ws, plot_path = check_settings(s)
     task_list = [load_task_file(f, s["limit"]) for f in files] + [load_task(t, s["limit"]) for t in names]
     lm, ckpt_dataset = load_model(s)
-    swaps, c = plan(lm, kinds, ws, s), lm.model.config  # c: ours or Hugging Face's
-    print(attention.impl_line(s["device"], DTYPES[s["dtype"]], c.n_embd // c.n_head if hasattr(c, "n_embd") else
-                              c.hidden_size // c.num_attention_heads, [(w or lm.native)["attn"] for w in swaps],
-                              getattr(c, "sa_rule", "rank")))
+    swaps = plan(lm, kinds, ws, s)
+    print(attention.impl_line(s["device"], DTYPES[s["dtype"]], lm.head_dim, [(w or lm.native)["attn"] for w in swaps],
+                              getattr(lm.model.config, "sa_rule", "rank")))
     ppl_name, tokens = perplexity_tokens(s, lm, ckpt_dataset) if ppl else (None, None)
     rows, bs = [], s["batch_size"]
     for swap in swaps:
@@ -73,18 +70,18 @@ def run(settings):
         label = swap or lm.native
         for seed in range(s["seeds"] if KINDS[label["attn"]].draws else 1):
             lm.seed(seed)
-            found = {} if tokens is None else {
-                ppl_name: {k: (v, None) for k, v in perplexity(lm, tokens, bs, s["limit"]).items() if v is not None}}
+            found = {} if tokens is None else {ppl_name: perplexity(lm, tokens, bs, s["limit"])}
             found.update({n: evaluate_task(lm, n, k, docs, bs, s["bootstrap_iters"]) for n, k, docs in task_list})
             rows += [{"attn": label["attn"], "window": label.get("window"), "seed": seed, "task": t, "metric": m,
                       "value": v, "stderr": e} for t, ms in found.items() for m, (v, e) in ms.items()]
     results = aggregate(rows)
     print(table(results))
+    ws, panels = sweep_cells(results)
     try:
-        if len({r["window"] for r in results if r["attn"] != "full"}) > 1:
-            print(sweep_tables(results))
+        if len(ws) > 1:
+            print(sweep_tables(ws, panels))
             if plot_path:
-                plot_sweep(results, plot_path)
+                plot_sweep(ws, panels, plot_path)
         if s["json_out"]:
             os.makedirs(os.path.dirname(s["json_out"]) or ".", exist_ok=True)
             with open(s["json_out"], "w") as f:
@@ -151,16 +148,17 @@ def plan(lm, kinds, ws, s):
     return swaps
 
 
-# Models: tok (a Tokenizer), block_size, device, native (its own attention), logits(idx, lengths), use(swap), seed(s).
+# Models: tok (a Tokenizer), block_size, head_dim, device, native (its own attention), logits(idx, lengths),
+# use(swap), seed(s).
 # lengths (B,): each right-padded row's real tokens, which alone SA permutes: a batch never changes a score.
 
 class OurLM:  # our GPT: a checkpoint or GPT-2
 
     def __init__(self, model, tok, block_size, device, ctx):
         self.model, self.tok, self.device, self.ctx, c = model.eval(), tok, device, ctx, model.config
-        self.block_size, self.seed = min(block_size or c.block_size, c.block_size), model.seed_sa
-        self.native = {"attn": c.attn, **({"window": c.window} if "window" in KINDS[c.attn].args or
-                                          KINDS[c.attn].draws else {})}
+        self.block_size, self.head_dim = min(block_size or c.block_size, c.block_size), c.n_embd // c.n_head
+        self.seed, kind = model.seed_sa, KINDS[c.attn]
+        self.native = {"attn": c.attn, **({"window": c.window} if "window" in kind.args or kind.draws else {})}
 
     def logits(self, idx, lengths=None):
         with self.ctx:
@@ -181,10 +179,11 @@ def hf_context_length(config, tokenizer_max=None):
 class HFLM:  # a transformers model; its swaps run through register_hf_attention
 
     def __init__(self, model, tok, block_size, device, tokenizer_max=None):
-        self.model, self.tok, self.device = model.eval(), tok, device
-        own = hf_context_length(model.config, tokenizer_max)
+        self.model, self.tok, self.device, c = model.eval(), tok, device, model.config
+        own, text = hf_context_length(c, tokenizer_max), c.get_text_config()
         self.block_size, self.native = min(block_size or own, own), {"attn": "full"}
-        self.native_impl, self.generator = model.config._attn_implementation, torch.Generator()  # "full"; SA's seeds
+        self.head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads  # Qwen3: own
+        self.native_impl, self.generator = c._attn_implementation, torch.Generator()  # "full"; SA's seeds
         self.seed = self.generator.manual_seed
 
     def logits(self, idx, lengths=None):
@@ -304,10 +303,9 @@ def load_model(s):
     return HFLM(model, tok, s["block_size"], dev, hf_tok.model_max_length), ""
 
 
-# Zero-shot tasks, as lm-evaluation-harness 0.4.13 loads and scores them: (name, scoring, docs), a doc holding its
-# scoring's FIELDS (partial: WinoGrande's). Tokenizer: name ("bytes", "gpt2", "hf:<model>", ...); encode: without
-# special tokens; encode_default: with the default ones (BOS for Llama, ...), as lm-eval encodes contexts; eot: an
-# empty context (lm-eval's prefix token)
+# Zero-shot tasks as lm-evaluation-harness 0.4.13 loads and scores them: (name, scoring, docs), a doc holding its
+# scoring's FIELDS (partial: WinoGrande's). Tokenizer: name ("bytes", "gpt2", "hf:<model>"...); encode: no special
+# tokens; encode_default: the default ones (Llama's BOS...), as lm-eval encodes contexts; eot: an empty context
 Tokenizer = namedtuple("Tokenizer", "name encode decode eot encode_default")
 FIELDS = {"choice": ("context", "choices", "label"), "partial": ("contexts", "continuation", "label"),
           "lambada": ("text",)}
@@ -346,22 +344,23 @@ TASKS = {  # name: (Hugging Face dataset, its config, split, row -> doc)
 
 def doc_scoring(doc):  # or an InputError saying what is wrong with the doc
     need(isinstance(doc, dict), f"expected a JSON object, got {type(doc).__name__}")
-    scorings = [k for k, f in FIELDS.items() if f[0] in doc]
-    need(len(scorings) == 1, "expected the fields of one scoring: " + " or ".join(map(str, FIELDS.values())))
-    missing = [f for f in FIELDS[scorings[0]] if f not in doc]
+    found = [k for k, f in FIELDS.items() if f[0] in doc]
+    need(len(found) == 1, "expected the fields of one scoring: " + " or ".join(map(str, FIELDS.values())))
+    scoring, = found
+    missing = [f for f in FIELDS[scoring] if f not in doc]
     need(not missing, f"missing {', '.join(missing)}")
-    if scorings[0] == "lambada":
+    if scoring == "lambada":
         need(isinstance(doc["text"], str) and len(doc["text"].split(" ")) >= 2,
              '"text" must be a string of at least two words (the last is the target)')
-        return "lambada"
-    o, t = ("choices", "context") if scorings[0] == "choice" else ("contexts", "continuation")
+        return scoring
+    o, t = ("choices", "context") if scoring == "choice" else ("contexts", "continuation")
     options, label = doc[o], doc["label"]
     need(isinstance(options, list) and len(options) >= 2 and all(isinstance(x, str) and x for x in options),
          f'"{o}" must be a list of at least two non-empty strings')
     need(isinstance(doc[t], str), f'"{t}" must be a string')
-    need(isinstance(label, int) and not isinstance(label, bool) and 0 <= label < len(options),
+    need(count(label) and label < len(options),
          f'"label" must be an integer index into the {len(options)} options, got {label!r}')
-    return scorings[0]
+    return scoring
 
 
 def task_name(path):  # mine.jsonl is the task "mine"
@@ -371,7 +370,7 @@ def task_name(path):  # mine.jsonl is the task "mine"
 def load_task_file(path, limit=0):
     """(task_name(path), scoring, docs) from a JSONL file: one doc per line, all of one scoring."""
     need(os.path.isfile(path), f"task file {path} not found")
-    need(type(limit) is int and limit >= 0, f"limit={limit!r}: use an integer >= 0 (0: every document)")
+    need(count(limit), f"limit={limit!r}: use an integer >= 0 (0: every document)")
     docs, scoring = [], None
     with open(path, "rb") as f:  # bytes: a line that is not UTF-8 is named like any other bad line
         for lineno, raw in enumerate(f, 1):
@@ -424,26 +423,31 @@ def encode_pair(tok, context, continuation):
     return ctx, whole[len(ctx):]
 
 
+def batch_logits(lm, inputs, batch_size, desc):
+    """(i, logits (len(inputs[i]), vocab)) of each input (token ids), in right-padded batches, longest first."""
+    order = sorted(range(len(inputs)), key=lambda i: -len(inputs[i]))  # little padding
+    for b in progress(range(0, len(order), batch_size), desc=desc, leave=False):
+        batch = order[b:b + batch_size]
+        x = pad_sequence([torch.from_numpy(np.asarray(inputs[i], dtype=np.int64)) for i in batch], batch_first=True)
+        logits = lm.logits(x.to(lm.device), torch.tensor([len(inputs[i]) for i in batch]))  # (B, T, vocab)
+        yield from ((i, logits[r, :len(inputs[i])]) for r, i in enumerate(batch))
+
+
 @torch.no_grad()
 def loglikelihoods(lm, requests, batch_size, desc="score"):
     """The harness's loglikelihood: per (context, continuation), (log-likelihood, all greedy?) of the continuation."""
-    items = []
+    inputs, conts = [], []
     for context, continuation in requests:
         ctx, cont = encode_pair(lm.tok, context, continuation)
         need(1 <= len(cont) <= lm.block_size, f"continuation {continuation!r}: {len(cont)} tokens, not in "
              f"1..block_size={lm.block_size}")
-        items.append(((ctx + cont)[-(lm.block_size + 1):-1], cont))  # the input, left-truncated to block_size
-    order = sorted(range(len(items)), key=lambda i: -len(items[i][0]))  # longest first: little padding
-    out = [None] * len(items)
-    for b in progress(range(0, len(order), batch_size), desc=desc, leave=False):
-        batch = order[b:b + batch_size]
-        x = pad_sequence([torch.tensor(items[i][0]) for i in batch], batch_first=True)  # (B, T), right-padded
-        logits = lm.logits(x.to(lm.device), torch.tensor([len(items[i][0]) for i in batch]))  # (B, T, vocab)
-        for r, i in enumerate(batch):
-            n, cont = len(items[i][0]), items[i][1]
-            logp = logits[r, n - len(cont):n].float().log_softmax(-1)  # (len(cont), vocab): predicts cont
-            target = torch.tensor(cont, device=logp.device)
-            out[i] = (logp.gather(-1, target[:, None]).sum().item(), bool((logp.argmax(-1) == target).all()))
+        inputs.append((ctx + cont)[-(lm.block_size + 1):-1])  # left-truncated to block_size
+        conts.append(cont)
+    out = [None] * len(inputs)
+    for i, logits in batch_logits(lm, inputs, batch_size, desc):
+        logp = logits[-len(conts[i]):].float().log_softmax(-1)  # (len(cont), vocab): predicts cont
+        target = torch.tensor(conts[i], device=logp.device)
+        out[i] = (logp.gather(-1, target[:, None]).sum().item(), bool((logp.argmax(-1) == target).all()))
     return out
 
 
@@ -499,26 +503,22 @@ def evaluate_task(lm, name, scoring, docs, batch_size, bootstrap_iters=100000):
 
 @torch.no_grad()
 def perplexity(lm, tokens, batch_size, limit=0):
-    """{loss, ppl, bpb} over `tokens` in non-overlapping segments of T = block_size, predicting every token but the
-    first once. bpb: bits per UTF-8 byte of text (None for ids), to compare tokenizers. No stderr, as in lm-eval."""
+    """{metric: (value, None)}: loss, ppl and bpb over `tokens` in non-overlapping segments of T = block_size,
+    predicting every token but the first once. bpb: bits per UTF-8 byte of text (none for ids), to compare
+    tokenizers. No stderr, as in lm-eval."""
     T = lm.block_size
     starts = list(range(0, len(tokens) - 1, T))[:limit or None]
     need(starts, f"perplexity needs at least 2 tokens, got {len(tokens)}")
-    nll, n = 0.0, 0
-    for b in progress(range(0, len(starts), batch_size), desc="ppl", leave=False):
-        rows = [torch.from_numpy(np.asarray(tokens[s:s + T + 1], dtype=np.int64)) for s in starts[b:b + batch_size]]
-        x = pad_sequence([r[:-1] for r in rows], batch_first=True)  # (B, T), the last segment may be short
-        y = pad_sequence([r[1:] for r in rows], batch_first=True, padding_value=-1)  # (B, T), -1: not scored
-        logits = lm.logits(x.to(lm.device), torch.tensor([len(r) - 1 for r in rows]))  # (B, T, vocab)
-        for r in range(len(rows)):  # a row at a time: a batch's fp32 logits can be large
-            nll += F.cross_entropy(logits[r].float(), y[r].to(logits.device), ignore_index=-1, reduction="sum").item()
-        n += int((y != -1).sum())
-    out = {"loss": nll / n, "ppl": math.exp(nll / n), "bpb": None}
+    n, nll = min(starts[-1] + T, len(tokens) - 1), 0.0  # tokens 1..n are predicted
+    segments = [tokens[s:min(s + T, n) + 1] for s in starts]  # inputs segment[:-1], targets segment[1:]
+    for i, logits in batch_logits(lm, [seg[:-1] for seg in segments], batch_size, "ppl"):
+        y = torch.from_numpy(np.asarray(segments[i][1:], dtype=np.int64)).to(logits.device)
+        nll += F.cross_entropy(logits.float(), y, reduction="sum").item()  # a row at a time: fp32 logits are large
+    out = {"loss": nll / n, "ppl": math.exp(nll / n)}
     if lm.tok.name != "ids":
-        scored = [int(t) for t in tokens[1:starts[-1] + T + 1]]  # every predicted token
-        n_bytes = len(scored) if lm.tok.name == "bytes" else len(lm.tok.decode(scored).encode("utf-8"))
+        n_bytes = n if lm.tok.name == "bytes" else len(lm.tok.decode(tokens[1:n + 1].tolist()).encode("utf-8"))
         out["bpb"] = nll / math.log(2) / n_bytes
-    return out
+    return {k: (v, None) for k, v in out.items()}
 
 
 def perplexity_tokens(s, lm, ckpt_dataset):
@@ -555,59 +555,53 @@ def fmt(x):
 
 def table(results):
     rows = [("attn", "window", "task", "metric", "value", "stderr", "seed std")] + [
-        (r["attn"], "-" if r["window"] is None else str(r["window"]), r["task"], r["metric"], fmt(r["value"]),
-         fmt(r["stderr"]), fmt(r["seed_std"])) for r in results]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+        (r["attn"], str(r["window"] or "-"), r["task"], r["metric"], fmt(r["value"]), fmt(r["stderr"]),
+         fmt(r["seed_std"])) for r in results]
+    widths = [max(map(len, column)) for column in zip(*rows)]
     return "\n".join("  ".join(c.ljust(wd) for c, wd in zip(row, widths)).rstrip() for row in rows)
 
 
 def sweep_cells(results):
-    """[(task, metric, {kind: {window: result}})], metric: acc, else ppl."""
-    out = []
+    """(windows, [(task, metric, {kind: its result per window})]), metric: acc, else ppl; full has one for all."""
+    ws, out = sorted({r["window"] for r in results if r["attn"] != "full"}), []
     for task in dict.fromkeys(r["task"] for r in results):
-        metric, cells = "acc" if (task, "acc") in {(r["task"], r["metric"]) for r in results} else "ppl", {}
-        for r in results:
-            if (r["task"], r["metric"]) == (task, metric):
-                cells.setdefault(r["attn"], {})[r["window"]] = r
-        out.append((task, metric, cells))
-    return out
+        metric = "acc" if any((r["task"], r["metric"]) == (task, "acc") for r in results) else "ppl"
+        got = {(r["attn"], r["window"]): r for r in results if (r["task"], r["metric"]) == (task, metric)}
+        out.append((task, metric, {k: [got[k, None if k == "full" else w] for w in ws] for k, _ in got}))
+    return ws, out
 
 
-def sweep_tables(results):
+def sweep_tables(ws, panels):
     """Per task, kind x window: mean ± std over seeds."""
-    ws = sorted({r["window"] for r in results if r["attn"] != "full"})
-
-    def cell(r):
-        return "-" if r is None else fmt(r["value"]) + ("" if r["seed_std"] is None else " ± " + fmt(r["seed_std"]))
-    return "\n".join("\n".join([f"\n{task} {metric}", "attn".ljust(8) + "".join(f"{w:>18}" for w in ws)] + [
-        kind.ljust(8) + "".join(f"{cell(by_w.get(None if kind == 'full' else w)):>18}" for w in ws)
-        for kind, by_w in cells.items()]) for task, metric, cells in sweep_cells(results))
+    lines = []
+    for task, metric, cells in panels:
+        lines += [f"\n{task} {metric}", "attn".ljust(8) + "".join(f"{w:>18}" for w in ws)]
+        for kind, rs in cells.items():
+            shown = [fmt(r["value"]) + ("" if r["seed_std"] is None else " ± " + fmt(r["seed_std"])) for r in rs]
+            lines.append(kind.ljust(8) + "".join(f"{c:>18}" for c in shown))
+    return "\n".join(lines)
 
 
 def window_ticks(ax, ws):
     """A log x axis labelled at the windows only: log scale's own minor labels overlap."""
-    from matplotlib.ticker import NullLocator
     ax.set_xscale("log")
-    ax.xaxis.set_minor_locator(NullLocator())
+    ax.xaxis.minorticks_off()
     ax.set_xticks(ws, [str(w) for w in ws])
 
 
-def plot_sweep(results, path):
+def plot_sweep(ws, panels, path):
     try:
         plt = pyplot("the sweep's plot")
     except ValueError as e:  # no matplotlib: the tables are the result
         return print(f"({e})")
-    panels = sweep_cells(results)
     fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.2), squeeze=False)
     for ax, (task, metric, cells) in zip(axes[0], panels):
-        for kind, by_w in cells.items():
-            ws = sorted(by_w)
+        for kind, rs in cells.items():
             if kind == "full":
-                ax.axhline(by_w[None]["value"], color="gray", ls="--", lw=1, label="full")
+                ax.axhline(rs[0]["value"], color="gray", ls="--", lw=1, label="full")
             else:
-                ax.errorbar(ws, [by_w[w]["value"] for w in ws], yerr=[by_w[w]["seed_std"] or 0 for w in ws],
-                            marker="o", label=kind)
-        window_ticks(ax, sorted({w for by_w in cells.values() for w in by_w if w is not None}))
+                ax.errorbar(ws, [r["value"] for r in rs], yerr=[r["seed_std"] or 0 for r in rs], marker="o", label=kind)
+        window_ticks(ax, ws)
         ax.set(xlabel="window", title=f"{task} {metric}")
     axes[0][0].legend(fontsize=7)
     fig.tight_layout()
