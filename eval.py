@@ -27,7 +27,7 @@ from model import DTYPES, GPT, KINDS, autocast, swapped
 from prepare_data import dataset_dir, get_tokenizer, load_meta, load_tokens, progress, pyplot
 
 # -----------------------------------------------------------------------------
-init_from = "resume"  # resume (out_dir/ckpt.pt), gpt2, gpt2-medium, gpt2-large, gpt2-xl or a Hugging Face LM
+init_from = "resume"  # resume (out_dir/ckpt.pt), gpt2[-medium|-large|-xl] or a Hugging Face LM (a name or a dir)
 out_dir = "out"
 data_root = "data"  # datasets live in data_root/<dataset>/
 dataset = ""  # for perplexity ("" = the checkpoint's)
@@ -117,9 +117,10 @@ def check_settings(s):
     clash = repeat(tasks + [task_name(f) for f in files])  # results are keyed by task name
     need(clash is None, f"task_file={s['task_file']!r}: two tasks are named {clash!r} (a task is named after its "
          "file)")
-    need(not (ws and s["window"] is not None), "give --window or --windows, not both")
-    ws = ws or ([s["window"]] if s["window"] is not None else [])
     need(all(w >= 1 for w in ws), f"windows={s['windows']!r}: use integers >= 1")
+    if s["window"] is not None:
+        need(not ws, "give --window or --windows, not both")
+        ws = [s["window"]]
     if s["dataset"]:
         dataset_dir(s["data_root"], s["dataset"])
     plot_path = s["plot"] and os.path.join(
@@ -182,7 +183,8 @@ class HFLM:  # a transformers model; its swaps run through register_hf_attention
         self.model, self.tok, self.device, c = model.eval(), tok, device, model.config
         own, text = hf_context_length(c, tokenizer_max), c.get_text_config()
         self.block_size, self.native = min(block_size or own, own), {"attn": "full"}
-        self.head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads  # Qwen3: own
+        # its own head_dim where set: Qwen3's is not hidden_size // heads
+        self.head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
         self.native_impl, self.generator = c._attn_implementation, torch.Generator()  # "full"; SA's seeds
         self.seed = self.generator.manual_seed
 
@@ -209,12 +211,11 @@ def register_hf_attention(attn, window=None, moba_chunk=64, moba_topk=4, generat
         raise InputError("Hugging Face models need transformers: pip install transformers") from None
     need(attn in ("swa", "sa", "moba"), f"a Hugging Face model can run swa, sa or moba, not {attn!r}"
          + ": sa+swa needs gates trained with the model" * (attn == "sa+swa"))
-    for key, value in ({"moba_chunk": moba_chunk, "moba_topk": moba_topk} if attn == "moba" else
-                       {"window": window}).items():
+    args = {"moba_chunk": moba_chunk, "moba_topk": moba_topk} if attn == "moba" else {"window": window}
+    for key, value in args.items():
         check_count(value, key)
-    generator = torch.Generator() if generator is None else generator
+    generator, told = generator or torch.Generator(), []  # told: the decoding fallback is printed once
     name = f"moba_c{moba_chunk}_k{moba_topk}" if attn == "moba" else f"{attn}_w{window}"
-    told = []  # the decoding fallback is printed once
 
     def padding_mask(attention_mask=None, kv_length=0, kv_offset=0, **_):  # (B, kv_length), True: real; None: no pad
         if attention_mask is not None:
@@ -234,7 +235,6 @@ def register_hf_attention(attn, window=None, moba_chunk=64, moba_topk=4, generat
     def forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, is_causal=True, **kwargs):
         bad = [f"{k}={v!r}" for k, v in kwargs.items() if k not in ("position_ids", "use_cache", "sliding_window")
                and v not in (None, False)]  # sliding_window: a swap replaces the model's own
-
         bad += [f"dropout={dropout}"] * bool(dropout) + ["is_causal=False"] * (is_causal is False)
         need(not bad, f"the {name} attention does not implement {', '.join(bad)}")
         if attention_mask is not None and attention_mask.dim() != 2:
@@ -244,15 +244,15 @@ def register_hf_attention(attn, window=None, moba_chunk=64, moba_topk=4, generat
         q = query if scaling is None else query * (scaling * math.sqrt(D))  # (B, H, T, D)
         if S != T:  # decoding against a KV cache
             need(T == 1, f"{name} takes T queries on T keys, or one on a cache; got {T} on {S}")
-            keep = torch.ones(B, S, dtype=torch.bool, device=q.device) if attention_mask is None else attention_mask
+            keep = torch.arange(S, device=q.device) >= (S - window if attn == "swa" else 0)  # (S,): swa's last keys
+            keep = keep if attention_mask is None else keep & attention_mask  # (B, S)
             if attn == "swa":
                 own = kwargs.get("sliding_window")
                 need(own is None or own >= window, f"{name} cannot decode: the cache keeps sliding_window={own} keys")
-                keep = keep & (torch.arange(S, device=q.device) >= S - window)  # (B, S): the last `window` slots
             elif not told:
                 print(f"{name}: decoding against a KV cache runs full attention over the cache")
                 told.append(True)
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=keep[:, None, None, :])  # (B, H, 1, D)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=keep[..., None, None, :])  # (B, H, 1, D)
         elif attention_mask is None:
             y = sparse(q, k, v, None)
         else:  # each row's real tokens first, in order, its pads after: a row attends as if alone
@@ -513,7 +513,7 @@ def perplexity(lm, tokens, batch_size, limit=0):
     segments = [tokens[s:min(s + T, n) + 1] for s in starts]  # inputs segment[:-1], targets segment[1:]
     for i, logits in batch_logits(lm, [seg[:-1] for seg in segments], batch_size, "ppl"):
         y = torch.from_numpy(np.asarray(segments[i][1:], dtype=np.int64)).to(logits.device)
-        nll += F.cross_entropy(logits.float(), y, reduction="sum").item()  # a row at a time: fp32 logits are large
+        nll += F.cross_entropy(logits.float(), y, reduction="sum").item()  # fp32 one row at a time, not a batch
     out = {"loss": nll / n, "ppl": math.exp(nll / n)}
     if lm.tok.name != "ids":
         n_bytes = n if lm.tok.name == "bytes" else len(lm.tok.decode(tokens[1:n + 1].tolist()).encode("utf-8"))
