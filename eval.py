@@ -269,7 +269,6 @@ def register_hf_attention(attn, window=None, moba_chunk=64, moba_topk=4, generat
 
 def load_model(s):
     """(lm, the checkpoint's dataset or "")."""
-
     dev, name, ctx = s["device"], s["init_from"], autocast(s["device"], s["dtype"])
 
     def ours(model, meta, source):  # our GPT with meta's tokenizer (meta from source)
