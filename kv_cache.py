@@ -1,20 +1,18 @@
 """
-Support, which a first reading skips. The exact KV cache of GPT.generate (model.py): a step's output is the last row
-of one forward over all the tokens so far (tests/test_generate.py checks every kind).
+Support, which a first reading skips. The exact KV cache of GPT.generate: a step's output is the last row of a
+forward over all tokens so far (tests/test_generate.py checks each kind).
 
 A layer keeps k and v (B, nh, S, hs), position p in slot p % S, and what its KINDS row's cache names:
-"all" (full): S = block_size.
-"window" (SWA): S = min(window, block_size); a key is overwritten as it leaves every later query's window.
-"chunks" (MoBA): S = block_size rounded up to whole chunks, and each complete chunk's fp32 mean key.
-"sorted" (value-rule SA): S = block_size, and the numbers r sorted with their positions: a step's keys are one run
-that two binary searches find (about 2 * window keys at T = block_size, not all T).
-None (rank-rule SA; GPTConfig.cacheable says why): no cache; generate recomputes the prefix.
+"all" (full): S = block_size. "window" (SWA): S = min(window, block_size), a key overwritten once no query sees it.
+"chunks" (MoBA): S = block_size in whole chunks, and each complete chunk's fp32 mean key.
+"sorted" (value-rule SA): S = block_size, and the numbers r sorted with their positions: a step's keys are the run that
+two binary searches find (about 2 * window keys at T = block_size, not all T).
+None (rank-rule SA, see GPTConfig.cacheable): no cache; generate recomputes the prefix.
 """
 import math
 import sys
 
 import torch
-import torch.nn.functional as F
 
 import attention
 import tiled
@@ -25,8 +23,8 @@ from model import KINDS
 def use_kv_cache(config, use_cache):
     """use_cache if config.cacheable, else False (said on stderr if asked for)."""
     if use_cache and not config.cacheable:
-        print(f"attn={config.attn!r} with sa_rule='rank' cannot be decoded from a KV cache exactly: "
-              "every token recomputes the whole prefix", file=sys.stderr)
+        print(f"attn={config.attn!r} with sa_rule='rank' cannot be decoded from a KV cache: each token recomputes "
+              "the prefix", file=sys.stderr)
     return use_cache and config.cacheable
 
 
@@ -34,18 +32,17 @@ class KVCache:
 
     def __init__(self, config):
         need(hasattr(config, "cacheable"), f"a KV cache takes a model's GPTConfig, got {type(config).__name__}")
-        need(config.cacheable, f"a KV cache takes a cacheable model (not rank-rule SA), got attn={config.attn!r} "
-             f"with sa_rule={config.sa_rule!r}")
+        need(config.cacheable, f"a KV cache takes a cacheable model, not attn={config.attn!r} with "
+             f"sa_rule={config.sa_rule!r}")
         self.config, self.layers = config, [{} for _ in range(config.n_layer)]
         self.keeps = KINDS[config.attn].cache(config)
         self.start = 0  # tokens seen: the position of the next one
-        self.moba_chunk = min(config.moba_chunk, config.block_size)  # a chunk past block_size: one of block_size
+        self.chunk = min(config.moba_chunk, config.block_size)  # MoBA's, at most block_size
 
     def store(self, i, k, v, draw=None):
-        """Write layer i's k, v (B, nh, T, hs) of positions start..start+T-1, the buffers made at the first call in
-        k's dtype; "sorted" also merges the draw's r, (T,) or (B, nh, T), into rs (R, n), positions in ps: R = 1 or
-        B * nh."""
-        c, cache, start, chunk, (B, nh, T, hs) = self.config, self.layers[i], self.start, self.moba_chunk, k.shape
+        """Write layer i's k, v (B, nh, T, hs) of positions start..; "sorted" also merges the draw's r, (T,) or
+        (B, nh, T), into rs (R, n), positions in ps: R = 1 or B * nh."""
+        c, cache, start, chunk, (B, nh, T, hs) = self.config, self.layers[i], self.start, self.chunk, k.shape
         need(not cache or cache["k"].shape[0] == B, f"this KV cache holds {cache and cache['k'].shape[0]} rows, got "
              f"a batch of {B}: start a new cache")
         if self.keeps == "sorted":
@@ -61,58 +58,46 @@ class KVCache:
         slots = torch.arange(start + T - n, start + T, device=k.device) % S
         cache["k"][:, :, slots] = k[:, :, T - n:]  # (B, nh, n, hs)
         cache["v"][:, :, slots] = v[:, :, T - n:]
-        if self.keeps == "chunks":  # the chunks these tokens complete, as moba_select averages them
-            lo, hi = start // chunk, (start + T) // chunk
-            if hi > lo:
-                cache["kmean"][:, :, lo:hi] = tiled.chunk_means(cache["k"][:, :, lo * chunk:hi * chunk], chunk)
+        lo, hi = start // chunk, (start + T) // chunk
+        if self.keeps == "chunks" and hi > lo:  # the chunks these tokens complete, as moba_select averages them
+            cache["kmean"][:, :, lo:hi] = tiled.chunk_means(cache["k"][:, :, lo * chunk:hi * chunk], chunk)
         if self.keeps == "sorted":
             r = draw.expand(B, nh, T).reshape(-1, T) if draw.dim() == 3 else draw[None]  # (R, T)
             cache["rq"] = r[:, -1:]  # (R, 1): the newest r, a step's query
-            r, order = r.sort(-1)  # (R, T) ascending
-            p = start + order  # (R, T) their positions
-            if "rs" in cache:  # merged into the sorted rs: each r's place is its rank in the union
-                rs, ps = cache["rs"], cache["ps"]  # (R, m) each
-                at_old = torch.arange(rs.shape[1], device=r.device) + torch.searchsorted(r, rs)  # (R, m)
-                at_new = torch.arange(T, device=r.device) + torch.searchsorted(rs, r, right=True)  # (R, T)
-                r = rs.new_empty(r.shape[0], rs.shape[1] + T).scatter_(1, at_old, rs).scatter_(1, at_new, r)
-                p = ps.new_empty(r.shape).scatter_(1, at_old, ps).scatter_(1, at_new, p)  # (R, m + T) each
-            cache["rs"], cache["ps"] = r, p
+            p = torch.arange(start, start + T, device=r.device).expand_as(r)  # (R, T) their positions
+            if "rs" in cache:  # after rs, ps (R, m), sorted
+                r, p = torch.cat([cache["rs"], r], 1), torch.cat([cache["ps"], p], 1)  # (R, m + T) each
+            cache["rs"], order = r.sort(stable=True)
+            cache["ps"] = p.gather(1, order)
 
     def attend(self, i, q, kind):
-        """q (B, nh, 1, hs) of position start, stored already, over layer i's cache by kind's rule (fp32 scores,
-        autocast off; out in the cache's dtype)."""
-        c, cache, start, chunk, (B, nh, _, hs) = self.config, self.layers[i], self.start, self.moba_chunk, q.shape
-        if q.numel() == 0:  # empty (batch or head size), as attention.py
-            return q.new_zeros(q.shape)
+        """q (B, nh, 1, hs) of position start, stored already, over layer i's cache by kind's rule."""
+        c, cache, start, chunk, (B, nh, _, hs) = self.config, self.layers[i], self.start, self.chunk, q.shape
+        if q.numel() == 0:  # an empty batch or head (as attention.py)
+            return torch.zeros_like(q)
         S, rule, nc = cache["k"].shape[2], KINDS[kind].cache(c), start // chunk  # nc: MoBA's complete chunks, all past
         if rule == "sorted":  # the run of rs within delta (and a margin) of rq
             delta, rs, rq = c.sa_delta, cache["rs"], cache["rq"]  # rs (R, m), rq (R, 1)
-            lo = torch.searchsorted(rs, rq - delta - attention.VALUE_MARGIN)  # (R, 1)
-            hi = torch.searchsorted(rs, rq + delta + attention.VALUE_MARGIN)  # (R, 1)
+            reach = delta + attention.VALUE_MARGIN
+            lo, hi = torch.searchsorted(rs, rq - reach), torch.searchsorted(rs, rq + reach)  # (R, 1) each
             run = lo + torch.arange(int((hi - lo).max()), device=q.device)  # (R, n)
             at = run.clamp(max=rs.shape[1] - 1)  # (R, n) in range
-            mask = (run < hi) & ((rq - rs.gather(1, at)).abs() < delta)  # (R, n): the rule itself
-            pos = cache["ps"].gather(1, at)  # (R, n) their positions
-            if pos.shape[0] == 1:
-                keys, vals, mask = cache["k"][:, :, pos[0]], cache["v"][:, :, pos[0]], mask[0]  # (B, nh, n, hs)
-            else:
-                at = pos.view(B, nh, -1, 1).expand(-1, -1, -1, hs)  # (B, nh, n, hs)
-                keys, vals, mask = cache["k"].gather(2, at), cache["v"].gather(2, at), mask.view(B, nh, 1, -1)
+            mask = ((run < hi) & ((rq - rs.gather(1, at)).abs() < delta)).expand(B * nh, -1)  # the rule itself
+            at = cache["ps"].gather(1, at).expand(B * nh, -1).view(B, nh, -1, 1).expand(-1, -1, -1, hs)  # positions
+            keys, vals, mask = cache["k"].gather(2, at), cache["v"].gather(2, at), mask.view(B, nh, 1, -1)
         else:  # the positions first..start: every one, the last `window`, or MoBA's own chunk so far
             first = {"all": 0, "window": max(0, start + 1 - c.window), "chunks": nc * chunk}[rule]
             slots = torch.arange(first, start + 1, device=q.device) % S
             keys, vals = cache["k"][:, :, slots], cache["v"][:, :, slots]  # (B, nh, n, hs)
-            mask = torch.ones(len(slots), dtype=torch.bool, device=q.device)
-        if rule == "chunks" and c.moba_topk > 1 and nc > 0:  # and the top_k - 1 past chunks of largest q . kmean
-            # fp32, autocast off, the own chunk one more column at -inf: moba_select's row, so topk breaks ties alike
+            mask = torch.ones_like(slots, dtype=torch.bool)
+        if rule == "chunks":  # and the top_k - 1 past chunks of largest q . kmean, if any
+            # fp32, the own chunk a column at -inf: moba_select's row, so topk breaks ties alike
             with torch.autocast(q.device.type, enabled=False):
-                scores = q.float() @ cache["kmean"][:, :, :nc].transpose(-1, -2)  # (B, nh, 1, nc)
-            scores = F.pad(scores, (0, 1), value=float("-inf"))  # (B, nh, 1, nc+1)
+                scores = q.float() @ cache["kmean"][:, :, :nc + 1].transpose(-1, -2)  # (B, nh, 1, nc+1)
+            scores[..., nc] = float("-inf")
             top, idx = scores.topk(min(c.moba_topk - 1, nc + 1), dim=-1)  # (B, nh, 1, n)
-            at = (torch.arange(B, device=q.device)[:, None, None], torch.arange(nh, device=q.device)[None, :, None],
-                  idx[:, :, 0])  # the chosen chunks, (B, nh, n)
-            sel = [cache[x].unflatten(2, (-1, chunk))[at].flatten(2, 3) for x in "kv"]  # (B, nh, n*chunk, hs) each
+            at = idx[:, :, 0, :, None, None].expand(-1, -1, -1, chunk, hs)  # (B, nh, n, chunk, hs): the chosen chunks
+            sel = [cache[x].unflatten(2, (-1, chunk)).gather(2, at).flatten(2, 3) for x in "kv"]  # (B, nh, n*chunk, hs)
             keys, vals = torch.cat([keys, sel[0]], 2), torch.cat([vals, sel[1]], 2)  # (B, nh, n_keys, hs)
             mask = torch.cat([mask.expand(B, nh, 1, -1), (top > float("-inf")).repeat_interleave(chunk, -1)], -1)
-        with torch.autocast(q.device.type, enabled=False):
-            return attention.masked_attention(q, keys, vals, mask)  # (B, nh, 1, hs)
+        return attention.masked_attention(q, keys, vals, mask)  # (B, nh, 1, hs), fp32 scores with autocast off

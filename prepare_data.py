@@ -20,7 +20,7 @@ import sysconfig
 
 import numpy as np
 
-from guards import InputError, check_schema, count, need, nearest_dir, schema_problem, shown
+from guards import InputError, check_schema, count, memory, need, nearest_dir, schema_problem, shown
 
 # -----------------------------------------------------------------------------
 dataset = ""  # DATASETS, or any name with --input_file or --adopt ("": input_file's stem, else pystdlib)
@@ -182,8 +182,8 @@ def task_metrics(logits, y, meta, copy_task=False):
 
 
 def get_tokenizer(meta, source=""):
-    """(encode, decode) for meta's tokenizer; ids are decimal numbers. decode drops ids past the vocabulary (a
-    model's is padded). A bad meta or tokenizer is an InputError naming source, where meta is from."""
+    """(encode, decode) for meta's tokenizer ("ids": decimal numbers); decode drops ids past the vocabulary (a
+    model's is padded). Errors name source, where meta is from."""
     check_schema(meta, META, f"{source or 'the tokenizer'}: its meta", required=("vocab_size", "tokenizer"))
     name, n = meta["tokenizer"], meta["vocab_size"]
     known = lambda ids: [i for i in ids if i < n]  # META: n is 256 for bytes, len(chars) for chars
@@ -285,10 +285,10 @@ def text_tokenizer(name, text=None):
         enc = lambda d: np.frombuffer(d if isinstance(d, bytes) else d.encode("utf-8"), np.uint8)
         return {"tokenizer": "bytes", "vocab_size": 256}, lambda docs: [enc(d) for d in docs], None
     if name == "chars":
-        chars = sorted(set(text))
-        lut = {c: i for i, c in enumerate(chars)}
-        return ({"tokenizer": "chars", "vocab_size": len(chars), "chars": "".join(chars)},
-                lambda docs: [np.array([lut[c] for c in d]) for d in docs], None)
+        chars = "".join(sorted(set(text)))
+        fields = {"tokenizer": "chars", "vocab_size": len(chars), "chars": chars}
+        encode = get_tokenizer(fields)[0]
+        return fields, lambda docs: [encode(d) for d in docs], None
     enc = tiktoken_encoding(name)
     return ({"tokenizer": name, "vocab_size": enc.n_vocab},
             lambda docs: enc.encode_ordinary_batch(list(docs), num_threads=os.cpu_count() or 1), enc.eot_token)
@@ -300,8 +300,8 @@ def token_dtype(vocab_size):
 
 @contextlib.contextmanager
 def writing(data_dir, meta):
-    """{split: <split>.bin.tmp} for the block to write, of meta["tokens"] tokens: removed if it fails or a split is
-    empty; else the old meta.json goes (the dataset reads as incomplete), they move into place, meta.json is written."""
+    """{split: <split>.bin.tmp} for the block to fill: removed if it fails or a split is empty; else the old
+    meta.json goes (the dataset reads as incomplete), they move into place, and meta.json is written."""
     tmps = {split: os.path.join(data_dir, f"{split}.bin.tmp") for split in meta["tokens"]}
     try:
         yield tmps
@@ -321,8 +321,7 @@ def write_meta(data_dir, meta):
     """Write meta.json (through a .tmp file) if it passes META."""
     path, problem = os.path.join(data_dir, "meta.json"), schema_problem(meta, META)
     need(problem is None, f"{path} would be refused: {problem}")
-    with open(path + ".tmp", "w") as f:
-        json.dump(meta, f, indent=1)
+    pathlib.Path(path + ".tmp").write_text(json.dumps(meta, indent=1))
     os.replace(path + ".tmp", path)
     counts = ", ".join(f"{n:,} {split}" for split, n in meta["tokens"].items())
     print(f"wrote {data_dir}: {counts} tokens, vocab {meta['vocab_size']} ({meta['tokenizer']}), {meta['dtype']}")
@@ -418,8 +417,8 @@ def prepare_mqar(data_dir, seq_len, num_pairs, num_queries, vocab, train_seqs, v
     seq_len // 2 + 2i."""
     K, min_gap = mqar_layout(seq_len, num_pairs, num_queries, vocab, ordered, offset)
     n, key = max((train_seqs, "mqar_train_seqs"), (val_seqs, "mqar_val_seqs"))
-    ram = n * (8 * (2 * vocab + 3 * seq_len + seq_len * num_pairs // 2) + seq_len * num_pairs // 2)
-    have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")  # ram: mqar_batch's arrays, measured within 1.6x
+    # ram: mqar_batch's arrays, measured within 1.6x
+    ram, have = n * (8 * (2 * vocab + 3 * seq_len + seq_len * num_pairs // 2) + seq_len * num_pairs // 2), memory("cpu")
     need(ram <= have, f"{key}={n}: drawing {n:,} sequences of {seq_len} tokens (vocab {vocab:,}) takes about "
          f"{ram / 2**30:,.0f} GiB of memory, of {have / 2**30:,.0f} GiB here: use fewer, or a smaller mqar_vocab")
     tokens, dtype, where = (train_seqs + val_seqs) * seq_len, token_dtype(vocab), nearest_dir(data_dir)
@@ -428,10 +427,10 @@ def prepare_mqar(data_dir, seq_len, num_pairs, num_queries, vocab, train_seqs, v
     need(disk <= free, f"mqar_train_seqs={train_seqs}, mqar_val_seqs={val_seqs}: their {tokens:,} tokens take "
          f"{disk / 2**20:,.0f} MiB on disk, but {where} has {free / 2**20:,.0f} MiB free: use fewer")
     os.makedirs(data_dir, exist_ok=True)
-    meta = {"vocab_size": vocab, "tokenizer": "ids", "dtype": np.dtype(dtype).name, "source": f"synthetic MQAR, seed "
-            f"{seed}", "tokens": {"train": train_seqs * seq_len, "val": val_seqs * seq_len}, "eot": None, "mqar": dict(
-                seq_len=seq_len, num_pairs=num_pairs, num_queries=num_queries, num_keys=K, min_gap=min_gap, seed=seed,
-                ordered=ordered, offset=offset)}
+    meta = dict(vocab_size=vocab, tokenizer="ids", dtype=np.dtype(dtype).name, source=f"synthetic MQAR, seed {seed}",
+                tokens={"train": train_seqs * seq_len, "val": val_seqs * seq_len}, eot=None, mqar=dict(
+                    seq_len=seq_len, num_pairs=num_pairs, num_queries=num_queries, num_keys=K, min_gap=min_gap,
+                    seed=seed, ordered=ordered, offset=offset))
     with writing(data_dir, meta) as tmps:
         for path, n, rng in zip(tmps.values(), (train_seqs, val_seqs), np.random.default_rng(seed).spawn(2)):
             mqar_batch(rng, n, meta)[0].astype(dtype).tofile(path)  # (n, seq_len)
@@ -503,6 +502,8 @@ if __name__ == "__main__":
     exec(open("configurator.py").read())  # every setting's type and range (guards.SETTINGS)
     name = dataset or (pathlib.Path(input_file).stem if input_file else "pystdlib")
     data_dir = dataset_dir(data_root, name)
+    need(adopt or input_file or name in DATASETS, f"unknown dataset {name!r}: choose {', '.join(DATASETS)}, or "
+         "--input_file=FILE")
     try:  # an OSError (a read-only or full disk) is one line too
         if adopt:
             adopt_nanogpt(data_dir, tokenizer)
@@ -510,16 +511,13 @@ if __name__ == "__main__":
             prepare_text(data_dir, input_file, tokenizer, val_fraction)
         elif name == "pystdlib":
             prepare_pystdlib(data_dir, val_fraction)
-        elif name == "mqar":
-            prepare_mqar(data_dir, mqar_seq_len, mqar_num_pairs, mqar_num_queries, mqar_vocab,
-                         mqar_train_seqs, mqar_val_seqs, mqar_seed, mqar_ordered, mqar_offset)
+        elif name == "mqar":  # its arguments are the mqar_ settings
+            prepare_mqar(data_dir, **{k[5:]: v for k, v in settings.items() if k.startswith("mqar_")})
         elif name == "shakespeare_char":
             prepare_shakespeare_char(data_dir, val_fraction)
         elif name == "fineweb-edu":
             prepare_fineweb_edu(data_dir, hf_max_docs, hf_val_docs)
-        elif name == "wikitext-103":
-            prepare_wikitext_103(data_dir)
         else:
-            raise InputError(f"unknown dataset {name!r}: choose {', '.join(DATASETS)}, or --input_file=FILE")
+            prepare_wikitext_103(data_dir)
     except OSError as e:
         sys.exit(f"cannot write {e.filename or data_dir}: {e.strerror or e}")
