@@ -114,7 +114,7 @@ def load_meta(data_dir):
         raise InputError(f"{path} is corrupt or not from this repo ({type(e).__name__}: {str(e)[:100]}): re-run "
                          f"{fix}") from None
     check_schema(meta, META, path, required=("vocab_size", "tokenizer", "dtype", "tokens"))
-    need(meta["tokenizer"] in TOKENIZERS or meta["tokenizer"] in tiktoken_names(), f"{path} has tokenizer="
+    need(meta["tokenizer"] in (*TOKENIZERS, *tiktoken_names()), f"{path} has tokenizer="
          f"{meta['tokenizer']!r}, which this repo cannot load: re-run {fix}")
     return meta
 
