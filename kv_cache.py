@@ -64,11 +64,15 @@ class KVCache:
         if self.keeps == "sorted":
             r = draw.expand(B, nh, T).reshape(-1, T) if draw.dim() == 3 else draw[None]  # (R, T)
             cache["rq"] = r[:, -1:]  # (R, 1): the newest r, a step's query
-            p = torch.arange(start, start + T, device=r.device).expand_as(r)  # (R, T) their positions
-            if "rs" in cache:  # after rs, ps (R, m), sorted
-                r, p = torch.cat([cache["rs"], r], 1), torch.cat([cache["ps"], p], 1)  # (R, m + T) each
-            cache["rs"], order = r.sort(stable=True)
-            cache["ps"] = p.gather(1, order)
+            r, order = r.sort(-1)  # (R, T) ascending
+            p = start + order  # (R, T) their positions
+            if "rs" in cache:  # merged into the sorted rs in O(m): each r's place is its rank in the union
+                rs, ps = cache["rs"], cache["ps"]  # (R, m) each
+                at_old = torch.arange(rs.shape[1], device=r.device) + torch.searchsorted(r, rs)  # (R, m)
+                at_new = torch.arange(T, device=r.device) + torch.searchsorted(rs, r, right=True)  # (R, T)
+                r = rs.new_empty(r.shape[0], rs.shape[1] + T).scatter_(1, at_old, rs).scatter_(1, at_new, r)
+                p = ps.new_empty(r.shape).scatter_(1, at_old, ps).scatter_(1, at_new, p)  # (R, m + T) each
+            cache["rs"], cache["ps"] = r, p
 
     def attend(self, i, q, kind):
         """q (B, nh, 1, hs) of position start, stored already, over layer i's cache by kind's rule."""

@@ -293,7 +293,7 @@ class FakeCudaTensor:
 @pytest.mark.parametrize("version, supported", [("3.2.0", True), ("3.6.0", True), ("3.9.1", True), ("3.1.0", False),
                                                 ("2.3.1", False), ("3.10.0", False), ("4.0.0", False)])
 def test_auto_uses_the_kernel_only_with_a_tested_triton(monkeypatch, version, supported):
-    """BACKEND="auto" on a CUDA tensor: the kernel with a Triton in attention.TRITON_VERSIONS; otherwise
+    """attention.IMPL = "auto" on a CUDA tensor: the kernel with a Triton in attention.TRITON_VERSIONS; otherwise
     the torch path and one warning (not one per call)."""
     monkeypatch.setattr(triton, "__version__", version)
     A._triton_supported.cache_clear()
