@@ -978,10 +978,13 @@ def long_lines(v):
     lines = ["", f"SA+SWA and SWA at w = {v['window']} for {v['iters']:,} iterations (issue 45; the cosine over "
              f"{v['iters']:,}), full attention's 4,000-iteration runs as L2(full); per seed "
              + ", ".join(map(str, v["seeds"])), "",
-             "| iteration of the long runs | SA+SWA copied half | SA+SWA first half | SWA first half | copy advantage "
-             "(SWA's copied - SA+SWA's) | R | R' | verdict by the rule |", "|---|---|---|---|---|---|---|---|"]
+             "| iteration of the long runs | SA+SWA copied half | SA+SWA first half | SWA copied half | SWA first half | "
+             "copy advantage (SWA's copied - SA+SWA's) | R | R' | verdict by the rule |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for it, a in v["at"].items():
-        lines.append(f"| {it:,} | {f(a['copied'])} | {f(a['first'])} | {f(a['swa_first'])} | {f(a['advantage'])} | "
+        swa_copied = [x + y for x, y in zip(a["copied"], a["advantage"])]
+        lines.append(f"| {it:,} | {f(a['copied'])} | {f(a['first'])} | {f(swa_copied)} | {f(a['swa_first'])} | "
+                     f"{f(a['advantage'])} | "
                      f"{', '.join(f'{x:.2f}' for x in a['R'])} | {', '.join(f'{x:.2f}' for x in a['R_prime'])} | "
                      f"{a['verdict']}{': ' + a['reading'] if 'reading' in a else ''} |")
     gains = [a - b for a, b in zip(v["at"][v["iters"]]["advantage"], v["advantage_4k_committed"])]
