@@ -1,7 +1,8 @@
-"""Read first. Causal attention, q, k, v (B, H, T, D) -> (B, H, T, D): full, sliding-window (SWA), stochastic (SA), MoBA.
+"""Read first. Causal attention, q, k, v (B, H, T, D) -> (B, H, T, D): full, sliding-window (SWA), stochastic (SA),
+MoBA.
 
 SWA and both SA rules are one rule over a slot and a position per token, stated here once; the dense references,
-tiled.py's engine and kernel.py's Triton kernel follow it, and test_attention.py holds them to it:
+tiled.py's engine and kernel.py's Triton kernel follow it; test_attention.py and tests/test_kernel.py hold them to it:
 
     key j is visible to query i  iff  |slot[i] - slot[j]| < width  and  pos[j] <= pos[i]
 
@@ -11,7 +12,8 @@ permutation perm; gather q, k, v by perm, run SWA with pos = perm, gather back b
 interact iff their slots are fewer than `window` apart. SA, the value rule: one i.i.d. uniform number r per token is
 its slot, width = delta, pos = the token index: a >= b interact iff |r_a - r_b| < delta, by r_a and r_b alone, so a
 KV cache decodes it. MoBA: query i sees its own chunk of keys (j <= i) and the top_k - 1 past chunks of largest
-q_i . mean(K_chunk). Every query sees itself; no query reads a key it may not see, not even a NaN in its k or v.
+q_i . mean(K_chunk). Every query sees itself; no query reads a key it may not see, not even a NaN in its k or v
+(eagerly: under torch.compile a NaN in v may reach other queries of its tile).
 Scores are fp32. Each function takes q, k, v as PyTorch's SDPA does, checked at its door (guards.check_inputs).
 """
 import functools
@@ -46,7 +48,8 @@ def rule_mask(slot, pos, width):
 
 
 def masked_attention(q, k, v, mask):
-    """softmax(q k^T / sqrt(D) where mask else -inf) @ v, scores in fp32; keys may be fewer than queries (a KV cache's).
+    """softmax(q k^T / sqrt(D) where mask else -inf) @ v, scores in fp32; keys may be more than queries (a KV
+    cache's step: one query).
     A non-finite v[j, d] reaches out[i, d] only where mask[i, j]."""
     q, k, v = check_inputs(q, k, v, any_length=True, mask=mask)
     with torch.autocast(q.device.type, enabled=False):
@@ -197,7 +200,7 @@ def _exact(engine, q, k, v, *args):
 
 @functools.lru_cache  # decided, and warned about, once
 def _triton_supported():
-    """Whether "auto" may run the kernel with the installed Triton; if not, a warning says so (once)."""
+    """Whether "auto" may run the kernel: Triton is installed, in TRITON_VERSIONS (outside them, a warning, once)."""
     if importlib.util.find_spec("triton") is None:
         return False
     import triton

@@ -130,7 +130,7 @@ def restore(ckpt, optimizer, scaler, sampler, model, rank):
     if ckpt["scaler"]:  # fp16
         scaler.load_state_dict(ckpt["scaler"])
     if not set_rng_states(ckpt["rng"], rank, sampler, model):
-        print(f"rank {rank}: the checkpoint has RNG states for fewer ranks: this one continues from fresh seeds")
+        print(f"rank {rank}: the checkpoint has RNG states for fewer ranks: this one continues from its fresh seeds")
 
 
 def rng_states(sampler, model, ddp):
@@ -199,8 +199,8 @@ class RunDir:
         try:
             print(json.dumps(record), file=self.log_file, flush=True)
         except OSError as e:
-            raise InputError(f"cannot write {self.log_file.name}: {e.strerror or e} (disk full?); the last checkpoint "
-                             f"is {self.ckpt_path if self.saved is not None else 'none'}") from None
+            kept = f"{self.ckpt_path} holds iteration {self.kept}" if self.kept is not None else "no checkpoint saved"
+            raise InputError(f"cannot write {self.log_file.name}: {e.strerror or e} (disk full?); {kept}") from None
 
     def save(self, ckpt):
         """A full disk ends the run in one line, the old pair whole."""
@@ -216,7 +216,7 @@ class RunDir:
         except (OSError, RuntimeError) as e:  # torch.save: RuntimeError on a full disk
             _remove(self.ckpt_path + ".tmp", self.new_log)
             raise InputError(f"cannot write {self.ckpt_path}: {str(e).splitlines()[0][:200]} (disk full?); " + (
-                f"it still holds iteration {self.saved}" if self.saved is not None else "no checkpoint was saved"))
+                f"it still holds iteration {self.kept}" if self.kept is not None else "no checkpoint was saved"))
         finally:
             signal.signal(signal.SIGINT, ctrl_c)
         if pending:
@@ -231,7 +231,7 @@ class RunDir:
 
     def interrupted(self, signum, frame):
         args = [a for a in sys.argv[1:] if not a.startswith("--init_from=")] + ["--init_from=resume"]
-        raise KeyboardInterrupt(f"interrupted after iteration {self.last_iter}: " + (
+        raise KeyboardInterrupt(f"interrupted (last logged iteration {self.last_iter}): " + (
             f"{self.ckpt_path} holds iteration {self.kept}; continue it with `python train.py {shlex.join(args)}`"
             if self.kept is not None else "no checkpoint of this run was saved"))
 

@@ -1,7 +1,8 @@
 """Support, skipped on a first reading: every input check of the repo, each input checked once, at its door.
 
 A setting's range: SETTINGS (configurator.py checks its type); a file: check_schema; a tensor: check_inputs and
-check_tokens. A bad input raises InputError, one line (one_line); any other exception is a bug, with its traceback.
+check_tokens. A bad input raises InputError, one line (one_line, as Ctrl-C); any other exception is a bug, with its
+traceback.
 """
 import math
 import numbers
@@ -95,7 +96,7 @@ SETTINGS = {
     "attn_impl": (lambda x, s: x in ("auto", "torch", "triton", "reference"), "use one of auto, torch, triton, "
                   "reference"),
     "out_dir": (lambda x, s: x != "" and (path_problem(x) or True), "name a directory"),
-    "overwrite": (lambda x, s: x or s.get("init_from") != "scratch" or not os.path.exists(p := os.path.join(
+    "overwrite": (lambda x, s: x or s.get("init_from") == "resume" or not os.path.exists(p := os.path.join(
         s["out_dir"], "ckpt.pt")) or f"{p} exists: continue it with --init_from=resume, train in a new --out_dir, or "
         "replace it with --overwrite=True", None),
     "json_out": (lambda x, s: not x or path_problem(x, is_file=True) or True, None),

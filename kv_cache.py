@@ -1,6 +1,6 @@
 """
 Support, which a first reading skips. The exact KV cache of GPT.generate: a step's output is the last row of a
-forward over all tokens so far (tests/test_generate.py checks each kind).
+forward over the tokens it holds: all so far, until generate refills it (tests/test_generate.py checks each kind).
 
 A layer keeps k and v (B, nh, S, hs), position p in slot p % S, and what its KINDS row's cache names:
 "all" (full): S = block_size. "window" (SWA): S = min(window, block_size), a key overwritten once no query sees it.

@@ -24,7 +24,8 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 class CausalSelfAttention(nn.Module):
     """Multi-head causal self-attention of kind config.attn. "sa+swa", the paper's best model, runs SA and SWA on the
-    same q, k, v and mixes them with a sigmoid gate per head and path: Y = sigmoid(x W_sa) Y_sa + sigmoid(x W_swa) Y_swa."""
+    same q, k, v and mixes them with sigmoid gates per token, head and path:
+    Y = sigmoid(x W_sa) Y_sa + sigmoid(x W_swa) Y_swa."""
 
     def __init__(self, config, layer_idx=0):
         super().__init__()
@@ -152,7 +153,8 @@ class GPTConfig:
 
     @property
     def sa_delta(self):
-        """The value rule's width: a pair meets with probability about 2 * delta, as often as under the rank rule."""
+        """The value rule's width: a pair meets with probability about 2 * delta, as under the rank rule at
+        T = block_size."""
         return self.window / self.block_size
 
     @property
@@ -227,8 +229,8 @@ class GPT(nn.Module):
 
     def draw_sa(self, B, T, device, lengths=None):
         """SA's fresh draw per layer, (T,) or (B, nh, T) by sa_perm: a permutation, or (sa_rule="value") numbers r in
-        [0, 1); None for kinds that draw none. With lengths (B,) of right-padded rows, a row's draw depends on a
-        seed and its length only, never on the batch (sa_draws)."""
+        [0, 1); None for kinds that draw none. With lengths (B,) of right-padded rows, (B, 1 or nh, T) (the value
+        rule's: (1, 1 or nh, T)), and a row's draw depends on a seed and its length only, never on the batch."""
         c = self.config
         if not KINDS[c.attn].draws:
             return [None] * c.n_layer
@@ -342,9 +344,9 @@ def apply_rope(x, cos, sin):
 def sa_draws(state: torch.Tensor, n: int, B: int, heads: int, T: int, value: bool,
              lengths: Optional[torch.Tensor]) -> torch.Tensor:
     """n layers' SA draws from a CPU generator's state, advanced in place: permutations, or (value) numbers r in [0, 1),
-    (n, T) for one head, else (n, B, heads, T). With lengths (B,), each layer draws from a seed of its own: the rank
-    rule permutes each row's first lengths[b] tokens (attention.row_perms), the value rule's r of token t come t-th
-    from the seed ((n, 1, heads, T)). A registered op, so that torch.compile keeps these draws."""
+    (n, T) for one head without lengths, else (n, B, heads, T). With lengths (B,), each layer draws from a seed of its
+    own: the rank rule permutes each row's first lengths[b] tokens (attention.row_perms), the value rule's r of token t
+    come t-th from the seed ((n, 1, heads, T)). A registered op, so that torch.compile keeps these draws."""
     g = torch.Generator().set_state(state)
     if lengths is not None:
         seeds = torch.randint(2**62, (n,), generator=g).tolist()

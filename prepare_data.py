@@ -50,9 +50,11 @@ TOKENIZERS = ("bytes", "chars", "ids")  # any other name is a tiktoken encoding
 
 # Loading, for the other scripts
 
-def prepare_command(data_dir):
-    name = os.path.basename(os.path.normpath(data_dir))
-    return f"`python prepare_data.py {'' if name in DATASETS else '--input_file=FILE '}--dataset={name}`"
+def prepare_command(data_dir, args=""):
+    """The command that writes data_dir: `python prepare_data.py [--input_file=FILE] --dataset=name [--data_root=]`."""
+    root, name = os.path.split(os.path.normpath(data_dir))
+    args = ("" if name in DATASETS or args else "--input_file=FILE ") + args
+    return f"`python prepare_data.py {args}--dataset={name}{f' --data_root={root}' * (root != 'data')}`"
 
 
 def dataset_dir(data_root, name):
@@ -105,8 +107,7 @@ def load_meta(data_dir):
     path, fix = os.path.join(data_dir, "meta.json"), prepare_command(data_dir)
     if not os.path.isfile(path):
         need(not os.path.isfile(os.path.join(data_dir, "train.bin")), f"{path} not found, but train.bin is (nanoGPT "
-             f"data?): `python prepare_data.py --adopt=True --dataset={os.path.basename(os.path.normpath(data_dir))} "
-             "--tokenizer=gpt2`")
+             f"data?): {prepare_command(data_dir, '--adopt=True --tokenizer=gpt2 ')}")
         raise InputError(f"{path} not found: prepare the dataset first with {fix}")
     try:
         meta = json.loads(pathlib.Path(path).read_text("utf-8"))
@@ -145,7 +146,8 @@ def load_data(data_dir, block_size, copy_task=False):
     T = meta["mqar"]["seq_len"] if "mqar" in meta else block_size
     need(not copy_task or "mqar" not in meta, f"copy_task=True needs text: {data_dir} holds MQAR sequences")
     need(T <= block_size, f"block_size={block_size} is smaller than the MQAR sequences: use --block_size={T}")
-    return meta, {split: load_tokens(data_dir, split, meta, least=T + 1) for split in ("train", "val")}, T
+    least = T + ("mqar" not in meta)  # text: a window and its next token; MQAR: whole sequences
+    return meta, {split: load_tokens(data_dir, split, meta, least) for split in ("train", "val")}, T
 
 
 def draw_batch(tokens, meta, B, T, gen, train, copy_task=False):
@@ -444,7 +446,7 @@ def download_text(url):
             chunks = list(progress(iter(lambda: r.read(1 << 16), b""), desc="download", unit=" chunks"))
     except OSError as e:  # URLError too
         raise InputError(f"could not download {url} ({getattr(e, 'reason', e)}); offline? fetch it by hand and "
-                         "pass it as --input_file=FILE --tokenizer=chars") from None
+                         "pass it as --input_file=FILE --tokenizer=chars --dataset=shakespeare_char") from None
     return b"".join(chunks).decode("utf-8")
 
 

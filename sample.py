@@ -6,9 +6,9 @@ Read first. Sample from a checkpoint trained by train.py:
   python sample.py --out_dir=out-quick --start=FILE:prompt.txt --temperature=0.8 --top_k=50 --seed=1
 
 Text is encoded and decoded with the tokenizer the training data was prepared with, whose meta.json the
-checkpoint carries. SA draws fresh permutations at every forward pass, so --seed fixes them together with
-the sampling itself. Where the model allows it (GPTConfig.cacheable), tokens are decoded from a KV cache,
-one step each; otherwise every token recomputes the whole prefix, which sample.py says once.
+checkpoint carries. SA draws fresh permutations at every forward pass, so --seed fixes them together with the
+sampling itself. Where the model allows it (GPTConfig.cacheable), tokens are decoded from a KV cache, one step
+each; otherwise every token recomputes the prefix (its last block_size tokens), which sample.py says once.
 `python results/bench.py --generation=True` measures the speed with and without the cache.
 """
 import os

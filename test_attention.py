@@ -717,7 +717,8 @@ def test_meta_tensors_are_refused_in_one_line():
     perm = torch.arange(8, device="meta")
     for fn in (A.full_attention, lambda *x: A.sliding_window_attention(*x, 4),
                lambda *x: A.stochastic_attention(*x, 4, perm), lambda *x: A.moba_attention(*x, 4, 2),
-               lambda *x: A.swa_reference(*x, 4), lambda *x: A.masked_attention(*x, torch.ones(8, 8, dtype=torch.bool))):
+               lambda *x: A.swa_reference(*x, 4),
+               lambda *x: A.masked_attention(*x, torch.ones(8, 8, dtype=torch.bool))):
         with pytest.raises(ValueError, match="q, k, v must be on one device that holds data, got meta"):
             fn(q, q, q)
     model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=16, vocab_size=32, window=4))

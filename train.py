@@ -5,16 +5,17 @@ One process (a CPU, or one GPU); a resume; GPT-2's weights fine-tuned with SA+SW
   python prepare_data.py && python train.py config/quick.py
   python train.py config/quick.py --attn=swa --window=64 --out_dir=out-swa
   python train.py config/quick.py --init_from=resume --max_iters=1000
-  python train.py --init_from=gpt2 --dataset=wikitext-103 --block_size=1024 --out_dir=out-gpt2-sa --learning_rate=3e-5
+  python train.py --init_from=gpt2 --dataset=wikitext-103 --block_size=1024 --learning_rate=3e-5 --min_lr=3e-6
 DDP, on one node with 8 GPUs, or on two nodes:
   torchrun --standalone --nproc_per_node=8 train.py config/paper_360m.py
   torchrun --nproc_per_node=8 --nnodes=2 --node_rank=0 --master_addr=IP --master_port=1234 train.py ...
 
-Every eval after iteration 0 writes out_dir/ckpt.pt and appends to out_dir/log.jsonl. The checkpoint holds every RNG
-state of every rank, so that a resume with the same settings is bitwise the run that was never stopped; a later
-max_iters trains on, with the cosine still ending at lr_decay_iters (as nanoGPT). Nothing is lost (checkpoint.RunDir):
-a second run into the same out_dir is refused, a diverged (NaN) loss stops the run before anything of it is saved, and
-a run from scratch replaces an old checkpoint only when told to, with --overwrite=True.
+Every eval appends to out_dir/log.jsonl, and after iteration 0 writes out_dir/ckpt.pt (always_save_checkpoint=False:
+only when val loss improves; eval_only: never). The checkpoint holds every RNG state of every rank, so that a resume
+with the same settings is bitwise the run that was never stopped; a later max_iters trains on, with the cosine still
+ending at lr_decay_iters (as nanoGPT). Nothing is lost (checkpoint.RunDir): a second run into the same out_dir is
+refused, a diverged (NaN) loss stops the run before anything of it is saved, and a new run (from scratch or GPT-2)
+replaces an old checkpoint only when told to, with --overwrite=True.
 """
 import math
 import os
@@ -44,7 +45,7 @@ eval_only = False               # evaluate once and exit
 always_save_checkpoint = True   # save at every eval; False: only when val loss improves
 init_from = "scratch"           # "scratch", "resume" (out_dir/ckpt.pt), or GPT-2's weights: "gpt2" ... "gpt2-xl", or
 #                                 a directory holding a transformers GPT2LMHeadModel
-overwrite = False               # scratch: replace a ckpt.pt already in out_dir (at the first checkpoint), not refuse
+overwrite = False               # a new run: replace a ckpt.pt already in out_dir (at the first checkpoint), not refuse
 # data
 dataset = "fineweb-edu"         # data_root/<dataset>/ from prepare_data.py
 data_root = "data"
@@ -141,16 +142,16 @@ torch.manual_seed(seed)
 dropout_seed, sampler_seed, sa_seed = np.random.SeedSequence([seed, rank]).generate_state(3).tolist()
 iter_num, best_val_loss, ckpt = 0, float("inf"), None
 if init_from == "scratch":
-    model = GPT(GPTConfig(**model_args), sa_seed=sa_seed)
-elif init_from == "resume":  # the checkpoint's model, settings and data must be this run's (checkpoint.check_resume)
+    model = GPT(GPTConfig(**model_args))
+elif init_from == "resume":  # the checkpoint's model settings and tokenizer must be this run's (check_resume)
     model, ckpt = load_checkpoint(ckpt_path, resume=(settings, meta))
     iter_num, best_val_loss = ckpt["iter_num"], ckpt["best_val_loss"]
 else:  # GPT-2's weights with this run's attention (its swap), cropped to block_size, to fine-tune
     model = GPT.from_pretrained(init_from, {k: settings[k] for k in (*SWAP_FIELDS, "dropout")})
     model.crop_block_size(block_size)
-    model.seed_sa(sa_seed)
     need(meta["vocab_size"] <= model.config.vocab_size, f"init_from={init_from!r} reads {model.config.vocab_size} "
          f"token ids, fewer than {data_dir}'s {meta['vocab_size']}: prepare the data with its tokenizer (gpt2)")
+model.seed_sa(sa_seed)  # a resume restores the saved state (restore), except on ranks the checkpoint lacks
 model.to(device)
 torch.manual_seed(dropout_seed)
 sampler = torch.Generator().manual_seed(sampler_seed)
@@ -218,8 +219,9 @@ def stop_if_diverged(loss, what):
          f"--learning_rate?); {kept}")
 
 
-# logging: out_dir/log.jsonl, an eval's {iter, train_loss, val_loss, lr, elapsed_s} (and val_acc on MQAR, val_first and
-# val_second on the copy task), training's {iter, loss, lr, ms_per_iter, tok_per_s, mfu (CUDA only), elapsed_s}
+# logging: out_dir/log.jsonl, an eval's {iter, train_loss, val_loss, lr, elapsed_s} (and each split's _acc on MQAR,
+# _first and _second on the copy task), training's {iter, loss, lr, ms_per_iter, tok_per_s, mfu (null off CUDA),
+# elapsed_s}
 tokens_per_iter = gradient_accumulation_steps * world_size * batch_size * T
 run = RunDir(out_dir, iter_num if init_from == "resume" else None) if master else None
 if master:

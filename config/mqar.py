@@ -6,9 +6,9 @@
 # earlier key equals mine). Only the answers are scored, every eval reports their accuracy, and
 # training draws fresh sequences every batch. SWA's reach is n_layer * (window - 1) = 6 tokens
 # here, so it can only guess. The learning rate is what makes full attention learn it: with
-# model.py's init (every weight N(0, 0.02)) it stays on the "one of the 4 values" plateau at
-# lr 1e-3 or more; at 1e-4 it leaves it after 2,000 to 8,000 iterations, depending on the seed
-# (results/README.md, the search).
+# model.py's init (GPT-2's: N(0, 0.02), residual projections scaled down) it stays on the
+# "one of the 4 values" plateau at lr 1e-3 or more; at 1e-4 it leaves it after 2,000 to 8,000
+# iterations, depending on the seed (results/README.md, the search).
 out_dir = "out-mqar"
 dataset = "mqar"
 device = "cpu"

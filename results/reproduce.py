@@ -4,7 +4,7 @@ repo's own scripts as subprocesses, printing every command, and writes its JSON 
 results/); summary.md collects the tables that the README quotes.
 
     python results/reproduce.py                       # the paper's claims: about 3 h on 2 quiet cores (estimated)
-    python results/reproduce.py --only=mqar --seeds=0 # the MQAR tables from the finished (or committed) runs
+    python results/reproduce.py --only=mqar --train=False # the MQAR tables from the finished (or committed) runs
     python results/reproduce.py --only=lm1024         # issues 33, 38: plain LM, far copying at T=1024 (~22 CPU-hours)
     python results/reproduce.py --fast=True           # a tiny version of everything, about 4 minutes (tested in CI)
     python results/reproduce.py --only=demo --out=out-demo  # the class demo: SWA, SA+SWA and full on recall
@@ -39,7 +39,7 @@ depths = "2"            # MQAR: train these depths, comma list ("" = all: 2 and 
 kinds = ""              # MQAR: train these cells (CELLS), comma list ("" = the default grid)
 arms = ""               # mqar_decisive: train these arms, comma list of P ("" = both); tables report every finished run
 swap_T = "256"          # swap: the LM contexts, comma list; 256 swaps lm's model, another T trains its own (swap_T<T>.json)
-train = True            # lm1024: False builds its tables from the finished runs only
+train = True            # mqar, lm1024: False builds their tables from the finished runs only
 names = ""              # lm1024: train only these runs, comma list of run names in this order ("" = every run)
 demo_seeds = "0"        # demo: train these seeds of each kind, comma list
 # -----------------------------------------------------------------------------
@@ -341,7 +341,7 @@ def mqar():
     grid = [(c, d, s) for d in MQAR["depths"] for s in MQAR["seeds"] for c in CELLS
             if c in KINDS or d == first]  # depth-major: the shallow grid trains first
     out_dir = lambda c, d, s: os.path.join(work, f"mqar-{c}-L{d}-s{s}")
-    chosen = lambda c, d, s: (s in MQAR["seeds"][:seeds] and (not depths or str(d) in depths.split(","))
+    chosen = lambda c, d, s: (train and s in MQAR["seeds"][:seeds] and (not depths or str(d) in depths.split(","))
                               and (c in kinds.split(",") if kinds else d == first or c in deeper))
     train_all([(out_dir(c, d, s), dict(presets=["config/mqar.py", *MQAR["train"]], data_root=data, attn=CELLS[c][0],
                                        sa_perm=CELLS[c][1], n_head=CELLS[c][2], n_layer=d, seed=s,

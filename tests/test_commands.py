@@ -12,6 +12,8 @@ import sys
 
 import pytest
 
+from guards import setting_problem
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = ["README.md", "results/README.md"]
 SCRIPTS = sorted(glob.glob(os.path.join(REPO, "*.py")) + glob.glob(os.path.join(REPO, "results", "*.py")))
@@ -106,6 +108,7 @@ def check(command):
     keys, problems = script_settings(script), []
     if words[1] == "kernel.py":  # a leaf file: its own flags (kernel.py --check's usage line), no configurator
         keys = dict(check="", B=1, H=1, D=1, check_T="", check_windows="")
+    values = {k: v for k, v in keys.items() if v is not ANY}  # the final settings, as far as literals tell
     for arg in words[2:]:
         if arg in ("...", "-h", "--help"):
             continue
@@ -113,8 +116,9 @@ def check(command):
             if not os.path.isfile(os.path.join(REPO, arg)):
                 problems.append(f"no config file {arg}")
             else:
-                problems += [f"{arg} sets {k}, not a setting of {words[1]}" for k in script_settings(os.path.join(REPO, arg))
-                             if k not in keys]
+                ns = script_settings(os.path.join(REPO, arg))
+                problems += [f"{arg} sets {k}, not a setting of {words[1]}" for k in ns if k not in keys]
+                values.update({k: v for k, v in ns.items() if v is not ANY})
             continue
         key, eq, value = arg[2:].partition("=")
         if words[1] == "kernel.py" and arg == "--check":
@@ -125,7 +129,12 @@ def check(command):
             problems.append(f"--{key} is not a setting of {words[1]}")
         elif value != "<...>" and not fits(keys[key], value):
             problems.append(f"--{key}={value} does not fit its default {keys[key]!r}")
-    return problems
+        elif value != "<...>" and keys[key] is not ANY and not isinstance(keys[key], str):
+            values[key] = ast.literal_eval(value)
+        else:
+            values.pop(key, None)
+    numbers = {k: v for k, v in values.items() if type(v) in (int, float)}  # their ranges (guards.SETTINGS)
+    return problems + [f"{k}={v!r}: {p}" for k, v in numbers.items() if (p := setting_problem(k, v, values))]
 
 
 COMMANDS = every_command()
@@ -150,8 +159,16 @@ def test_the_check_catches_what_it_should():
     assert check('python -c "import model; model.GPT"') == []
     assert check("python train.py --widow=3") == ["--widow is not a setting of train.py"]
     assert check("python train.py --max_iters=1.5") == ["--max_iters=1.5 does not fit its default 5000"]
+    assert check("python train.py --learning_rate=3e-5") == ["min_lr=6e-05: use a value from 0 to learning_rate"]
     assert check("python train.py config/nope.py") == ["no config file config/nope.py"]
     assert check("python train.py --max_iters=<many>") == [] and check("python train.py --iters=<many>") == [
         "--iters is not a setting of train.py"]
     assert check("python -m pytest -q tests/test_nope.py") == ["no file tests/test_nope.py"]
     assert check("torchrun --standalone --nproc_per_node=8 train.py config/paper_360m.py --attn=swa") == []
+
+
+def test_the_readme_fits_an_evening():
+    """README.md stays short: at most 250 lines, none over 120 characters (the repo's line length)."""
+    lines = open(os.path.join(REPO, "README.md"), encoding="utf-8").read().splitlines()
+    assert len(lines) <= 250
+    assert [i for i, line in enumerate(lines, 1) if len(line) > 120] == []

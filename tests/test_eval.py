@@ -184,8 +184,8 @@ def tiny_run(tmp_path_factory):
     torch.manual_seed(0)
     model = GPT(GPTConfig(block_size=16, vocab_size=256, n_layer=2, n_head=2, n_embd=32, attn="swa", window=4))
     os.makedirs(out_dir)
-    save_checkpoint({"model": model.state_dict(), "model_args": model.model_args(), "settings": {"dataset": "tiny"},
-                     "meta": meta}, os.path.join(out_dir, "ckpt.pt"))
+    save_checkpoint({"model": model.state_dict(), "model_args": model.model_args(),
+                     "settings": {"dataset": "tiny", "data_root": data_root}, "meta": meta}, os.path.join(out_dir, "ckpt.pt"))
     return {"out_dir": out_dir, "data_root": data_root, "model": model.eval(), "device": "cpu", "dtype": "float32"}
 
 
@@ -208,6 +208,8 @@ def test_perplexity_on_a_prepared_dataset(tiny_run, tmp_path):
     assert got["bpb"] == pytest.approx(nll / n / math.log(2), rel=1e-5)  # bytes: one token, one byte
     saved = json.loads((tmp_path / "ppl.json").read_text())
     assert saved["results"][0]["attn"] == "swa" and saved["results"][0]["window"] == 4
+    own = ev.run({**base, "data_root": "", "batch_size": 3})  # no data_root: the checkpoint's, not ./data
+    assert [r["value"] for r in own] == [r["value"] for r in res]
     with pytest.raises(ValueError, match="window=0: use an integer >= 1"):
         ev.run({**base, "attn": "sa", "window": 0})
     with pytest.raises(ValueError, match="-> 'sa\\+swa' without training: the gates"):

@@ -288,6 +288,19 @@ def test_ddp_two_processes_gloo(root, tmp_path):
         assert not torch.equal(ckpt["rng"][0][key], ckpt["rng"][1][key])
 
 
+def test_a_resume_onto_more_ranks_gives_each_new_rank_its_own_sa_draws(root, tmp_path):
+    """One process trains; three resume. The ranks the checkpoint has no states for start from their own seeds
+    (seed and rank): no two draw the same SA permutations."""
+    job = [f"--data_root={root}", "--dataset=text", *TINY, "--eval_interval=2", f"--out_dir={tmp_path}",
+           "--gradient_accumulation_steps=3"]
+    run("train.py", *job, "--max_iters=2")
+    r = run("-m", "torch.distributed.run", "--standalone", "--nproc_per_node=3", "train.py", *job,
+            "--init_from=resume", "--max_iters=4")
+    assert "rank 2: the checkpoint has RNG states for fewer ranks" in r.stdout
+    sa = [s["sa"] for s in load(tmp_path)["rng"]]
+    assert len(sa) == 3 and not any(torch.equal(sa[i], sa[j]) for i, j in ((0, 1), (0, 2), (1, 2)))
+
+
 def test_mqar_training_reports_answer_accuracy(root, tmp_path):
     r = run("train.py", f"--data_root={root}", "--dataset=mqar", *TINY, "--attn=swa", "--max_iters=2",
             "--eval_interval=2", f"--out_dir={tmp_path}")
@@ -434,7 +447,7 @@ def test_mqar_config_without_data_names_its_prepare_line(tmp_path):
     """config/mqar.py with no data: the hint's command makes the data that config trains on."""
     job = ["train.py", "config/mqar.py", f"--data_root={tmp_path}", f"--out_dir={tmp_path / 'out'}"]
     r = run(*job, check=False)
-    assert_clean_error(r, "prepare the dataset first with `python prepare_data.py --dataset=mqar`")
+    assert_clean_error(r, f"prepare the dataset first with `python prepare_data.py --dataset=mqar --data_root={tmp_path}`")
     header = "".join(open(os.path.join(REPO, "config", "mqar.py")).readlines()[:2])
     assert "python prepare_data.py --dataset=mqar " in header
     run("prepare_data.py", "--dataset=mqar", f"--data_root={tmp_path}", "--mqar_train_seqs=64", "--mqar_val_seqs=64")
@@ -541,7 +554,7 @@ def test_ctrl_c_says_where_the_run_resumes(root, tmp_path):
     lines = [line for line in err.splitlines() if not line.startswith("overriding")]
     assert p.returncode == -signal.SIGINT and len(lines) == 1 and "Traceback" not in err, err
     it = load(out)["iter_num"]
-    match = re.fullmatch(rf"interrupted after iteration \d+: {re.escape(str(out / 'ckpt.pt'))} holds iteration {it}; "
+    match = re.fullmatch(rf"interrupted \(last logged iteration \d+\): {re.escape(str(out / 'ckpt.pt'))} holds iteration {it}; "
                          r"continue it with `python (train\.py .*--init_from=resume)`", lines[0])
     assert match and it >= 2, lines[0]
     resume = shlex.split(match.group(1))
@@ -671,9 +684,10 @@ def test_data_errors(root, tmp_path):
     os.remove(tmp_path / "cut" / "meta.json")
     with pytest.raises(ValueError, match="nanoGPT data"):
         P.load_meta(tmp_path / "cut")
-    with pytest.raises(ValueError, match="first with `python prepare_data.py --input_file=FILE --dataset=nope`"):
+    with pytest.raises(ValueError, match=re.escape(f"`python prepare_data.py --input_file=FILE --dataset=nope "
+                                                   f"--data_root={tmp_path}`")):  # the root it is missing from
         P.load_meta(tmp_path / "nope")
-    with pytest.raises(ValueError, match="first with `python prepare_data.py --dataset=shakespeare_char`"):
+    with pytest.raises(ValueError, match="first with `python prepare_data.py --dataset=shakespeare_char --data_root="):
         P.load_meta(tmp_path / "shakespeare_char")  # a name prepare_data.py knows
 
 
@@ -1033,7 +1047,7 @@ def tiny_gpt2(tmp_path_factory):
 @pytest.mark.parametrize("attn", ["full", "sa+swa"])
 def test_finetunes_a_saved_gpt2_with_any_attention(root, tmp_path, tiny_gpt2, attn):
     """--init_from=<a GPT-2's directory>: its weights, the attention switched to --attn (the paper's swap), cropped to
-    block_size, trained and resumed. With full attention its first eval is the GPT-2's own loss on that batch."""
+    block_size, trained and resumed; a second fine-tune into its out_dir is refused. With full attention its first eval is the GPT-2's own loss on that batch."""
     import transformers
     args = [f"--data_root={root}", "--dataset=text", *TINY, f"--attn={attn}", "--eval_interval=2", "--lr_decay_iters=4",
             f"--out_dir={tmp_path}", "--block_size=32"]
@@ -1054,6 +1068,10 @@ def test_finetunes_a_saved_gpt2_with_any_attention(root, tmp_path, tiny_gpt2, at
                 losses.append(F.cross_entropy(hf(x).logits.flatten(0, 1), y.flatten()).item())
         assert first["val_loss"] == pytest.approx(sum(losses) / 2, rel=1e-5)
     assert "step 2: train loss" in run("train.py", *args, "--init_from=resume", "--max_iters=4").stdout
+    before = files(tmp_path)  # a second fine-tune into this out_dir: refused, as a run from scratch is
+    assert_clean_error(run("train.py", *args, f"--init_from={tiny_gpt2}", "--max_iters=2", check=False),
+                       "ckpt.pt exists: continue it with --init_from=resume")
+    assert files(tmp_path) == before
 
 
 def test_gpt2_fine_tuning_errors_are_one_line(root, tmp_path, tiny_gpt2, monkeypatch):
