@@ -86,11 +86,37 @@ def test_sa_value_spans_are_exact_at_the_edge_of_delta():
     """Keys whose r lies at delta from a query's, within a few fp32 ulps either side: the fast
     path's spans must keep exactly the pairs that the rule's |r_i - r_j| < delta keeps."""
     T, delta = 200, 0.1
-    r = torch.rand(T, generator=torch.Generator().manual_seed(3))
-    r[1::2] = r[::2] + delta + torch.randint(-3, 4, (T // 2,)) * 6e-8  # pairs at delta, give or take an ulp
-    q, k, v = qkv(1, 2, T, 8)
+    r, (q, k, v) = edge_pairs(T, delta, seed=3), qkv(1, 2, T, 8)
     assert_same(lambda q, k, v: A.stochastic_value_attention(q, k, v, delta, r), q, k, v,
                 lambda q, k, v: A.sa_value_reference(q, k, v, delta, r))
+
+
+def edge_pairs(T, delta, seed):
+    """r (T,) with pairs at delta, give or take an fp32 ulp or so."""
+    g = torch.Generator().manual_seed(seed)
+    r = torch.rand(T, generator=g)
+    r[1::2] = r[::2] + delta + torch.randint(-3, 4, (T // 2,), generator=g) * 6e-8
+    return r
+
+
+def test_value_spans_hold_every_key_within_delta():
+    """tiled.value_spans (kernel.py's copy is held equal to it): each query tile's key span holds every key within
+    delta of one of its queries, with pairs at delta give or take an ulp; without VALUE_MARGIN some tile loses one.
+    (The torch engine pads every tile to the longest span, which hides most such losses; the kernel reads exact
+    spans.)"""
+    T, delta, tile = 200, 0.1, tiled.TILE
+    missed = {}
+    for margin in (A.VALUE_MARGIN, 0.0):
+        missed[margin] = []
+        for seed in range(100):
+            rs = edge_pairs(T, delta, seed).sort().values[None]  # (1, T): slots in r order
+            lo, hi = tiled.value_spans(rs, delta, margin, tile)  # (1, ntiles) each
+            sees = (rs[0, :, None] - rs[0, None, :]).abs() < delta  # (T, T): the rule, query slot i, key slot j
+            t, j = torch.arange(T) // tile, torch.arange(T)
+            inside = (lo[0, t, None] <= j) & (j < hi[0, t, None])  # (T, T): key j in query i's tile's span
+            if (sees & ~inside).any():
+                missed[margin].append(seed)
+    assert missed[A.VALUE_MARGIN] == [] and missed[0.0], missed
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

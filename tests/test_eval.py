@@ -185,7 +185,8 @@ def tiny_run(tmp_path_factory):
     model = GPT(GPTConfig(block_size=16, vocab_size=256, n_layer=2, n_head=2, n_embd=32, attn="swa", window=4))
     os.makedirs(out_dir)
     save_checkpoint({"model": model.state_dict(), "model_args": model.model_args(),
-                     "settings": {"dataset": "tiny", "data_root": data_root}, "meta": meta}, os.path.join(out_dir, "ckpt.pt"))
+                     "settings": {"dataset": "tiny", "data_root": data_root}, "meta": meta},
+                    os.path.join(out_dir, "ckpt.pt"))
     return {"out_dir": out_dir, "data_root": data_root, "model": model.eval(), "device": "cpu", "dtype": "float32"}
 
 
@@ -244,7 +245,7 @@ def test_perplexity_under_autocast(tiny_run, attn, dtype):
     swap = {"attn": attn} if attn == "full" else {"attn": attn, "window": 4, "moba_topk": 2}
     ppl = [next(r["value"] for r in ev.run({**base, **swap, "dtype": d}) if r["metric"] == "ppl")
            for d in ("float32", dtype)]
-    assert math.isfinite(ppl[1]) and ppl[1] == pytest.approx(ppl[0], rel=0.02)
+    assert math.isfinite(ppl[1]) and ppl[1] == pytest.approx(ppl[0], rel=1e-3)  # measured <= 1.5e-4; no attention 3e-3
 
 
 def test_sa_swa_model_sweeps_both_windows(tiny_run, tmp_path):

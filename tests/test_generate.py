@@ -30,6 +30,17 @@ def tokens(B, T, seed=1):
 VALUE = dict(sa_rule="value")
 
 
+def step_logits(model, idx, n, **kw):
+    """generate's greedy tokens (B, T + n) and the logits each step chose from (n, B, vocab): an untrained model's
+    tokens repeat, so the tokens alone tell two decoders apart only by luck."""
+    seen = []
+    hook = model.lm_head.register_forward_hook(lambda m, i, out: seen.append(out[:, -1]))
+    try:
+        return model.generate(idx, n, temperature=0, **kw), torch.stack(seen)
+    finally:
+        hook.remove()
+
+
 def cached_draws(model, cache, B, T):
     """The SA numbers r that a cache holds (sorted, with their positions), as GPT.forward's draws:
     (T,) or (B, nh, T) per layer, in position order."""
@@ -64,9 +75,11 @@ def test_cached_logits_equal_one_full_forward(attn, kw):
 
 @pytest.mark.parametrize("attn", ["full", "swa", "moba"])
 def test_greedy_with_cache_equals_without(attn):
+    """generate with and without the cache: the same logits at every step, so the same tokens."""
     model, idx = tiny(attn), tokens(2, 11)
-    a, b = (model.generate(idx, 60, temperature=0, use_cache=c) for c in (True, False))
+    (a, logits_a), (b, logits_b) = (step_logits(model, idx, 60, use_cache=c) for c in (True, False))
     assert a.shape == (2, 71) and torch.equal(a, b)
+    torch.testing.assert_close(logits_a, logits_b, atol=1e-5, rtol=0)
 
 
 def test_moba_cache_breaks_ties_as_moba_select():
@@ -87,15 +100,17 @@ def test_moba_cache_breaks_ties_as_moba_select():
 
 
 def test_past_block_size_the_cache_is_refilled_from_half_a_block():
-    """The documented rule (GPT.generate): a full cache is refilled from the last block_size // 2 tokens."""
-    model, block_size = tiny("swa", block_size=32), 32
-    got = model.generate(tokens(1, 20), 50, temperature=0)[0].tolist()
-    seq, start = got[:20], 0
-    while len(seq) < 70:
-        if len(seq) - start > block_size:
-            start = len(seq) - block_size // 2
-        seq.append(model(torch.tensor([seq[start:]]))[0][0, -1].argmax().item())
-    assert got == seq
+    """The documented rule (GPT.generate): a full cache is refilled from the last block_size // 2 tokens. Full
+    attention reads every key the cache holds, so each step's logits show where the refill started."""
+    model, block_size = tiny("full", block_size=32), 32
+    got, logits = step_logits(model, tokens(1, 20), 50)
+    seq, start = got[0].tolist(), 0
+    for step, n in enumerate(range(20, 70)):  # the step that picks token n
+        if n - start > block_size:
+            start = n - block_size // 2
+        with torch.no_grad():
+            want = model(torch.tensor([seq[start:n]]))[0][:, -1]
+        torch.testing.assert_close(logits[step], want, atol=1e-5, rtol=0, msg=lambda m: f"token {n}: {m}")
 
 
 def largest_tensor_of_a_decode_step(model, T):
@@ -144,13 +159,18 @@ def test_value_sa_decode_reads_o_window_keys(attn, monkeypatch):
 
 @pytest.mark.parametrize("attn", ["sa", "sa+swa"])
 def test_sa_cannot_be_cached_says_so_and_recomputes(attn, capsys):
-    model, idx = tiny(attn), tokens(1, 11)
-    outs = []
+    model, idx, outs = tiny(attn), tokens(1, 11), []
     for use_cache in (True, False):
         model.seed_sa(0)
-        outs.append(model.generate(idx, 5, temperature=0, use_cache=use_cache))
+        outs.append(step_logits(model, idx, 5, use_cache=use_cache)[1])
+    want = []  # recomputing the prefix: a forward over all tokens so far, with the draws that follow from seed 0
+    model.seed_sa(0)
+    with torch.no_grad():
+        for n in range(11, 16):
+            want.append(model(torch.cat([idx, outs[1][:n - 11].argmax(-1).T], 1))[0][:, -1])
     err = capsys.readouterr().err
-    assert torch.equal(*outs) and err.count("\n") == 1 and "cannot be decoded from a KV cache" in err
+    assert torch.equal(*outs) and torch.equal(outs[0], torch.stack(want))
+    assert err.count("\n") == 1 and "cannot be decoded from a KV cache" in err
     with pytest.raises(ValueError, match="a KV cache takes a cacheable model"):
         KVCache(model.config)
 
@@ -253,9 +273,11 @@ def test_a_moba_chunk_past_block_size_is_one_chunk_in_the_cache():
     """--moba_chunk=1000000000 used to allocate a cache of 10^9 slots per layer; past block_size it is one block."""
     model, idx = tiny("moba", moba_chunk=10**9), tokens(2, 5)
     with MaxNumel() as seen:
-        got = model.generate(idx, 20, temperature=0)
+        got, logits = step_logits(model, idx, 20)
     assert seen.max < 10**6
-    assert torch.equal(got, tiny("moba", moba_chunk=96).generate(idx, 20, temperature=0))
+    one_chunk, logits_96 = step_logits(tiny("moba", moba_chunk=96), idx, 20)
+    assert torch.equal(got, one_chunk)
+    torch.testing.assert_close(logits, logits_96, atol=1e-5, rtol=0)
 
 
 # -----------------------------------------------------------------------------
