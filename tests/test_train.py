@@ -1082,7 +1082,8 @@ def test_gpt2_fine_tuning_errors_are_one_line(root, tmp_path, tiny_gpt2, monkeyp
     assert "--init_from=gpt2: cannot load it" in one_line_error(monkeypatch, "train.py", *base, "--init_from=gpt2")
     assert "block_size=128: the model holds at most 64 positions" in one_line_error(
         monkeypatch, "train.py", *base, f"--init_from={tiny_gpt2}", "--block_size=128")
-    assert "--init_from=" in one_line_error(monkeypatch, "train.py", *base, f"--init_from={tmp_path}")
+    assert f"--init_from={tmp_path}: cannot load it" in one_line_error(monkeypatch, "train.py", *base,
+                                                                       f"--init_from={tmp_path}")
     assert not (tmp_path / "out").exists()
 
 
