@@ -199,7 +199,8 @@ class RunDir:
         try:
             print(json.dumps(record), file=self.log_file, flush=True)
         except OSError as e:
-            kept = f"{self.ckpt_path} holds iteration {self.kept}" if self.kept is not None else "no checkpoint saved"
+            kept = f"{self.ckpt_path} holds iteration {self.kept}" if self.kept is not None else \
+                "no checkpoint was saved"
             raise InputError(f"cannot write {self.log_file.name}: {e.strerror or e} (disk full?); {kept}") from None
 
     def save(self, ckpt):

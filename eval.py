@@ -58,11 +58,11 @@ def run(settings):
     s = {**DEFAULTS, **settings}
     ppl, names, files, kinds, ws, plot_path = check_settings(s)
     task_list = [load_task_file(f, s["limit"]) for f in files] + [load_task(t, s["limit"]) for t in names]
-    lm, ckpt_data = load_model(s)
+    lm, trained = load_model(s)
     swaps = plan(lm, kinds, ws, s)
     print(attention.impl_line(s["device"], DTYPES[s["dtype"]], lm.head_dim, [(w or lm.native)["attn"] for w in swaps],
                               getattr(lm.model.config, "sa_rule", "rank")))
-    ppl_name, tokens = perplexity_tokens(s, lm, *ckpt_data) if ppl else (None, None)
+    ppl_name, tokens = perplexity_tokens(s, lm, trained) if ppl else (None, None)
     rows, bs = [], s["batch_size"]
     for swap in swaps:
         if swap:
@@ -268,7 +268,7 @@ def register_hf_attention(attn, window=None, moba_chunk=64, moba_topk=4, generat
 
 
 def load_model(s):
-    """(lm, (the checkpoint's dataset and data_root, or "")."""
+    """(lm, the settings it was trained with: a checkpoint's, else {})."""
     dev, name, ctx = s["device"], s["init_from"], autocast(s["device"], s["dtype"])
 
     def ours(model, meta, source):  # our GPT with meta's tokenizer (meta from source)
@@ -277,13 +277,13 @@ def load_model(s):
                      dev, ctx)
     if name == "resume":
         model, ckpt = load_checkpoint(path := os.path.join(s["out_dir"], "ckpt.pt"), dev, require=("meta", "settings"))
-        return ours(model, ckpt["meta"], path), (ckpt["settings"].get("dataset", ""), ckpt["settings"].get("data_root"))
+        return ours(model, ckpt["meta"], path), ckpt["settings"]
     need(not os.path.isdir(name) or os.path.isfile(os.path.join(name, "config.json")), f"--init_from={name}: the "
          f"directory holds no model (no config.json); a train.py out_dir: --init_from=resume --out_dir={name}")
     offline = hub_offline(name)
     try:
         if name in GPT2_SIZES:
-            return ours(GPT.from_pretrained(name).to(dev), GPT2_META, name), ("", "")
+            return ours(GPT.from_pretrained(name).to(dev), GPT2_META, name), {}
         try:
             from transformers import AutoModelForCausalLM, AutoTokenizer
         except ImportError:
@@ -299,7 +299,7 @@ def load_model(s):
     tok = Tokenizer(f"hf:{name}", lambda t: hf_tok.encode(t, add_special_tokens=False), hf_tok.decode, prefix,
                     # lm-eval's tok_encode: the tokenizer's defaults, unless the text starts with the prefix token
                     lambda t: hf_tok.encode(t, add_special_tokens=not (prefix_text and t.startswith(prefix_text))))
-    return HFLM(model, tok, s["block_size"], dev, hf_tok.model_max_length), ("", "")
+    return HFLM(model, tok, s["block_size"], dev, hf_tok.model_max_length), {}
 
 
 # Zero-shot tasks as lm-evaluation-harness 0.4.13 loads and scores them: (name, scoring, docs), a doc holding its
@@ -520,11 +520,12 @@ def perplexity(lm, tokens, batch_size, limit=0):
     return {k: (v, None) for k, v in out.items()}
 
 
-def perplexity_tokens(s, lm, ckpt_dataset, ckpt_root):
-    """(dataset/split, its tokens, re-encoded for lm's tokenizer if need be)."""
-    name = s["dataset"] or ckpt_dataset
+def perplexity_tokens(s, lm, trained):
+    """(dataset/split, its tokens, re-encoded for lm's tokenizer if need be); by default the dataset and data_root of
+    the settings lm was trained with."""
+    name = s["dataset"] or trained.get("dataset", "")
     need(name, "perplexity needs --dataset=NAME, a dataset made by prepare_data.py (e.g. wikitext-103)")
-    data_dir = dataset_dir(s["data_root"] or ckpt_root or "data", name)
+    data_dir = dataset_dir(s["data_root"] or trained.get("data_root") or "data", name)
     meta = load_meta(data_dir)
     tokens, label = load_tokens(data_dir, s["split"], meta), f"{name}/{s['split']}"
     if meta["tokenizer"] == lm.tok.name:

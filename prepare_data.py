@@ -50,10 +50,11 @@ TOKENIZERS = ("bytes", "chars", "ids")  # any other name is a tiktoken encoding
 
 # Loading, for the other scripts
 
-def prepare_command(data_dir, args=""):
-    """The command that writes data_dir: `python prepare_data.py [--input_file=FILE] --dataset=name [--data_root=]`."""
+def prepare_command(data_dir, args=None):
+    """The command that writes data_dir: prepare_data.py with args (by default none for a dataset of DATASETS, else
+    --input_file=FILE), its --dataset and, unless it is data, its --data_root."""
     root, name = os.path.split(os.path.normpath(data_dir))
-    args = ("" if name in DATASETS or args else "--input_file=FILE ") + args
+    args = ("" if name in DATASETS else "--input_file=FILE ") if args is None else args
     return f"`python prepare_data.py {args}--dataset={name}{f' --data_root={root}' * (root != 'data')}`"
 
 

@@ -1,10 +1,10 @@
 """Support, which a first reading skips. The tiled torch engine: attention in O(T * w) time and memory, forward and
 backward, on any device.
 
-attention.py runs SWA (with or without pos, so both SA rules) and MoBA here where it runs no Triton
-kernel. A layout (Band, Moba) cuts the
-pairs a rule allows into GROUPS (nq query rows, the nk key rows they see, a mask), batched in CALLs whose scores fit
-in cache. The backward recomputes probabilities from each row's logsumexp (autograd would keep them: O(T * nk)).
+attention.py runs SWA (with or without pos, so both SA rules) and MoBA here where it runs no Triton kernel. A layout
+(Band, Moba) cuts the pairs a rule allows into GROUPS (nq query rows, the nk key rows they see, a mask), batched in
+CALLs whose scores fit in cache. The backward recomputes probabilities from each row's logsumexp (autograd would keep
+them: O(T * nk)).
 """
 import math
 

@@ -162,14 +162,14 @@ def test_sa_cannot_be_cached_says_so_and_recomputes(attn, capsys):
     model, idx, outs = tiny(attn), tokens(1, 11), []
     for use_cache in (True, False):
         model.seed_sa(0)
-        outs.append(step_logits(model, idx, 5, use_cache=use_cache)[1])
-    want = []  # recomputing the prefix: a forward over all tokens so far, with the draws that follow from seed 0
+        outs.append(step_logits(model, idx, 5, use_cache=use_cache))
+    (got, logits), want = outs[0], []  # recomputing the prefix: a forward over all tokens so far, seed 0's draws
     model.seed_sa(0)
     with torch.no_grad():
         for n in range(11, 16):
-            want.append(model(torch.cat([idx, outs[1][:n - 11].argmax(-1).T], 1))[0][:, -1])
+            want.append(model(got[:, :n])[0][:, -1])
     err = capsys.readouterr().err
-    assert torch.equal(*outs) and torch.equal(outs[0], torch.stack(want))
+    assert torch.equal(got, outs[1][0]) and torch.equal(logits, outs[1][1]) and torch.equal(logits, torch.stack(want))
     assert err.count("\n") == 1 and "cannot be decoded from a KV cache" in err
     with pytest.raises(ValueError, match="a KV cache takes a cacheable model"):
         KVCache(model.config)

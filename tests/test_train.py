@@ -447,7 +447,8 @@ def test_mqar_config_without_data_names_its_prepare_line(tmp_path):
     """config/mqar.py with no data: the hint's command makes the data that config trains on."""
     job = ["train.py", "config/mqar.py", f"--data_root={tmp_path}", f"--out_dir={tmp_path / 'out'}"]
     r = run(*job, check=False)
-    assert_clean_error(r, f"prepare the dataset first with `python prepare_data.py --dataset=mqar --data_root={tmp_path}`")
+    assert_clean_error(r, "prepare the dataset first with `python prepare_data.py --dataset=mqar "
+                          f"--data_root={tmp_path}`")
     header = "".join(open(os.path.join(REPO, "config", "mqar.py")).readlines()[:2])
     assert "python prepare_data.py --dataset=mqar " in header
     run("prepare_data.py", "--dataset=mqar", f"--data_root={tmp_path}", "--mqar_train_seqs=64", "--mqar_val_seqs=64")
@@ -554,8 +555,8 @@ def test_ctrl_c_says_where_the_run_resumes(root, tmp_path):
     lines = [line for line in err.splitlines() if not line.startswith("overriding")]
     assert p.returncode == -signal.SIGINT and len(lines) == 1 and "Traceback" not in err, err
     it = load(out)["iter_num"]
-    match = re.fullmatch(rf"interrupted \(last logged iteration \d+\): {re.escape(str(out / 'ckpt.pt'))} holds iteration {it}; "
-                         r"continue it with `python (train\.py .*--init_from=resume)`", lines[0])
+    match = re.fullmatch(rf"interrupted \(last logged iteration \d+\): {re.escape(str(out / 'ckpt.pt'))} holds "
+                         rf"iteration {it}; continue it with `python (train\.py .*--init_from=resume)`", lines[0])
     assert match and it >= 2, lines[0]
     resume = shlex.split(match.group(1))
     assert resume[1:-1] == cmd[2:]  # the same settings
@@ -1047,7 +1048,8 @@ def tiny_gpt2(tmp_path_factory):
 @pytest.mark.parametrize("attn", ["full", "sa+swa"])
 def test_finetunes_a_saved_gpt2_with_any_attention(root, tmp_path, tiny_gpt2, attn):
     """--init_from=<a GPT-2's directory>: its weights, the attention switched to --attn (the paper's swap), cropped to
-    block_size, trained and resumed; a second fine-tune into its out_dir is refused. With full attention its first eval is the GPT-2's own loss on that batch."""
+    block_size, trained and resumed; a second fine-tune into its out_dir is refused. With full attention its first
+    eval is the GPT-2's own loss on that batch."""
     import transformers
     args = [f"--data_root={root}", "--dataset=text", *TINY, f"--attn={attn}", "--eval_interval=2", "--lr_decay_iters=4",
             f"--out_dir={tmp_path}", "--block_size=32"]
