@@ -521,8 +521,7 @@ def perplexity(lm, tokens, batch_size, limit=0):
 
 
 def perplexity_tokens(s, lm, trained):
-    """(dataset/split, its tokens, re-encoded for lm's tokenizer if need be); by default the dataset and data_root of
-    the settings lm was trained with."""
+    """(dataset/split, its tokens, re-encoded for lm's tokenizer if need be); by default lm's training data."""
     name = s["dataset"] or trained.get("dataset", "")
     need(name, "perplexity needs --dataset=NAME, a dataset made by prepare_data.py (e.g. wikitext-103)")
     data_dir = dataset_dir(s["data_root"] or trained.get("data_root") or "data", name)
