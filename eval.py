@@ -22,7 +22,8 @@ from torch.nn.utils.rnn import pad_sequence
 
 import attention
 from checkpoint import GPT2_SIZES, hub_offline, load_checkpoint
-from guards import InputError, check_count, count, need, path_problem, setting_problem
+from guards import InputError, count, need, path_problem, setting_problem
+from hf import HFLM
 from model import DTYPES, GPT, KINDS, autocast, swapped
 from prepare_data import dataset_dir, get_tokenizer, load_meta, load_tokens, progress, pyplot
 
@@ -149,8 +150,8 @@ def plan(lm, kinds, ws, s):
     return swaps
 
 
-# Models: tok (a Tokenizer), block_size, head_dim, device, native (its own attention), logits(idx, lengths),
-# use(swap), seed(s).
+# Models (OurLM; hf.HFLM for a transformers model): tok (a Tokenizer), block_size, head_dim, device, native (its own
+# attention), logits(idx, lengths), use(swap), seed(s).
 # lengths (B,): each right-padded row's real tokens, which alone SA permutes: a batch never changes a score.
 
 class OurLM:  # our GPT: a checkpoint or GPT-2
@@ -167,104 +168,6 @@ class OurLM:  # our GPT: a checkpoint or GPT-2
 
     def use(self, swap):
         self.model.swap_attention(**swap)
-
-
-def hf_context_length(config, tokenizer_max=None):
-    """lm-eval's resolve_max_length: the config's length, else the tokenizer's unless unset (~1e30), else 2048."""
-    text = getattr(config, "text_config", None) or config
-    own = [getattr(text, a) for a in ("n_positions", "max_position_embeddings", "n_ctx") if getattr(text, a, None)
-           is not None]
-    return int(own[0] if own else tokenizer_max if tokenizer_max is not None and tokenizer_max < 1e29 else 2048)
-
-
-class HFLM:  # a transformers model; its swaps run through register_hf_attention
-
-    def __init__(self, model, tok, block_size, device, tokenizer_max=None):
-        self.model, self.tok, self.device, c = model.eval(), tok, device, model.config
-        own, text = hf_context_length(c, tokenizer_max), c.get_text_config()
-        self.block_size, self.native = min(block_size or own, own), {"attn": "full"}
-        # its own head_dim where set: Qwen3's is not hidden_size // heads
-        self.head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
-        self.native_impl, self.generator = c._attn_implementation, torch.Generator()  # "full"; SA's seeds
-        self.seed = self.generator.manual_seed
-
-    def logits(self, idx, lengths=None):
-        T = idx.shape[1]  # the mask keeps the padding out of SA's permutations
-        padded = lengths is not None and not bool((lengths == T).all())
-        mask = (torch.arange(T) < lengths[:, None]).to(idx.device) if padded else None
-        return self.model(input_ids=idx, attention_mask=mask, use_cache=False).logits  # (B, T, vocab)
-
-    def use(self, swap):
-        self.model.set_attn_implementation(self.native_impl if swap["attn"] == "full" else
-                                           register_hf_attention(**swap, generator=self.generator))
-
-
-def register_hf_attention(attn, window=None, moba_chunk=64, moba_topk=4, generator=None):
-    """Register one of our attentions in transformers' AttentionInterface, which models such as Qwen3 and Llama call
-    after RoPE, and a mask function handing it the 2D padding mask: a row, left or right padded, attends as if alone.
-    Returns the name, for model.set_attn_implementation. SA seeds each layer call from `generator`. Against a KV
-    cache, swa sees the last `window` keys, sa and moba all (printed once). Other attention kwargs, if set, raise."""
-    try:
-        from transformers import AttentionInterface
-        from transformers.masking_utils import AttentionMaskInterface
-    except ImportError:
-        raise InputError("Hugging Face models need transformers: pip install transformers") from None
-    need(attn in ("swa", "sa", "moba"), f"a Hugging Face model can run swa, sa or moba, not {attn!r}"
-         + ": sa+swa needs gates trained with the model" * (attn == "sa+swa"))
-    args = {"moba_chunk": moba_chunk, "moba_topk": moba_topk} if attn == "moba" else {"window": window}
-    for key, value in args.items():
-        check_count(value, key)
-    generator, told = generator or torch.Generator(), []  # told: the decoding fallback is printed once
-    name = f"moba_c{moba_chunk}_k{moba_topk}" if attn == "moba" else f"{attn}_w{window}"
-
-    def padding_mask(attention_mask=None, kv_length=0, kv_offset=0, **_):  # (B, kv_length), True: real; None: no pad
-        if attention_mask is not None:
-            m = F.pad(attention_mask.bool(), (0, max(0, kv_offset + kv_length - attention_mask.shape[-1])))
-            m = m[:, kv_offset:kv_offset + kv_length]  # the keys this layer holds (a sliding cache drops some)
-            return None if bool(m.all()) else m
-
-    def sparse(q, k, v, lengths):
-        if attn == "sa":
-            T, seed = q.shape[2], int(torch.randint(2 ** 62, (), generator=generator))
-            perm = attention.row_perms(seed, torch.tensor([T]) if lengths is None else lengths, T)  # (B or 1, 1, T)
-            perm = perm[0, 0] if lengths is None else perm  # (T,) without padding
-            return attention.stochastic_attention(q, k, v, window, perm.to(q.device))
-        return attention.sliding_window_attention(q, k, v, window) if attn == "swa" else \
-            attention.moba_attention(q, k, v, moba_chunk, moba_topk)
-
-    def forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, is_causal=True, **kwargs):
-        bad = [f"{k}={v!r}" for k, v in kwargs.items() if k not in ("position_ids", "use_cache", "sliding_window")
-               and v not in (None, False)]  # sliding_window: a swap replaces the model's own
-        bad += [f"dropout={dropout}"] * bool(dropout) + ["is_causal=False"] * (is_causal is False)
-        need(not bad, f"the {name} attention does not implement {', '.join(bad)}")
-        if attention_mask is not None and attention_mask.dim() != 2:
-            raise InputError(f"{name} takes a 2D padding mask, not a {attention_mask.dim()}D one")
-        (B, H, T, D), S = query.shape, key.shape[2]
-        k, v = (x.repeat_interleave(H // key.shape[1], dim=1) for x in (key, value))  # (B, H, S, D)
-        q = query if scaling is None else query * (scaling * math.sqrt(D))  # (B, H, T, D)
-        if S != T:  # decoding against a KV cache
-            need(T == 1, f"{name} takes T queries on T keys, or one on a cache; got {T} on {S}")
-            keep = torch.arange(S, device=q.device) >= (S - window if attn == "swa" else 0)  # (S,): swa's last keys
-            keep = keep if attention_mask is None else keep & attention_mask  # (B, S)
-            if attn == "swa":
-                own = kwargs.get("sliding_window")
-                need(own is None or own >= window, f"{name} cannot decode: the cache keeps sliding_window={own} keys")
-            elif not told:
-                print(f"{name}: decoding against a KV cache runs full attention over the cache")
-                told.append(True)
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=keep[..., None, None, :])  # (B, H, 1, D)
-        elif attention_mask is None:
-            y = sparse(q, k, v, None)
-        else:  # each row's real tokens first, in order, its pads after: a row attends as if alone
-            order = torch.argsort((~attention_mask).to(torch.int8), dim=1, stable=True)  # (B, T)
-            idx = order[:, None, :, None].expand(B, H, T, D)  # (B, H, T, D)
-            y = sparse(q.gather(2, idx), k.gather(2, idx), v.gather(2, idx), attention_mask.sum(1))
-            y = torch.empty_like(y).scatter_(2, idx, y)  # (B, H, T, D) in token order
-        return y.transpose(1, 2).contiguous(), None  # (B, T, H, D)
-
-    AttentionInterface.register(name, forward)
-    AttentionMaskInterface.register(name, padding_mask)
-    return name
 
 
 def load_model(s):

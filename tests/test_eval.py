@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 import eval as ev
+import hf
 
 import prepare_data
 from checkpoint import save_checkpoint
@@ -421,7 +422,7 @@ def test_missing_packages_are_clear_errors(monkeypatch):
     with pytest.raises(ValueError, match="pip install transformers"):
         GPT.from_pretrained("gpt2")
     with pytest.raises(ValueError, match="pip install transformers"):
-        ev.register_hf_attention("sa", window=4)
+        hf.register_hf_attention("sa", window=4)
     with pytest.raises(ValueError, match="pip install transformers"):
         ev.run({"init_from": "Qwen/Qwen3-0.6B", "tasks": "ppl"})
     with pytest.raises(ValueError, match="pip install datasets, or pass the task as --task_file"):
@@ -459,7 +460,7 @@ def test_hf_attention_window_covering_T_is_sdpa(qwen):
     g = torch.Generator()
     for setting in ({"attn": "swa", "window": 20}, {"attn": "sa", "window": 32},
                     {"attn": "moba", "moba_chunk": 8, "moba_topk": 3}):
-        got = hf_logits(qwen, ev.register_hf_attention(**setting, generator=g), x, g)
+        got = hf_logits(qwen, hf.register_hf_attention(**setting, generator=g), x, g)
         assert (got - want).abs().max() < 1e-5, setting
 
 
@@ -472,12 +473,12 @@ def test_hf_attention_small_window_is_causal_and_sparse(qwen):
     g = torch.Generator()
     for setting in ({"attn": "swa", "window": 3}, {"attn": "sa", "window": 3},
                     {"attn": "moba", "moba_chunk": 4, "moba_topk": 2}):
-        name = ev.register_hf_attention(**setting, generator=g)
+        name = hf.register_hf_attention(**setting, generator=g)
         a, b = hf_logits(qwen, name, x, g), hf_logits(qwen, name, x2, g)
         assert (a[:, :13] - b[:, :13]).abs().max() < 1e-6, setting   # the past does not see the future
         assert (a[:, 13:] - b[:, 13:]).abs().max() > 1e-3, setting
         assert (a[:, -4:] - full[:, -4:]).abs().max() > 1e-3, setting  # and it is not full attention
-    sa = ev.register_hf_attention("sa", window=3, generator=g)
+    sa = hf.register_hf_attention("sa", window=3, generator=g)
     assert (hf_logits(qwen, sa, x, g, seed=0) - hf_logits(qwen, sa, x, g, seed=1)).abs().max() > 1e-4  # seeds differ
 
 
@@ -485,7 +486,7 @@ def test_hf_attention_small_window_is_causal_and_sparse(qwen):
 def test_hf_attention_decodes_with_a_cache_and_swaps_back(qwen):
     x = torch.randint(0, 97, (1, 10))
     qwen.set_attn_implementation("sdpa")
-    lm = ev.HFLM(qwen, SuccessorLM.tok, block_size=None, device="cpu")
+    lm = hf.HFLM(qwen, SuccessorLM.tok, block_size=None, device="cpu")
     assert lm.block_size == 64
     with torch.no_grad():
         want = qwen.generate(x, max_new_tokens=4, do_sample=False)
@@ -549,7 +550,7 @@ def load_hf(path, **cfg):
 def test_hf_context_length_is_the_models_own(bos_model_dir):
     assert load_hf(bos_model_dir).block_size == 3000               # max_position_embeddings, not 2048
     assert load_hf(bos_model_dir, block_size=16).block_size == 16  # --block_size caps it
-    assert ev.hf_context_length(types.SimpleNamespace(), 1e30) == 2048  # nothing known: lm-eval's default
+    assert hf.hf_context_length(types.SimpleNamespace(), 1e30) == 2048  # nothing known: lm-eval's default
 
 
 @needs_transformers
@@ -645,12 +646,12 @@ def test_hf_attention_honours_left_and_right_padding(qwen):
         sdpa = run("sdpa", x, mask)
         for setting in ({"attn": "swa", "window": 20}, {"attn": "sa", "window": 20},
                         {"attn": "moba", "moba_chunk": 8, "moba_topk": 3}):   # budgets covering T: sdpa
-            got = run(ev.register_hf_attention(**setting, generator=g), x, mask)
+            got = run(hf.register_hf_attention(**setting, generator=g), x, mask)
             assert (got[1, real] - sdpa[1, real]).abs().max() < 1e-5, (side, setting)
             assert (got[0] - sdpa[0]).abs().max() < 1e-5, (side, setting)
         for setting in ({"attn": "swa", "window": 3}, {"attn": "sa", "window": 3},
                         {"attn": "moba", "moba_chunk": 2, "moba_topk": 2}):   # sparse: as if each row were alone
-            name = ev.register_hf_attention(**setting, generator=g)
+            name = hf.register_hf_attention(**setting, generator=g)
             got = run(name, x, mask, seed=5)
             assert (got[1, real] - run(name, b[None], seed=5)[0]).abs().max() < 1e-5, (side, setting)
             assert (got[0] - run(name, a[None], seed=5)[0]).abs().max() < 1e-5, (side, setting)
@@ -660,7 +661,7 @@ def test_hf_attention_honours_left_and_right_padding(qwen):
 def test_sa_score_does_not_depend_on_the_batch(qwen):
     """eval.py's own scoring: one document scored alone and right-padded in a batch, same SA seed."""
     tok = ev.Tokenizer("ids", lambda s: [int(t) for t in s.split()], None, 0, lambda s: [int(t) for t in s.split()])
-    lm = ev.HFLM(qwen, tok, block_size=None, device="cpu")
+    lm = hf.HFLM(qwen, tok, block_size=None, device="cpu")
     lm.use({"attn": "sa", "window": 2})
     short, long = ("5 6 7 8 9 10", " 11 12"), (" ".join(str(i) for i in range(20, 50)), " 51 52")
     lm.seed(0)
@@ -684,7 +685,7 @@ def tiny_hf(arch, **extra):
 @needs_transformers
 def test_hf_attention_rejects_kwargs_it_does_not_implement():
     gemma = tiny_hf("Gemma2")  # its layers pass softcap=50.0
-    gemma.set_attn_implementation(ev.register_hf_attention("swa", window=64))
+    gemma.set_attn_implementation(hf.register_hf_attention("swa", window=64))
     with pytest.raises(ValueError, match="does not implement softcap=50.0"):
         gemma(input_ids=torch.randint(0, 50, (1, 8)), use_cache=False)
 
@@ -706,11 +707,11 @@ def greedy_with_cache_and_recomputed(model, x, mask, n=5):
 def test_hf_swa_decoding_attends_to_the_last_window_keys(qwen, capsys):
     torch.manual_seed(2)
     x, mask, _ = padded_batch(torch.randint(1, 97, (9,)), torch.randint(1, 97, (6,)), "left")
-    qwen.set_attn_implementation(ev.register_hf_attention("swa", window=3))
+    qwen.set_attn_implementation(hf.register_hf_attention("swa", window=3))
     cached, again = greedy_with_cache_and_recomputed(qwen, x, mask)
     assert (cached - again).abs().max() < 1e-4
     # sa and moba decode with full attention over the cache, and say so once
-    qwen.set_attn_implementation(ev.register_hf_attention("sa", window=64))
+    qwen.set_attn_implementation(hf.register_hf_attention("sa", window=64))
     cached, again = greedy_with_cache_and_recomputed(qwen, x, mask)
     assert (cached - again).abs().max() < 1e-4    # window >= T: SA is full attention, so the fallback is exact
     assert capsys.readouterr().out.count("runs full attention over the cache") == 1
@@ -724,7 +725,7 @@ def test_hf_swa_matches_transformers_own_sliding_window():
     x, mask, _ = padded_batch(torch.randint(1, 50, (9,)), torch.randint(1, 50, (5,)), "left")
     mistral.set_attn_implementation("sdpa")
     want, _ = greedy_with_cache_and_recomputed(mistral, x, mask)
-    mistral.set_attn_implementation(ev.register_hf_attention("swa", window=3))
+    mistral.set_attn_implementation(hf.register_hf_attention("swa", window=3))
     got, _ = greedy_with_cache_and_recomputed(mistral, x, mask)
     assert (got - want).abs().max() < 1e-4
 
@@ -732,6 +733,6 @@ def test_hf_swa_matches_transformers_own_sliding_window():
 @needs_transformers
 def test_hf_swa_decoding_refuses_a_cache_shorter_than_its_window():
     mistral = tiny_hf("Mistral", sliding_window=4)  # its cache keeps the last 4 keys per layer
-    mistral.set_attn_implementation(ev.register_hf_attention("swa", window=6))
+    mistral.set_attn_implementation(hf.register_hf_attention("swa", window=6))
     with pytest.raises(ValueError, match="sliding_window=4"):
         mistral.generate(torch.randint(1, 50, (1, 8)), max_new_tokens=2, do_sample=False, pad_token_id=0)
