@@ -68,7 +68,8 @@ def save_checkpoint(obj, path):
 
 def load_checkpoint(path, device="cpu", require=(), resume=None):
     """(model on device, ckpt on the CPU, where RNG states stay), loaded without executing code; one InputError if the
-    file is missing, damaged or not as train.py writes it. require: entries read but model, model_args."""
+    file is missing, damaged or not as train.py writes it. require: entries needed besides model, model_args;
+    resume=(settings, meta): all of them, and check_resume."""
     if resume is not None:
         require = ("optimizer", "iter_num", "best_val_loss", "settings", "meta", "rng")
     need(os.path.isfile(path), f"checkpoint {path} not found: train one with train.py")
@@ -122,6 +123,7 @@ def check_resume(path, ckpt, settings, meta):
 
 
 def restore(ckpt, optimizer, scaler, sampler, model, rank):
+    """A resume's optimizer, GradScaler and this rank's RNG states, from ckpt."""
     try:
         optimizer.load_state_dict(ckpt["optimizer"])
     except (ValueError, KeyError, TypeError, AttributeError) as e:  # what torch refuses after check_resume
@@ -129,8 +131,17 @@ def restore(ckpt, optimizer, scaler, sampler, model, rank):
                          "): resume from one that train.py wrote") from None
     if ckpt["scaler"]:  # fp16
         scaler.load_state_dict(ckpt["scaler"])
-    if not set_rng_states(ckpt["rng"], rank, sampler, model):
+    if rank >= len(ckpt["rng"]):
         print(f"rank {rank}: the checkpoint has RNG states for fewer ranks: this one continues from its fresh seeds")
+        return
+    s = ckpt["rng"][rank]
+    torch.set_rng_state(s["torch"])
+    if "cuda" in s and torch.cuda.is_available():
+        torch.cuda.set_rng_state(s["cuda"])
+    np.random.set_state((s["numpy"][0], np.array(s["numpy"][1], np.uint32), *s["numpy"][2:]))
+    random.setstate(s["python"])
+    sampler.set_state(s["sampler"])
+    model.sa_state.copy_(s["sa"])
 
 
 def rng_states(sampler, model, ddp):
@@ -145,21 +156,6 @@ def rng_states(sampler, model, ddp):
     states = [None] * torch.distributed.get_world_size()
     torch.distributed.all_gather_object(states, state)
     return [{k: v.cpu() if torch.is_tensor(v) else v for k, v in s.items()} for s in states]
-
-
-def set_rng_states(states, rank, sampler, model):
-    """This rank's rng_states restored; False where it has none (more ranks now)."""
-    if rank >= len(states):
-        return False
-    s = states[rank]
-    torch.set_rng_state(s["torch"])
-    if "cuda" in s and torch.cuda.is_available():
-        torch.cuda.set_rng_state(s["cuda"])
-    np.random.set_state((s["numpy"][0], np.array(s["numpy"][1], np.uint32), *s["numpy"][2:]))
-    random.setstate(s["python"])
-    sampler.set_state(s["sampler"])
-    model.sa_state.copy_(s["sa"])
-    return True
 
 
 class RunDir:
@@ -199,9 +195,8 @@ class RunDir:
         try:
             print(json.dumps(record), file=self.log_file, flush=True)
         except OSError as e:
-            kept = f"{self.ckpt_path} holds iteration {self.kept}" if self.kept is not None else \
-                "no checkpoint was saved"
-            raise InputError(f"cannot write {self.log_file.name}: {e.strerror or e} (disk full?); {kept}") from None
+            raise InputError(f"cannot write {self.log_file.name}: {e.strerror or e} (disk full?); {self.holds()}") \
+                from None
 
     def save(self, ckpt):
         """A full disk ends the run in one line, the old pair whole."""
@@ -216,8 +211,8 @@ class RunDir:
             self.saved = self.kept = ckpt["iter_num"]
         except (OSError, RuntimeError) as e:  # torch.save: RuntimeError on a full disk
             _remove(self.ckpt_path + ".tmp", self.new_log)
-            raise InputError(f"cannot write {self.ckpt_path}: {str(e).splitlines()[0][:200]} (disk full?); " + (
-                f"it still holds iteration {self.kept}" if self.kept is not None else "no checkpoint was saved"))
+            raise InputError(f"cannot write {self.ckpt_path}: {str(e).splitlines()[0][:200]} (disk full?); "
+                             + self.holds())
         finally:
             signal.signal(signal.SIGINT, ctrl_c)
         if pending:
@@ -230,11 +225,13 @@ class RunDir:
         return (f"checkpoint {self.ckpt_path} (iteration {self.kept})" if self.kept is not None else "no iteration "
                 "trained, no checkpoint saved" + (f"; the old {self.ckpt_path} is kept" if self.new_log else ""))
 
+    def holds(self):
+        return f"{self.ckpt_path} holds iteration {self.kept}" if self.kept is not None else "no checkpoint was saved"
+
     def interrupted(self, signum, frame):
         args = [a for a in sys.argv[1:] if not a.startswith("--init_from=")] + ["--init_from=resume"]
-        raise KeyboardInterrupt(f"interrupted (last logged iteration {self.last_iter}): " + (
-            f"{self.ckpt_path} holds iteration {self.kept}; continue it with `python train.py {shlex.join(args)}`"
-            if self.kept is not None else "no checkpoint of this run was saved"))
+        resume = f"; continue it with `python train.py {shlex.join(args)}`" if self.kept is not None else ""
+        raise KeyboardInterrupt(f"interrupted (last logged iteration {self.last_iter}): {self.holds()}{resume}")
 
 
 def _remove(*paths):

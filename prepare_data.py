@@ -51,8 +51,8 @@ TOKENIZERS = ("bytes", "chars", "ids")  # any other name is a tiktoken encoding
 # Loading, for the other scripts
 
 def prepare_command(data_dir, args=None):
-    """The command that writes data_dir: prepare_data.py with args (by default none for a dataset of DATASETS, else
-    --input_file=FILE), its --dataset and, unless it is data, its --data_root."""
+    """The command that writes data_dir: prepare_data.py, args (default: none for DATASETS, else --input_file=FILE),
+    --dataset and a --data_root other than data."""
     root, name = os.path.split(os.path.normpath(data_dir))
     args = ("" if name in DATASETS else "--input_file=FILE ") if args is None else args
     return f"`python prepare_data.py {args}--dataset={name}{f' --data_root={root}' * (root != 'data')}`"
@@ -283,7 +283,7 @@ def pyplot(purpose):
 
 
 def text_tokenizer(name, text=None):
-    """(meta fields, encode_batch: documents -> id arrays, eot or None); chars's vocabulary is `text`'s."""
+    """(meta fields, encode_batch: documents -> their ids, eot or None); chars's vocabulary is `text`'s."""
     if name == "bytes":
         enc = lambda d: np.frombuffer(d if isinstance(d, bytes) else d.encode("utf-8"), np.uint8)
         return {"tokenizer": "bytes", "vocab_size": 256}, lambda docs: [enc(d) for d in docs], None
@@ -417,7 +417,7 @@ def prepare_mqar(data_dir, seq_len, num_pairs, num_queries, vocab, train_seqs, v
     P pairs of distinct keys from [1, K] and values from [K+1, vocab), after `offset` 0s; then num_queries keys
     (another pair each, while there are P) at random positions, min_gap = seq_len // 2 - (2P - 1) - offset or more
     after their values: SWA of reach n_layer * (w - 1) < min_gap can only guess. ordered=True asks pair i at
-    seq_len // 2 + 2i."""
+    seq_len // 2 + 2i (min_gap = seq_len // 2 - 1 - offset)."""
     K, min_gap = mqar_layout(seq_len, num_pairs, num_queries, vocab, ordered, offset)
     n, key = max((train_seqs, "mqar_train_seqs"), (val_seqs, "mqar_val_seqs"))
     # ram: mqar_batch's arrays, measured within 1.6x
@@ -514,7 +514,7 @@ if __name__ == "__main__":
             prepare_text(data_dir, input_file, tokenizer, val_fraction)
         elif name == "pystdlib":
             prepare_pystdlib(data_dir, val_fraction)
-        elif name == "mqar":  # its arguments are the mqar_ settings
+        elif name == "mqar":
             prepare_mqar(data_dir, **{k[5:]: v for k, v in settings.items() if k.startswith("mqar_")})
         elif name == "shakespeare_char":
             prepare_shakespeare_char(data_dir, val_fraction)
