@@ -119,7 +119,8 @@ def _attn_fwd(Q, K, V, O, LSE, Pos, R, Spans, pos_stride_b, pos_stride_h, pos_st
     Spans += bh * span_stride + tl.program_id(0) * 2
     lo, mid_lo, mid_hi, hi = _span(start_m, TILE_M, TILE_N, left, right, T, Spans, HAS_R)
     for region in tl.static_range(3):  # left edge, interior (no band mask or bounds checks), right edge
-        a, b = (lo, mid_lo) if region == 0 else (mid_lo, mid_hi) if region == 1 else (mid_hi, hi)
+        a = lo if region == 0 else mid_lo if region == 1 else mid_hi
+        b = mid_lo if region == 0 else mid_hi if region == 1 else hi
         acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, offs_m, K, V, Pos, R, pos_stride_t, a, b, left, right, width,
                                    T, qk_scale, D, TILE_N, region != 1, HAS_POS, HAS_R, PRECISION)
     tl.store(LSE + offs_m, m_i + tl.math.log2(l_i), mask=offs_m < T)
@@ -184,7 +185,8 @@ def _attn_bwd(Q, K, V, DO, DQ, DK, DV, LSE, RowDot, Pos, R, Spans, pos_stride_b,
     dk, dv = tl.zeros([TILE_FIXED, D], dtype=tl.float32), tl.zeros([TILE_FIXED, D], dtype=tl.float32)
     lo, mid_lo, mid_hi, hi = _span(start, TILE_FIXED, TILE_LOOP, right, left, T, Spans, HAS_R)  # r: symmetric
     for region in tl.static_range(3):
-        a, b = (lo, mid_lo) if region == 0 else (mid_lo, mid_hi) if region == 1 else (mid_hi, hi)
+        a = lo if region == 0 else mid_lo if region == 1 else mid_hi
+        b = mid_lo if region == 0 else mid_hi if region == 1 else hi
         dk, dv = _bwd_dkdv_inner(dk, dv, k, v, rows, Q, DO, LSE, RowDot, Pos, R, pos_stride_t, a, b, left, right,
                                  width, T, qk_scale, D, TILE_LOOP, region != 1, HAS_POS, HAS_R, PRECISION)
     tl.store(DK + at, (dk * sm_scale).to(DK.dtype.element_ty), mask=rows[:, None] < T)
@@ -194,7 +196,8 @@ def _attn_bwd(Q, K, V, DO, DQ, DK, DV, LSE, RowDot, Pos, R, Spans, pos_stride_b,
     dq = tl.zeros([TILE_FIXED, D], dtype=tl.float32)
     lo, mid_lo, mid_hi, hi = _span(start, TILE_FIXED, TILE_LOOP, left, right, T, Spans, HAS_R)
     for region in tl.static_range(3):
-        a, b = (lo, mid_lo) if region == 0 else (mid_lo, mid_hi) if region == 1 else (mid_hi, hi)
+        a = lo if region == 0 else mid_lo if region == 1 else mid_hi
+        b = mid_lo if region == 0 else mid_hi if region == 1 else hi
         dq = _bwd_dq_inner(dq, q, do, lse, rowdot, rows, K, V, Pos, R, pos_stride_t, a, b, left, right, width,
                            T, qk_scale, D, TILE_LOOP, region != 1, HAS_POS, HAS_R, PRECISION)
     tl.store(DQ + at, (dq * sm_scale).to(DQ.dtype.element_ty), mask=rows[:, None] < T)
