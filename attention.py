@@ -2,19 +2,18 @@
 MoBA.
 
 SWA and both SA rules are one rule over a slot and a position per token, stated here once; the dense references,
-tiled.py's engine and kernel.py's Triton kernel follow it; test_attention.py and tests/test_kernel.py hold them to it:
+tiled.py and kernel.py follow it (test_attention.py and tests/test_kernel.py check them):
 
     key j is visible to query i  iff  |slot[i] - slot[j]| < width  and  pos[j] <= pos[i]
 
-SWA: slot = the index, width = window, pos = arange(T) by default (i - window < j <= i); with pos given, the band
-reaches both sides and causality acts on pos. SA, the rank rule (the paper's): slot s holds token perm[s] of a
-permutation perm; gather q, k, v by perm, run SWA with pos = perm, gather back by perm's inverse: tokens a >= b
-interact iff their slots are fewer than `window` apart. SA, the value rule: one i.i.d. uniform number r per token is
-its slot, width = delta, pos = the token index: a >= b interact iff |r_a - r_b| < delta, by r_a and r_b alone, so a
-KV cache decodes it. MoBA: query i sees its own chunk of keys (j <= i) and the top_k - 1 past chunks of largest
-q_i . mean(K_chunk). Every query sees itself; no query reads a key it may not see, not even a NaN in its k or v
-(eagerly: under torch.compile a NaN in v may reach other queries of its tile).
-Scores are fp32. Each function takes q, k, v as PyTorch's SDPA does, checked at its door (guards.check_inputs).
+SWA: slot = the index, width = window, pos = arange(T) by default (i - window < j <= i); a given pos makes the band
+two-sided, causal on pos. SA, the rank rule (the paper's): slot s holds token perm[s]; gather q, k, v by perm, run SWA
+with pos = perm, gather back: tokens a >= b interact iff their slots are fewer than `window` apart. SA, the value
+rule: each token's slot is an i.i.d. uniform r, width = delta, pos = the index: a >= b interact iff |r_a - r_b| < delta,
+by r_a and r_b alone, so a KV cache decodes it. MoBA: query i sees its own chunk (j <= i) and the top_k - 1 past
+chunks of largest q_i . mean(K_chunk). Every query sees itself; no query reads a key it may not see, not even a NaN in
+its k or v (eagerly: under torch.compile a NaN in v may reach other queries of its tile). Scores are fp32. Each
+function takes q, k, v as SDPA does, checked at its door (guards.check_inputs).
 """
 import functools
 import importlib.util
@@ -29,9 +28,9 @@ import torch.nn.functional as F
 import tiled
 from guards import InputError, check_count, check_delta, check_inputs
 
-# What runs the band of SWA and SA: "auto": the Triton kernel for CUDA tensors (a Triton of TRITON_VERSIONS, a head dim
-# and dtype it has), else "torch": tiled.py, O(T * window), no T x T tensor; "triton": the kernel (on the CPU under
-# TRITON_INTERPRET=1); "reference": the band as a dense mask in slot order (rule_mask). Full attention is always SDPA.
+# What runs SWA's and SA's band: "auto": the Triton kernel on CUDA (a Triton of TRITON_VERSIONS, a head dim and dtype
+# it has), else "torch": tiled.py, O(T * window); "triton": the kernel (on the CPU under TRITON_INTERPRET=1);
+# "reference": a dense rule_mask in slot order. Full attention is always SDPA.
 IMPL = "auto"
 IMPLS = ("auto", "torch", "triton", "reference")
 TRITON_VERSIONS = ((3, 2), (3, 9))  # Triton minors tested: results/kernel_triton_versions.txt
@@ -39,7 +38,7 @@ VALUE_MARGIN = 1e-6  # the value rule's key spans reach this much past delta: fp
 
 
 # -----------------------------------------------------------------------------
-# The dense references: O(T^2), the oracle of every test; each kind's mask sits beside its fast path.
+# The dense references: O(T^2), the oracle of every test, each beside its fast path.
 
 def rule_mask(slot, pos, width):
     """THE rule, dense: (..., T, T) bool, True where query i may see key j; slot and pos (T,) or (..., T)."""
@@ -48,9 +47,8 @@ def rule_mask(slot, pos, width):
 
 
 def masked_attention(q, k, v, mask):
-    """softmax(q k^T / sqrt(D) where mask else -inf) @ v, scores in fp32; keys may be more than queries (a KV
-    cache's step: one query).
-    A non-finite v[j, d] reaches out[i, d] only where mask[i, j]."""
+    """softmax(q k^T / sqrt(D), hidden keys at fp32's min) @ v; keys may outnumber queries (a KV cache step). A
+    non-finite v[j, d] reaches out[i, d] only where mask[i, j]."""
     q, k, v = check_inputs(q, k, v, any_length=True, mask=mask)
     with torch.autocast(q.device.type, enabled=False):
         scores = (q.float() @ k.float().transpose(-1, -2) / math.sqrt(q.shape[-1])).masked_fill_(
@@ -84,14 +82,14 @@ def swa_reference(q, k, v, window, pos=None):
 
 
 def sliding_window_attention(q, k, v, window, pos=None):
-    """SWA, with positions (the rule above): q, k, v (B, H, T, D) -> (B, H, T, D); pos a LongTensor (T,) or
-    broadcastable to (B, H, T). Without pos, FlashAttention's window_size=(window-1, 0). Equals swa_reference."""
+    """SWA by the rule above, pos (T,) or broadcastable to (B, H, T); without pos, FlashAttention's
+    window_size=(window-1, 0). Equals swa_reference."""
     q, k, v = check_inputs(q, k, v, window=window, pos=pos)
     return _engine(q, k, v)(q, k, v, pos, None, float(window), VALUE_MARGIN)  # IMPL's engine runs the band
 
 
 def sa_mask(window, perm):
-    """SA's rank rule in ORIGINAL token order: slot = each token's slot (perm's inverse), pos = arange(T)."""
+    """SA's rank rule in token order: slot = each token's slot (perm's inverse), pos = arange(T)."""
     T, window = perm.shape[-1], check_count(window, "window")
     return rule_mask(torch.argsort(perm, dim=-1), torch.arange(T, device=perm.device), min(window, T))
 
@@ -111,9 +109,9 @@ def gather(t, perm):
 
 
 def stochastic_attention(q, k, v, window, perm):
-    """SA by the rank rule (above), perm (T,) or broadcastable to (B, H, T): a query sees ~`window` keys; window >= T
-    is full attention, the identity perm SWA. Equals sa_reference. The last three lines are README.md's recipe; in
-    slot order each slot's original position is perm itself, SWA's pos there."""
+    """SA by the rank rule, perm (T,) or broadcastable to (B, H, T): a query sees ~`window` keys; window >= T is full
+    attention, the identity perm SWA. Equals sa_reference. The last three lines are README.md's recipe; in slot order
+    a slot's original position is perm itself, SWA's pos."""
     q, k, v = check_inputs(q, k, v, window=window, perm=perm)
     qs, ks, vs = gather(q, perm), gather(k, perm), gather(v, perm)  # (B, H, T, D) each, in permuted (slot) order
     ys = sliding_window_attention(qs, ks, vs, window, pos=perm)     # SWA there, causal on original positions
@@ -121,8 +119,8 @@ def stochastic_attention(q, k, v, window, perm):
 
 
 def row_perms(seed, lengths, T, heads=1):
-    """SA's permutations for right-padded rows: (B, heads, T), row b permuting only its first lengths[b] tokens,
-    its pads keeping their slots after them. From `seed` and the row's length alone, never the rest of the batch."""
+    """SA's permutations (B, heads, T) for right-padded rows: row b permutes its first lengths[b] tokens, its pads
+    keep their slots. From `seed` and the row's length alone, never the rest of the batch."""
     rows = [torch.cat([torch.rand(heads, n, generator=torch.Generator().manual_seed(seed)).argsort(-1),  # (heads, n)
                        torch.arange(n, T).expand(heads, -1)], -1) for n in lengths.tolist()]  # (heads, T) each
     return torch.stack(rows)  # (B, heads, T)
@@ -139,8 +137,8 @@ def sa_value_reference(q, k, v, delta, r):
 
 
 def stochastic_value_attention(q, k, v, delta, r):
-    """SA by the value rule (above), r (T,) or broadcastable to (B, H, T): delta = window / T connects a pair as often
-    as the rank rule. Sorted by r, a tile of queries sees one contiguous key span. Equals sa_value_reference."""
+    """SA by the value rule, r (T,) or broadcastable to (B, H, T): delta = window / T connects a pair as often as the
+    rank rule. Sorted by r, a tile of queries sees one contiguous key span. Equals sa_value_reference."""
     q, k, v = check_inputs(q, k, v, delta=delta, r=r)
     perm = torch.argsort(r, dim=-1, stable=True)  # (T,) or (B, H, T): ascending r
     r_sorted = r.gather(-1, perm).float()  # (T,) or (B, H, T): each slot's r
@@ -150,7 +148,7 @@ def stochastic_value_attention(q, k, v, delta, r):
 
 
 # -----------------------------------------------------------------------------
-# MoBA: each query's own chunk plus the past chunks its router (tiled.moba_select) picks.
+# MoBA: each query's own chunk plus the past chunks tiled.moba_select picks.
 
 def moba_mask(q, k, moba_chunk, top_k):
     """MoBA's rule: (B, H, T, T) bool, True where query i sees key j: j <= i, in i's chunk or one moba_select picked."""
@@ -170,8 +168,7 @@ def moba_reference(q, k, v, moba_chunk, top_k):
 
 
 def moba_attention(q, k, v, moba_chunk, top_k):
-    """MoBA (Mixture of Block Attention, the rule above; its blocks are our chunks) -> (B, H, T, D). Equals
-    moba_reference."""
+    """MoBA (Mixture of Block Attention; its blocks are our chunks). Equals moba_reference."""
     q, k, v = check_inputs(q, k, v, moba_chunk=moba_chunk, top_k=top_k)
     moba_chunk = max(1, min(int(moba_chunk), q.shape[2]))  # a chunk of T keys or more: the same rule, in memory of T
     idx, ok = tiled.moba_select(q, k, moba_chunk, int(top_k))  # routed once, on the true q, k
@@ -179,14 +176,13 @@ def moba_attention(q, k, v, moba_chunk, top_k):
 
 
 # -----------------------------------------------------------------------------
-# Support, which a first reading skips: the implementations that run the band, and SDPA's semantics where an engine
-# alone would differ (an empty dimension; a NaN in v, which p @ v spreads to every query: 0 * NaN = NaN).
+# Support, which a first reading skips: what runs the band, and the cases an engine alone gets wrong (an empty
+# dimension; a NaN in v, which p @ v spreads to every query: 0 * NaN = NaN).
 
 def _exact(engine, q, k, v, *args):
-    """engine(q, k, v, *args), autocast off, answering as SDPA where an engine alone would not: an empty B, H, T or D
-    gives the empty output on the autograd graph; a non-finite v[j, d] reaches out[i, d] only if query i sees key j
-    (the engine on v's bad entries zeroed, then NaN where the engine on q = k = 0, which weighs every visible key
-    >= 1/T and every hidden one 0, reads a bad entry)."""
+    """engine(q, k, v, *args), autocast off, exact where an engine alone is not: an empty B, H, T or D gives the empty
+    output on the autograd graph; a non-finite v[j, d] reaches out[i, d] only if query i sees key j (found by the
+    engine on q = k = 0 and v's bad entries: it weighs every visible key >= 1/T, every hidden one 0)."""
     if q.numel() == 0 or k.numel() == 0:
         return q.new_zeros(*q.shape[:3], v.shape[3]) + (q.sum() + k.sum() + v.sum())
     with torch.autocast(q.device.type, enabled=False):
@@ -198,9 +194,9 @@ def _exact(engine, q, k, v, *args):
         return engine(q, k, v.masked_fill(bad, 0), *args).masked_fill(seen, math.nan)  # (B, H, T, D)
 
 
-@functools.lru_cache  # decided, and warned about, once
+@functools.lru_cache
 def _triton_supported():
-    """Whether "auto" may run the kernel: Triton is installed, in TRITON_VERSIONS (outside them, a warning, once)."""
+    """Whether "auto" may run the kernel: Triton is installed, in TRITON_VERSIONS (else a warning, once)."""
     if importlib.util.find_spec("triton") is None:
         return False
     import triton
@@ -227,17 +223,17 @@ def _impl(q):
 
 
 def _engine(q, k, v):
-    """The function that runs the band of q, k, v, (q, k, v, pos, r, width, margin) -> out, on _impl's choice; within
-    _exact where the engine alone would answer otherwise than SDPA (an empty dimension, a NaN in v)."""
+    """_impl's function for the band, (q, k, v, pos, r, width, margin) -> out; within _exact for an empty q or (eagerly)
+    a non-finite v."""
     run = {"torch": tiled.band_attention, "triton": _kernel, "reference": _dense}[_impl(q)]
-    if q.numel() and (torch.compiler.is_compiling() or bool(v.sum().isfinite())):  # the usual case: as it is
+    if q.numel() and (torch.compiler.is_compiling() or bool(v.sum().isfinite())):  # the usual case
         return run
     return functools.partial(_exact, run)
 
 
 def _kernel(q, k, v, pos, r, width, margin):
-    """kernel.triton_swa, which checks itself at each variant's first use (kernel.check_once); where it cannot run,
-    tiled.py's band with a warning, unless IMPL is "triton"."""
+    """kernel.triton_swa (self-checked at each variant's first use); where it cannot run, tiled.py's band with a
+    warning, unless IMPL is "triton"."""
     import kernel
     try:
         return kernel.triton_swa(q, k, v, width, pos, r, margin)
@@ -249,20 +245,20 @@ def _kernel(q, k, v, pos, r, width, margin):
 
 
 def _dense(q, k, v, pos, r, width, margin):
-    """The band as a dense mask in slot order: rule_mask, plain code to step through."""
+    """The band as a dense rule_mask in slot order, plain code to step through."""
     idx = torch.arange(q.shape[2], device=q.device)  # (T,): SWA's slot, and its pos by default
     slot, pos = (idx, idx if pos is None else pos) if r is None else (r, pos)
     return masked_attention(q, k, v, rule_mask(slot, pos, min(width, q.shape[2])))
 
 
 def _why(e):
-    """Why the kernel cannot run, in one line: the exception's type and its message's first line."""
+    """Why the kernel cannot run: the exception's type and its message's first line."""
     return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"
 
 
 def impl_line(device, dtype, head_dim, kinds, sa_rule="rank"):
-    """The line train.py, sample.py and eval.py print: what runs the SWA and SA of these attention kinds (a list) in
-    dtype on device. On a GPU, the kernel, whose self-check of each variant runs now, before any training."""
+    """The line train.py, sample.py and eval.py print: what runs the SWA and SA of these kinds (a list) in dtype on
+    device. On a GPU, the kernel's self-check of each variant runs now, before any training."""
     q, kinds = torch.empty(0, 0, 0, head_dim, device=device, dtype=dtype), [kinds] if isinstance(kinds, str) else kinds
     variants = [r for r, users in (("swa", {"swa", "sa+swa"}), ("sa " + sa_rule, {"sa", "sa+swa"}))
                 if users & set(kinds)]

@@ -1,9 +1,9 @@
 """
 Support, which a first reading skips. nanoGPT's configurator: a script runs `exec(open("configurator.py").read())`
-after its plain globals, and each config file and --key=value overrides them, left to right, printing what it sets:
+after its plain globals, which each config file and --key=value then override, left to right, printing what it sets:
     python train.py config/quick.py --attn=swa
 A value must fit its default's type (a None default: its annotation's) and range (guards.SETTINGS), else the script
-ends in one line, as on any InputError, a config file's error or Ctrl-C; every other exception keeps its traceback.
+ends in one line, as on any InputError, a config file's error or Ctrl-C; other exceptions keep their traceback.
 `settings` then holds every setting, for logs and checkpoints; --help lists them.
 """
 import ast

@@ -1,7 +1,7 @@
 """
 Support, which a first reading skips. Evaluate a language model (ours, GPT-2 or a Hugging Face LM): perplexity,
-zero-shot tasks scored as lm-evaluation-harness 0.4.13 scores them, and attention swaps, which need no training:
-swa, sa and moba have no weights of their own.
+zero-shot tasks scored as lm-evaluation-harness 0.4.13 does, and attention swaps, with no training: swa, sa and moba
+have no weights.
 
   python eval.py --out_dir=out-quick --tasks=ppl,lambada  # perplexity on the checkpoint's val.bin, LAMBADA (datasets)
   python eval.py --out_dir=out-quick --task_file=mine.jsonl  # a task from a local JSONL file
@@ -207,7 +207,7 @@ def load_model(s):
 
 # Zero-shot tasks as lm-evaluation-harness 0.4.13 loads and scores them: (name, scoring, docs), a doc holding its
 # scoring's FIELDS (partial: WinoGrande's). Tokenizer: name ("bytes", "gpt2", "hf:<model>"...); encode: no special
-# tokens; encode_default: the default ones (Llama's BOS...), as lm-eval encodes contexts; eot: an empty context
+# tokens; encode_default: the default ones (Llama's BOS...), as lm-eval encodes contexts; eot: an empty context's token
 Tokenizer = namedtuple("Tokenizer", "name encode decode eot encode_default")
 FIELDS = {"choice": ("context", "choices", "label"), "partial": ("contexts", "continuation", "label"),
           "lambada": ("text",)}

@@ -1,8 +1,7 @@
-"""Support, skipped on a first reading: every input check of the repo, each input checked once, at its door.
+"""Support, skipped on a first reading: the shared input checks, each input checked once, at its door.
 
-A setting's range: SETTINGS (configurator.py checks its type); a file: check_schema; a tensor: check_inputs and
-check_tokens. A bad input raises InputError, one line (one_line, as Ctrl-C); any other exception is a bug, with its
-traceback.
+Setting ranges: SETTINGS (configurator.py checks types); files: check_schema; tensors: check_inputs, check_tokens. A bad
+input raises InputError, printed as one line (one_line); any other exception is a bug, with its traceback.
 """
 import math
 import numbers
@@ -34,7 +33,7 @@ def one_line(kind, error, tb):
         sys.__excepthook__(kind, error, tb)
 
 
-# Settings: {name: (rule(value, settings) -> ok, what to use instead)}, a name meaning one thing in every script.
+# Settings: {name: (rule(value, settings) -> True, False or what is wrong, the fix)}; a name means one thing everywhere.
 
 def device_problem(device):
     """Why this machine cannot run on device (a str), or None."""
@@ -193,9 +192,9 @@ def check_delta(delta):
 
 
 def check_inputs(q, k, v, any_length=False, **args):
-    """q, k, v of an attention function as SDPA takes them (any_length: keys of their own length), returned, cast to
-    the autocast dtype under autocast; and its other arguments, by name: window, moba_chunk, top_k, delta, mask, perm,
-    r, pos. Each message says what it wants. One function, no calls: it runs in every attention call."""
+    """q, k, v as SDPA takes them (any_length: keys of their own length), returned in the autocast dtype under
+    autocast; and, by name, window, moba_chunk, top_k, delta, mask, perm, r, pos. One function, calling no helper but
+    shown() for a message: it runs in every attention call."""
     import torch
     if not all(isinstance(t, torch.Tensor) for t in (q, k, v)):
         raise InputError(f"q, k, v must be tensors, got {', '.join(type(t).__name__ for t in (q, k, v))}")
@@ -245,7 +244,7 @@ def check_inputs(q, k, v, any_length=False, **args):
 
 def check_tokens(idx, config, targets=None, lengths=None, cache=None, draws=None, sampling=None):
     """GPT.forward's door (idx, targets, lengths, cache, draws) and generate's (sampling: max_new_tokens, temperature,
-    top_k), for config's model. Each message says what it wants."""
+    top_k), for config's model."""
     import torch
     for name, t, least in [("idx", idx, 0)] + ([("targets", targets, -1)] if targets is not None else []):
         if not isinstance(t, torch.Tensor) or t.dim() != 2 or t.dtype not in (torch.long, torch.int) or t.is_meta \
@@ -273,6 +272,6 @@ def check_tokens(idx, config, targets=None, lengths=None, cache=None, draws=None
         if top_k is not None:
             check_count(top_k, "top_k (None: sample among all tokens)")
         need(T > 0, f"idx of shape {tuple(idx.shape)}: use a prompt (B, T) of at least one token")
-    if draws is not None and (not isinstance(draws, (list, tuple)) or len(draws) != config.n_layer):  # zip: fewer
+    if draws is not None and (not isinstance(draws, (list, tuple)) or len(draws) != config.n_layer):  # zip: stops short
         raise InputError(f"draws must be a list of one draw per layer, {config.n_layer}, got a "
                          f"{type(draws).__name__}" + (f" of {len(draws)}" if isinstance(draws, (list, tuple)) else ""))

@@ -1,6 +1,5 @@
-"""Support, which a first reading skips: this repo's attentions inside a Hugging Face transformers model (Qwen3,
-Llama...), for eval.py's training-free swaps. HFLM is eval.py's model interface for such a model; its swaps register
-through register_hf_attention."""
+"""Support, which a first reading skips: eval.py's training-free swaps of this repo's attentions into a Hugging Face
+transformers model (Qwen3, Llama...): HFLM, eval.py's interface to such a model, and register_hf_attention."""
 import math
 
 import torch
@@ -18,7 +17,7 @@ def hf_context_length(config, tokenizer_max=None):
     return int(own[0] if own else tokenizer_max if tokenizer_max is not None and tokenizer_max < 1e29 else 2048)
 
 
-class HFLM:  # a transformers model; its swaps run through register_hf_attention
+class HFLM:  # as eval.OurLM, for a transformers model
 
     def __init__(self, model, tok, block_size, device, tokenizer_max=None):
         self.model, self.tok, self.device, c = model.eval(), tok, device, model.config
@@ -41,10 +40,10 @@ class HFLM:  # a transformers model; its swaps run through register_hf_attention
 
 
 def register_hf_attention(attn, window=None, moba_chunk=64, moba_topk=4, generator=None):
-    """Register one of our attentions in transformers' AttentionInterface, which models such as Qwen3 and Llama call
-    after RoPE, and a mask function handing it the 2D padding mask: a row, left or right padded, attends as if alone.
-    Returns the name, for model.set_attn_implementation. SA seeds each layer call from `generator`. Against a KV
-    cache, swa sees the last `window` keys, sa and moba all (printed once). Other attention kwargs, if set, raise."""
+    """Register attn in transformers' AttentionInterface (Qwen3, Llama... call it after RoPE), with a mask function
+    handing it the 2D padding mask: a row, left or right padded, attends as if alone. Returns the name for
+    model.set_attn_implementation. SA seeds each layer call from `generator`. On a KV cache swa sees the last `window`
+    keys, sa and moba all (said once). Other attention kwargs, if set, raise."""
     try:
         from transformers import AttentionInterface
         from transformers.masking_utils import AttentionMaskInterface
@@ -55,7 +54,7 @@ def register_hf_attention(attn, window=None, moba_chunk=64, moba_topk=4, generat
     args = {"moba_chunk": moba_chunk, "moba_topk": moba_topk} if attn == "moba" else {"window": window}
     for key, value in args.items():
         check_count(value, key)
-    generator, told = generator or torch.Generator(), []  # told: the decoding fallback is printed once
+    generator, told = generator or torch.Generator(), []  # told: the KV-cache fallback was printed
     name = f"moba_c{moba_chunk}_k{moba_topk}" if attn == "moba" else f"{attn}_w{window}"
 
     def padding_mask(attention_mask=None, kv_length=0, kv_offset=0, **_):  # (B, kv_length), True: real; None: no pad

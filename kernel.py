@@ -2,9 +2,9 @@
 triton_swa(q, k, v, width, pos, r).
 
 As in Triton's fused-attention tutorial, each forward program streams the key tiles its TILE_M query rows' band
-reaches, with an online softmax in fp32: O(T * w). This file imports nothing from the repo; the rule it runs is
-attention.py's. Before the kernel first runs a variant on a device, dtype and head dim, its op checks it against the
-dense rule (check_once); a failure, or a GPU, dtype or shape it has no tiling for, raises Unsupported.
+reaches, with an online softmax in fp32: O(T * w). It imports nothing from the repo; its rule is attention.py's, and
+the op checks each variant against the dense rule at its first use on a device, dtype and head dim (check_once). A
+failed check, or a GPU, dtype or shape without a tiling, raises Unsupported.
 """
 import math
 from typing import NamedTuple, Optional
@@ -14,7 +14,7 @@ from torch import Tensor
 import triton
 import triton.language as tl
 
-SELF_CHECK = True  # check_once's self_check; False: the kernel runs unchecked (the only public way)
+SELF_CHECK = True  # False: check_once checks nothing, the kernel runs unchecked
 HEAD_DIMS = (16, 32, 64, 128)
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 LOG2E = 1.4426950408889634  # scores pre-scaled for exp2
@@ -110,8 +110,8 @@ def _attn_fwd(Q, K, V, O, LSE, Pos, R, Spans, pos_stride_b, pos_stride_h, pos_st
     bh = tl.program_id(1)
     off = bh.to(tl.int64) * T * D
     Q, K, V, O, LSE = Q + off, K + off, V + off, O + off, LSE + bh.to(tl.int64) * T
-    Pos += (bh // H) * pos_stride_b + (bh % H) * pos_stride_h  # strides maybe 0
-    R += (bh // H) * pos_stride_b + (bh % H) * pos_stride_h
+    head = (bh // H) * pos_stride_b + (bh % H) * pos_stride_h  # strides maybe 0
+    Pos, R = Pos + head, R + head
     offs_m = start_m + tl.arange(0, TILE_M)
     q = _load(Q, offs_m, T, D, True)
     acc = tl.zeros([TILE_M, D], dtype=tl.float32)
@@ -174,8 +174,8 @@ def _attn_bwd(Q, K, V, DO, DQ, DK, DV, LSE, RowDot, Pos, R, Spans, pos_stride_b,
     off = bh.to(tl.int64) * T * D
     Q, K, V, DO, DQ, DK, DV = Q + off, K + off, V + off, DO + off, DQ + off, DK + off, DV + off
     LSE, RowDot = LSE + bh.to(tl.int64) * T, RowDot + bh.to(tl.int64) * T
-    Pos += (bh // H) * pos_stride_b + (bh % H) * pos_stride_h
-    R += (bh // H) * pos_stride_b + (bh % H) * pos_stride_h
+    head = (bh // H) * pos_stride_b + (bh % H) * pos_stride_h
+    Pos, R = Pos + head, R + head
     Spans += bh * span_stride + tl.program_id(0) * 2
     rows = start + tl.arange(0, TILE_FIXED)
     at = rows[:, None] * D + tl.arange(0, D)[None, :]  # (TILE_FIXED, D)
@@ -254,7 +254,7 @@ def choose_tiling(dtype, D, target):
     return config
 
 
-# tiled.py's band_edges and value_spans, copied (test_kernel.py holds them equal)
+# copies of tiled.py's (test_kernel.py holds them equal)
 def band_edges(window, T, two_sided):
     left = min(int(window), T) - 1
     return left, left if two_sided else 0

@@ -1,12 +1,12 @@
 """
-Support, which a first reading skips. The exact KV cache of GPT.generate: a step's output is the last row of a
-forward over the tokens it holds: all so far, until generate refills it (tests/test_generate.py checks each kind).
+Support, which a first reading skips. GPT.generate's exact KV cache: a step's output is the last row of a forward over
+the tokens it holds (all so far, until generate refills it; tests/test_generate.py checks each kind).
 
 A layer keeps k and v (B, nh, S, hs), position p in slot p % S, and what its KINDS row's cache names:
-"all" (full): S = block_size. "window" (SWA): S = min(window, block_size), a key overwritten once no query sees it.
+"all" (full): S = block_size. "window" (SWA): S = min(window, block_size).
 "chunks" (MoBA): S = block_size in whole chunks, and each complete chunk's fp32 mean key.
-"sorted" (value-rule SA): S = block_size, and the numbers r sorted with their positions: a step's keys are the run that
-two binary searches find (about 2 * window keys at T = block_size, not all T).
+"sorted" (value-rule SA): S = block_size, and the numbers r sorted with their positions: a step's keys are the run two
+binary searches find (~2 * window keys at T = block_size).
 None (rank-rule SA, see GPTConfig.cacheable): no cache; generate recomputes the prefix.
 """
 import math
@@ -21,7 +21,7 @@ from model import KINDS
 
 
 def use_kv_cache(config, use_cache):
-    """use_cache if config.cacheable, else False (said on stderr if asked for)."""
+    """use_cache if config.cacheable, else False (said on stderr if use_cache)."""
     if use_cache and not config.cacheable:
         print(f"attn={config.attn!r} with sa_rule='rank' cannot be decoded from a KV cache: each token recomputes "
               "the prefix", file=sys.stderr)
@@ -37,11 +37,11 @@ class KVCache:
         self.config, self.layers = config, [{} for _ in range(config.n_layer)]
         self.keeps = KINDS[config.attn].cache(config)
         self.start = 0  # tokens seen: the position of the next one
-        self.chunk = min(config.moba_chunk, config.block_size)  # MoBA's, at most block_size
+        self.chunk = min(config.moba_chunk, config.block_size)  # MoBA's
 
     def store(self, i, k, v, draw=None):
         """Write layer i's k, v (B, nh, T, hs) of positions start..; "sorted" also merges the draw's r, (T,) or
-        (B, nh, T), into rs (R, n), positions in ps: R = 1 or B * nh."""
+        (B, nh, T), into rs (R, m) and their positions into ps: R = 1 or B * nh."""
         c, cache, start, chunk, (B, nh, T, hs) = self.config, self.layers[i], self.start, self.chunk, k.shape
         need(not cache or cache["k"].shape[0] == B, f"this KV cache holds {cache and cache['k'].shape[0]} rows, got "
              f"a batch of {B}: start a new cache")
@@ -54,19 +54,19 @@ class KVCache:
             if self.keeps == "chunks":
                 cache["kmean"] = k.new_zeros(B, nh, S // chunk, hs, dtype=torch.float32)
         S = cache["k"].shape[2]
-        n = min(T, S)  # only the last S positions can ever be seen
+        n = min(T, S)  # only the last S positions are kept
         slots = torch.arange(start + T - n, start + T, device=k.device) % S
         cache["k"][:, :, slots] = k[:, :, T - n:]  # (B, nh, n, hs)
         cache["v"][:, :, slots] = v[:, :, T - n:]
         lo, hi = start // chunk, (start + T) // chunk
-        if self.keeps == "chunks" and hi > lo:  # the chunks these tokens complete, as moba_select averages them
+        if self.keeps == "chunks" and hi > lo:  # the chunks these tokens complete, averaged as moba_select does
             cache["kmean"][:, :, lo:hi] = tiled.chunk_means(cache["k"][:, :, lo * chunk:hi * chunk], chunk)
         if self.keeps == "sorted":
             r = draw.expand(B, nh, T).reshape(-1, T) if draw.dim() == 3 else draw[None]  # (R, T)
             cache["rq"] = r[:, -1:]  # (R, 1): the newest r, a step's query
             r, order = r.sort(-1)  # (R, T) ascending
             p = start + order  # (R, T) their positions
-            if "rs" in cache:  # merged into the sorted rs in O(m): each r's place is its rank in the union
+            if "rs" in cache:  # merged into rs: each r's place is its rank in the union
                 rs, ps = cache["rs"], cache["ps"]  # (R, m) each
                 at_old = torch.arange(rs.shape[1], device=r.device) + torch.searchsorted(r, rs)  # (R, m)
                 at_new = torch.arange(T, device=r.device) + torch.searchsorted(rs, r, right=True)  # (R, T)
@@ -77,15 +77,15 @@ class KVCache:
     def attend(self, i, q, kind):
         """q (B, nh, 1, hs) of position start, stored already, over layer i's cache by kind's rule."""
         c, cache, start, chunk, (B, nh, _, hs) = self.config, self.layers[i], self.start, self.chunk, q.shape
-        if q.numel() == 0:  # an empty batch or head (as attention.py)
+        if q.numel() == 0:  # an empty batch or head
             return torch.zeros_like(q)
-        S, rule, nc = cache["k"].shape[2], KINDS[kind].cache(c), start // chunk  # nc: MoBA's complete chunks, all past
+        S, rule, nc = cache["k"].shape[2], KINDS[kind].cache(c), start // chunk  # nc: MoBA's complete chunks
         if rule == "sorted":  # the run of rs within delta (and a margin) of rq
             delta, rs, rq = c.sa_delta, cache["rs"], cache["rq"]  # rs (R, m), rq (R, 1)
             reach = delta + attention.VALUE_MARGIN
             lo, hi = torch.searchsorted(rs, rq - reach), torch.searchsorted(rs, rq + reach)  # (R, 1) each
             run = lo + torch.arange(int((hi - lo).max()), device=q.device)  # (R, n)
-            at = run.clamp(max=rs.shape[1] - 1)  # (R, n) in range
+            at = run.clamp(max=rs.shape[1] - 1)  # (R, n)
             mask = ((run < hi) & ((rq - rs.gather(1, at)).abs() < delta)).expand(B * nh, -1)  # the rule itself
             at = cache["ps"].gather(1, at).expand(B * nh, -1).view(B, nh, -1, 1).expand(-1, -1, -1, hs)  # positions
             keys, vals, mask = cache["k"].gather(2, at), cache["v"].gather(2, at), mask.view(B, nh, 1, -1)
@@ -95,7 +95,7 @@ class KVCache:
             keys, vals = cache["k"][:, :, slots], cache["v"][:, :, slots]  # (B, nh, n, hs)
             mask = torch.ones_like(slots, dtype=torch.bool)
         if rule == "chunks":  # and the top_k - 1 past chunks of largest q . kmean, if any
-            # fp32, the own chunk a column at -inf: moba_select's row, so topk breaks ties alike
+            # fp32, the own chunk at -inf: moba_select's row, so topk breaks ties alike
             with torch.autocast(q.device.type, enabled=False):
                 scores = q.float() @ cache["kmean"][:, :, :nc + 1].transpose(-1, -2)  # (B, nh, 1, nc+1)
             scores[..., nc] = float("-inf")
@@ -104,4 +104,4 @@ class KVCache:
             sel = [cache[x].unflatten(2, (-1, chunk)).gather(2, at).flatten(2, 3) for x in "kv"]  # (B, nh, n*chunk, hs)
             keys, vals = torch.cat([keys, sel[0]], 2), torch.cat([vals, sel[1]], 2)  # (B, nh, n_keys, hs)
             mask = torch.cat([mask.expand(B, nh, 1, -1), (top > float("-inf")).repeat_interleave(chunk, -1)], -1)
-        return attention.masked_attention(q, keys, vals, mask)  # (B, nh, 1, hs), fp32 scores with autocast off
+        return attention.masked_attention(q, keys, vals, mask)  # (B, nh, 1, hs)

@@ -1,7 +1,7 @@
 """
 Read first. A GPT with a switchable attention, after nanoGPT: GPTConfig.attn picks every layer's kind (KINDS): "full",
 "swa", "sa" (SWA over a fresh random permutation per layer and forward pass), "sa+swa" (the paper's gated dual path) or
-"moba" (the baseline). The rules are attention.py's. GPT.generate decodes from a KV cache where a rule allows it.
+"moba" (the baseline), by attention.py's rules. GPT.generate decodes from a KV cache where a rule allows it.
 """
 import inspect
 import math
@@ -24,8 +24,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 class CausalSelfAttention(nn.Module):
     """Multi-head causal self-attention of kind config.attn. "sa+swa", the paper's best model, runs SA and SWA on the
-    same q, k, v and mixes them with sigmoid gates per token, head and path:
-    Y = sigmoid(x W_sa) Y_sa + sigmoid(x W_swa) Y_swa."""
+    same q, k, v, mixed by gates per token, head and path: Y = sigmoid(x W_sa) Y_sa + sigmoid(x W_swa) Y_swa."""
 
     def __init__(self, config, layer_idx=0):
         super().__init__()
@@ -37,34 +36,34 @@ class CausalSelfAttention(nn.Module):
             self.gate = nn.Linear(config.n_embd, 2 * config.n_head, bias=False)
 
     def forward(self, x, draw=None, rope=None, cache=None):
-        """x (B, T, C) -> (B, T, C). draw: this layer's SA draw; rope: RoPE's (cos, sin) of the T positions; cache: a
-        KVCache, which a prefill fills and a decode step (one token) attends over."""
+        """x (B, T, C) -> (B, T, C). draw: this layer's SA draw; rope: (cos, sin) of the T positions; cache: a KVCache,
+        which a prefill fills and a decode step (one token) attends over."""
         B, T, C = x.size()
         nh = self.config.n_head
         q, k, v = self.c_attn(x).split(C, dim=2)
         q = q.view(B, T, nh, C // nh).transpose(1, 2)  # (B, nh, T, hs)
         k = k.view(B, T, nh, C // nh).transpose(1, 2)  # (B, nh, T, hs)
         v = v.view(B, T, nh, C // nh).transpose(1, 2)  # (B, nh, T, hs)
-        if rope is not None:  # RoPE rotates q and k by their true positions, before SA permutes them (the paper)
+        if rope is not None:  # by their true positions, before SA permutes them (the paper)
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         if cache is not None:
             cache.store(self.layer_idx, k, v, draw)
-        if self.config.attn == "sa+swa":  # both paths see the same q, k, v; the gates mix them per head
+        if self.config.attn == "sa+swa":
             g = torch.sigmoid(self.gate(x)).transpose(1, 2).unsqueeze(-1)  # (B, 2*nh, T, 1)
-            y = g[:, :nh] * self.attend("sa", q, k, v, draw, cache) + g[:, nh:] * self.attend("swa", q, k, v, None,
-                                                                                                 cache)
+            y_sa, y_swa = self.attend("sa", q, k, v, draw, cache), self.attend("swa", q, k, v, None, cache)
+            y = g[:, :nh] * y_sa + g[:, nh:] * y_swa
         else:
             y = self.attend(self.config.attn, q, k, v, draw, cache)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
         return self.resid_dropout(self.c_proj(y))
 
     def attend(self, kind, q, k, v, draw, cache=None):
-        """q, k, v (B, nh, T, hs) -> (B, nh, T, hs) by kind's function, with the arguments its KINDS row names; a decode
-        step (one token after the prompt) attends over the KV cache instead."""
+        """q, k, v (B, nh, T, hs) -> (B, nh, T, hs) by kind's function and its KINDS row's arguments; a decode step
+        attends over the KV cache instead."""
         c = self.config
         if cache is not None and cache.start > 0:
             return cache.attend(self.layer_idx, q, kind)
-        if kind == "sa" and c.sa_rule == "value":  # the value rule: numbers r, not a permutation; delta, not a window
+        if kind == "sa" and c.sa_rule == "value":  # numbers r, not a permutation; delta, not a window
             return attention.stochastic_value_attention(q, k, v, c.sa_delta, draw)
         fn, args = KINDS[kind].fn, KINDS[kind].args
         return fn(q, k, v, *[draw if a == "draw" else getattr(c, a) for a in args])
@@ -106,14 +105,14 @@ KINDS = {
                lambda c: "sorted" if c.sa_rule == "value" else None, draws=True),
     "sa+swa": Kind(None, (), lambda c, T: 2 * min(c.window, T), lambda c: "sorted" if c.sa_rule == "value" else None,
                    draws=True),
-    "moba": Kind(attention.moba_attention, ("moba_chunk", "moba_topk"), lambda c, T: min(c.moba_chunk * c.moba_topk,
-                                                                                          T), lambda c: "chunks"),
+    "moba": Kind(attention.moba_attention, ("moba_chunk", "moba_topk"), lambda c, T: min(c.moba_chunk * c.moba_topk, T),
+                 lambda c: "chunks"),
 }
 
 
 @dataclass
 class GPTConfig:
-    # The defaults are the model's: GPT-2 small's shape (124M) with SA+SWA. train.py's globals set every field.
+    # The defaults: GPT-2 small's shape (124M) with SA+SWA. train.py's globals set every field.
     block_size: int = 1024     # maximum sequence length
     vocab_size: int = 50304    # GPT-2's 50257 padded up to a multiple of 64
     n_layer: int = 12
@@ -122,15 +121,15 @@ class GPTConfig:
     dropout: float = 0.0       # residual and embedding dropout
     bias: bool = False         # biases in Linears and LayerNorms (GPT-2 has them)
     attn: str = "sa+swa"       # a kind of KINDS
-    window: int = 256          # the SWA/SA window: keys per query, itself included
+    window: int = 256          # SWA/SA keys per query, itself included
     moba_chunk: int = 64       # MoBA's key chunk (its paper's "block")
     moba_topk: int = 4         # MoBA's chunks per query, its own included
-    sa_perm: str = "shared"    # "shared": one permutation per layer for the batch and heads (the paper); "head": one
-    sa_rule: str = "rank"      # per row and head. "rank": windows over permuted slots (the paper); "value": numbers r
+    sa_perm: str = "shared"    # "shared": one permutation per layer (the paper); "head": one per row and head
+    sa_rule: str = "rank"      # "rank": windows over permuted slots (the paper); "value": a number r per token
     pos_emb: str = "rope"      # rope rotates q and k before SA permutes them; "learned" is GPT-2's, to load its weights
     rope_base: float = 10000.0
 
-    def __post_init__(self):  # the door of every model: each field checked once (guards.SETTINGS and these choices)
+    def __post_init__(self):  # every model's door: each field checked (guards.SETTINGS and these choices)
         choices = dict(attn=tuple(KINDS), sa_perm=("shared", "head"), sa_rule=("rank", "value"),
                        pos_emb=("rope", "learned"), bias=(True, False))
         for f in fields(self):
@@ -153,14 +152,13 @@ class GPTConfig:
 
     @property
     def sa_delta(self):
-        """The value rule's width: a pair meets with probability about 2 * delta, as under the rank rule at
-        T = block_size."""
+        """The value rule's width: a pair meets with probability ~2 * delta, as by the rank rule at T = block_size."""
         return self.window / self.block_size
 
     @property
     def cacheable(self):
-        """Whether GPT.generate can decode this model from a KV cache exactly. Rank-rule SA cannot: whether query i sees
-        key j depends on the slots of the tokens after i."""
+        """Whether GPT.generate can decode from a KV cache exactly. Rank-rule SA cannot: whether query i sees key j
+        depends on the slots of the tokens after i."""
         return KINDS[self.attn].cache(self) is not None
 
 
@@ -183,7 +181,7 @@ class GPT(nn.Module):
             self.register_buffer("rope_sin", sin, persistent=False)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.transformer.wte.weight = self.lm_head.weight  # weight tying
-        # SA's draws come from a CPU generator's state, the same on every device; checkpoints save it (exact resume)
+        # SA draws from a CPU generator, the same on every device; checkpoints save its state (exact resume)
         self.sa_state = torch.Generator().manual_seed(sa_seed).get_state()  # (5056,) uint8, not a buffer
         self.apply(self._init_weights)
         for name, p in self.named_parameters():
@@ -205,8 +203,7 @@ class GPT(nn.Module):
 
     def forward(self, idx, targets=None, lengths=None, cache=None, draws=None):
         """idx (B, T) -> logits (B, T, vocab), and the loss if targets (-1: ignored). lengths: the real tokens of
-        right-padded rows (draw_sa); cache: a KVCache that idx continues (a prompt, then one token at a time); draws:
-        SA's draw per layer, instead of fresh ones."""
+        right-padded rows (draw_sa); cache: a KVCache that idx continues; draws: SA's per layer, not fresh ones."""
         check_tokens(idx, self.config, targets, lengths, cache, draws)
         B, T = idx.size()
         start = 0 if cache is None else cache.start  # idx[:, 0]'s position
@@ -229,8 +226,8 @@ class GPT(nn.Module):
 
     def draw_sa(self, B, T, device, lengths=None):
         """SA's fresh draw per layer, (T,) or (B, nh, T) by sa_perm: a permutation, or (sa_rule="value") numbers r in
-        [0, 1); None for kinds that draw none. With lengths (B,) of right-padded rows, (B, 1 or nh, T) (the value
-        rule's: (1, 1 or nh, T)), and a row's draw depends on a seed and its length only, never on the batch."""
+        [0, 1); None for kinds that draw none. lengths (B,): right-padded rows, each drawn from a seed and its length
+        alone (sa_draws)."""
         c = self.config
         if not KINDS[c.attn].draws:
             return [None] * c.n_layer
@@ -247,14 +244,14 @@ class GPT(nn.Module):
         self.sa_state.copy_(torch.Generator().manual_seed(operator.index(seed)).get_state())
 
     def swap_attention(self, **changes):
-        """Training-free swap: these weights with another attention kind or budget (swapped)."""
+        """Training-free swap: these weights with another attention kind or budget (see swapped)."""
         self.config = swapped(self.config, **changes)
         for layer in self.transformer.h:
             layer.attn.config = self.config
         return self
 
     def crop_block_size(self, block_size):
-        """A shorter context for a loaded model, as nanoGPT's: e.g. GPT-2's 1024 learned positions cut."""
+        """A shorter context for a loaded model, as nanoGPT's (e.g. GPT-2's 1024 positions cut)."""
         need(block_size <= self.config.block_size, f"block_size={block_size}: the model holds at most "
              f"{self.config.block_size} positions")
         self.config = replace(self.config, block_size=block_size)
@@ -284,20 +281,20 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True):
-        """Append max_new_tokens sampled tokens to idx (B, T); temperature=0: greedy. use_cache: decode from a KVCache,
-        one token per step, where the model allows it; else each step recomputes the prefix, its last block_size
-        tokens (nanoGPT). A full cache is refilled from the last block_size // 2 tokens."""
+        """Append max_new_tokens sampled tokens to idx (B, T); temperature=0: greedy. use_cache: decode from a KVCache
+        where the model allows it; else each step recomputes the last block_size tokens (nanoGPT). A full cache is
+        refilled from the last block_size // 2 tokens."""
         c = self.config
         check_tokens(idx, c, sampling=(max_new_tokens, temperature, top_k))
         from kv_cache import KVCache, use_kv_cache  # kv_cache.py imports KINDS from here
         use_cache = use_kv_cache(c, use_cache)
         cache = None
         for _ in range(max_new_tokens):
-            if use_cache and (cache is None or cache.start == c.block_size):  # the prompt, or a full cache: fill it
+            if use_cache and (cache is None or cache.start == c.block_size):  # the prompt, or a full cache
                 keep = c.block_size if cache is None else max(1, c.block_size // 2)
                 cache = KVCache(c)
                 logits, _ = self(idx[:, -keep:], cache=cache)
-            else:  # with the cache, the newest token; without, the last block_size tokens (cache is None)
+            else:  # with the cache, the newest token; without, the last block_size tokens
                 logits, _ = self(idx[:, -1:] if use_cache else idx[:, -c.block_size:], cache=cache)
             logits = logits[:, -1, :].double()  # (B, vocab), whatever the autocast
             if temperature == 0:
@@ -313,7 +310,7 @@ class GPT(nn.Module):
 
     @classmethod
     def from_pretrained(cls, model_type, override_args=None):
-        """GPT-2's weights in our GPT, as nanoGPT's (checkpoint.from_gpt2 says how)."""
+        """GPT-2's weights in our GPT, as nanoGPT's (checkpoint.from_gpt2)."""
         from checkpoint import from_gpt2
         return from_gpt2(model_type, override_args)
 
@@ -344,9 +341,9 @@ def apply_rope(x, cos, sin):
 def sa_draws(state: torch.Tensor, n: int, B: int, heads: int, T: int, value: bool,
              lengths: Optional[torch.Tensor]) -> torch.Tensor:
     """n layers' SA draws from a CPU generator's state, advanced in place: permutations, or (value) numbers r in [0, 1),
-    (n, T) for one head without lengths, else (n, B, heads, T). With lengths (B,), each layer draws from a seed of its
-    own: the rank rule permutes each row's first lengths[b] tokens (attention.row_perms), the value rule's r of token t
-    come t-th from the seed ((n, 1, heads, T)). A registered op, so that torch.compile keeps these draws."""
+    (n, T) for one head without lengths, else (n, B, heads, T). With lengths (B,), each layer draws from its own seed:
+    the rank rule by attention.row_perms, the value rule's r of token t t-th from the seed ((n, 1, heads, T)). A
+    registered op, so that torch.compile keeps these draws."""
     g = torch.Generator().set_state(state)
     if lengths is not None:
         seeds = torch.randint(2**62, (n,), generator=g).tolist()
@@ -362,13 +359,15 @@ def sa_draws(state: torch.Tensor, n: int, B: int, heads: int, T: int, value: boo
 
 @sa_draws.register_fake
 def _(state, n, B, heads, T, value, lengths):
-    shape = (n, T) if heads == 1 and lengths is None else (n, 1 if value else B, heads, T) if lengths is not None \
-        else (n, B, heads, T)
+    if heads == 1 and lengths is None:
+        shape = (n, T)
+    else:
+        shape = (n, 1 if value and lengths is not None else B, heads, T)
     return state.new_empty(shape, dtype=torch.float if value else torch.long)
 
 
 def swapped(config, **changes):
-    """config with changes, for a training-free swap (GPT.swap_attention); InputError where the weights cannot."""
+    """config with changes, for GPT.swap_attention; InputError where the weights cannot swap."""
     other = sorted(set(changes) - set(SWAP_FIELDS))  # dropout and RoPE were built once: no swap reaches them
     need(not other, f"swap_attention changes the attention ({', '.join(SWAP_FIELDS)}), not {', '.join(other)}")
     new = replace(config, **changes)
@@ -378,6 +377,6 @@ def swapped(config, **changes):
 
 
 def autocast(device, dtype):
-    """The mixed-precision context of the scripts: none for float32, else torch.autocast to dtype."""
+    """The scripts' mixed-precision context: none for float32, else torch.autocast to dtype."""
     need(dtype in DTYPES, f"dtype={dtype!r}: use one of {', '.join(DTYPES)}")
     return nullcontext() if dtype == "float32" else torch.autocast(device.split(":")[0], dtype=DTYPES[dtype])

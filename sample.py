@@ -5,10 +5,9 @@ Read first. Sample from a checkpoint trained by train.py:
   python sample.py --out_dir=out-quick --start="def main(" --num_samples=3 --max_new_tokens=300
   python sample.py --out_dir=out-quick --start=FILE:prompt.txt --temperature=0.8 --top_k=50 --seed=1
 
-Text is encoded and decoded with the tokenizer the training data was prepared with, whose meta.json the
-checkpoint carries. SA draws fresh permutations at every forward pass, so --seed fixes them together with the
-sampling itself. Where the model allows it (GPTConfig.cacheable), tokens are decoded from a KV cache, one step
-each; otherwise every token recomputes the prefix (its last block_size tokens), which sample.py says once.
+Text goes through the training data's tokenizer, whose meta.json the checkpoint carries. SA draws fresh permutations
+at every forward pass: --seed fixes them and the sampling. Where GPTConfig.cacheable, tokens are decoded from a KV
+cache; otherwise every token recomputes the prefix (its last block_size tokens), which sample.py says once.
 `python results/bench.py --generation=True` measures the speed with and without the cache.
 """
 import os
@@ -31,15 +30,16 @@ max_new_tokens = 500     # tokens generated per sample
 temperature = 0.8        # < 1 sharpens the distribution, > 1 flattens it; 0: greedy (always the most likely token)
 top_k = 200              # sample among the top_k most likely tokens; 0: among all
 seed = 1337              # seeds the sampling and the SA permutations
-use_cache = True         # decode from a KV cache where it is exact (not rank-rule SA); False: recompute the prefix
+use_cache = True         # decode from a KV cache where exact (not rank-rule SA); False: recompute the prefix
 device = "cuda" if torch.cuda.is_available() else "cpu"
 dtype = "bfloat16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "float32"
 # -----------------------------------------------------------------------------
 exec(open("configurator.py").read())  # overrides from config files and --key=value
 # -----------------------------------------------------------------------------
 
-model, ckpt = load_checkpoint(os.path.join(out_dir, "ckpt.pt"), device, require=("meta",))  # meta: its tokenizer
-encode, decode = get_tokenizer(ckpt["meta"], os.path.join(out_dir, "ckpt.pt"))  # the training data's tokenizer
+ckpt_path = os.path.join(out_dir, "ckpt.pt")
+model, ckpt = load_checkpoint(ckpt_path, device, require=("meta",))
+encode, decode = get_tokenizer(ckpt["meta"], ckpt_path)  # the training data's tokenizer
 prompt = start
 if start.startswith("FILE:"):
     try:
@@ -50,9 +50,9 @@ if start.startswith("FILE:"):
 start_ids = encode(prompt)
 need(start_ids and max(start_ids) < model.config.vocab_size, f"--start must encode to at least one token, each < "
      f"the model's vocab_size {model.config.vocab_size}")
-c = model.config  # the line saying what runs the attention (on a GPU: the kernel's self-check)
+c = model.config  # what runs the attention (on a GPU: the kernel's self-check)
 print(impl_line(device, DTYPES[dtype], c.n_embd // c.n_head, [c.attn], c.sa_rule), file=sys.stderr)
-use_cache = use_kv_cache(c, use_cache)  # says so once here, not once per sample
+use_cache = use_kv_cache(c, use_cache)  # warns once here, not once per sample
 
 model.eval()
 torch.manual_seed(seed)

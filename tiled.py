@@ -1,10 +1,9 @@
 """Support, which a first reading skips. The tiled torch engine: attention in O(T * w) time and memory, forward and
 backward, on any device.
 
-attention.py runs SWA (with or without pos, so both SA rules) and MoBA here where it runs no Triton kernel. A layout
-(Band, Moba) cuts the pairs a rule allows into GROUPS (nq query rows, the nk key rows they see, a mask), batched in
-CALLs whose scores fit in cache. The backward recomputes probabilities from each row's logsumexp (autograd would keep
-them: O(T * nk)).
+attention.py's torch path runs the band of SWA and SA here (Band), and MoBA always (Moba). A layout cuts the pairs
+a rule allows into groups (nq query rows, the nk key rows they see, a mask), batched in calls whose scores fit in
+cache. The backward recomputes probabilities from each row's logsumexp (autograd would keep them: O(T * nk)).
 """
 import math
 
@@ -44,7 +43,7 @@ class Band:
     With r, a tile's span starts at the first slot within width + margin of its least r: a gather."""
     merge, wide = False, True  # merge: a row in several groups; wide: see _fused
 
-    def __init__(self, q, width, pos=None, r=None, margin=0.0):
+    def __init__(self, q, pos, r, width, margin):
         (B, H, T, _), device = q.shape, q.device
         BH = B * H
         nq = min(TILE, 1 << (T - 1).bit_length())  # small T needs no full tile
@@ -118,14 +117,13 @@ class Band:
         nq, nk, nb = self.nq, self.nk, self.nb
         n = min(nb, max(1, size // (nq * nk)))  # tiles per call
         m = max(1, size // (nq * nk * nb))  # heads per call
-        shared = len(self.pos) == 1  # one mask for all heads
         for s in range(0, nb, n):
             e = min(s + n, nb)
-            mask = self.mask(slice(0, 1), s, e) if shared else None
+            shared = self.mask(slice(0, 1), s, e) if len(self.pos) == 1 else None  # one mask for all heads
             for h in range(0, len(self.rows), m):
                 heads = slice(h, h + m)
                 qrows = self.rows[heads, self.left + s * nq:self.left + e * nq].unflatten(1, (e - s, nq))
-                yield qrows, self.spans(self.rows, heads, s, e), mask if shared else self.mask(heads, s, e)
+                yield qrows, self.spans(self.rows, heads, s, e), self.mask(heads, s, e) if shared is None else shared
 
 
 def _gather(f, rows):
@@ -168,7 +166,7 @@ class Moba:
     queries). Rows index q, k, v as (B*H*T + 1, D), the last zeros."""
     merge, wide = True, False  # a query in up to top_k groups
 
-    def __init__(self, q, moba_chunk, idx, ok):
+    def __init__(self, q, idx, ok, moba_chunk):
         (B, H, T, _), device = q.shape, q.device
         BH, c, nq = B * H, moba_chunk, TILE
         self.shape, nc = (B, H, T), math.ceil(T / c)
@@ -323,9 +321,8 @@ def _op(name, layout, args):
 
 
 # Registered ops: opaque to torch.compile, no graph break
-band = _op("band", lambda q, pos, r, width, margin: Band(q, width, pos, r, margin),
-           "Tensor? pos, Tensor? r, float width, float margin")
-moba = _op("moba", lambda q, idx, ok, moba_chunk: Moba(q, moba_chunk, idx, ok), "Tensor idx, Tensor ok, int moba_chunk")
+band = _op("band", Band, "Tensor? pos, Tensor? r, float width, float margin")
+moba = _op("moba", Moba, "Tensor idx, Tensor ok, int moba_chunk")
 
 
 def band_attention(q, k, v, pos, r, width, margin):

@@ -10,12 +10,11 @@ DDP, on one node with 8 GPUs, or on two nodes:
   torchrun --standalone --nproc_per_node=8 train.py config/paper_360m.py
   torchrun --nproc_per_node=8 --nnodes=2 --node_rank=0 --master_addr=IP --master_port=1234 train.py ...
 
-Every eval appends to out_dir/log.jsonl, and after iteration 0 writes out_dir/ckpt.pt (always_save_checkpoint=False:
-only when val loss improves; eval_only: never). The checkpoint holds every RNG state of every rank, so that a resume
-with the same settings is bitwise the run that was never stopped; a later max_iters trains on, with the cosine still
-ending at lr_decay_iters (as nanoGPT). Nothing is lost (checkpoint.RunDir): a second run into the same out_dir is
-refused, a diverged (NaN) loss stops the run before anything of it is saved, and a new run (from scratch or GPT-2)
-replaces an old checkpoint only when told to, with --overwrite=True.
+Every eval appends to out_dir/log.jsonl and, after iteration 0, saves out_dir/ckpt.pt (see always_save_checkpoint;
+eval_only: never). The checkpoint holds every rank's RNG states: a resume with the same settings is bitwise the run
+that never stopped; a larger max_iters trains on, the cosine still ending at lr_decay_iters. Nothing is lost
+(checkpoint.RunDir): a second run into the same out_dir is refused, a NaN or inf loss stops the run before anything of
+it is saved, and a new run replaces an old checkpoint only with --overwrite=True.
 """
 import math
 import os
@@ -34,8 +33,8 @@ from model import DTYPES, GPT, SWAP_FIELDS, GPTConfig, autocast
 from prepare_data import dataset_dir, draw_batch, load_data, task_metrics
 
 # -----------------------------------------------------------------------------
-# The defaults are one run on one A100: a GPT-2-small-sized (124M) SA+SWA model on FineWeb-Edu, 5000 iterations of
-# 0.5M tokens (2.6B tokens). Its peak, about 20.5 GiB in eager bf16 (gpu_check.memory_estimate), fits 40 GB.
+# The defaults: a GPT-2-small-sized (124M) SA+SWA model on FineWeb-Edu, 5000 iterations of 0.5M tokens (2.6B), on one
+# A100: its peak, about 20.5 GiB in eager bf16 (gpu_check.memory_estimate), fits 40 GB.
 # I/O
 out_dir = "out"                 # ckpt.pt and log.jsonl go here
 eval_interval = 250             # evaluate, log and checkpoint every this many iterations (and at the end)
@@ -43,9 +42,9 @@ log_interval = 10               # print the training loss and speed every this m
 eval_iters = 50                 # batches per split per evaluation (the same batches every time)
 eval_only = False               # evaluate once and exit
 always_save_checkpoint = True   # save at every eval; False: only when val loss improves
-init_from = "scratch"           # "scratch", "resume" (out_dir/ckpt.pt), or GPT-2's weights: "gpt2" ... "gpt2-xl", or
-#                                 a directory holding a transformers GPT2LMHeadModel
-overwrite = False               # a new run: replace a ckpt.pt already in out_dir (at the first checkpoint), not refuse
+init_from = "scratch"           # "scratch", "resume" (out_dir/ckpt.pt), "gpt2" ... "gpt2-xl", or a directory holding
+#                                 a transformers GPT2LMHeadModel
+overwrite = False               # a new run replaces a ckpt.pt already in out_dir (at its first checkpoint), not refuses
 # data
 dataset = "fineweb-edu"         # data_root/<dataset>/ from prepare_data.py
 data_root = "data"
@@ -53,8 +52,7 @@ gradient_accumulation_steps = 32  # micro-steps per iteration, the total over DD
 batch_size = 8                  # sequences per micro-step per rank
 block_size = 2048               # tokens per sequence (mqar: the data's seq_len; a GPT-2: at most its 1024)
 copy_task = False               # far copying: each sequence is a random block_size/2-token chunk, then that chunk again
-# model: one global per GPTConfig field (model.py; block_size is above), passed to it by name. These are the run's
-# values; GPTConfig's defaults are the model's, GPT-2 small's (block_size 1024, where this run trains on 2048).
+# model: one global per GPTConfig field (block_size is above), passed by name; GPTConfig's defaults are GPT-2 small's
 n_layer = 12
 n_head = 12
 n_embd = 768
@@ -84,17 +82,16 @@ min_lr = 6e-5
 device = "cuda" if torch.cuda.is_available() else "cpu"
 # autocast: float32 | bfloat16 | float16 (with loss scaling: GPUs without bf16, a T4); on a CPU bf16 is ~10x slower
 dtype = "bfloat16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "float32"
-compile: bool | None = None     # torch.compile the model; None: on CUDA (as nanoGPT), not on the CPU (slow to compile)
+compile: bool | None = None     # torch.compile the model; None: on CUDA only (the CPU is slow to compile)
 attn_impl = "auto"              # attention.IMPL: auto (the Triton kernel where it runs), torch, triton or reference
 backend = ""                    # DDP's: "" = nccl on CUDA, gloo on the CPU
 seed = 1337
 # -----------------------------------------------------------------------------
-exec(open("configurator.py").read())  # overrides from config files and --key=value; `settings` holds every value
+exec(open("configurator.py").read())  # overrides from config files and --key=value; `settings` holds them all
 # -----------------------------------------------------------------------------
 
-# various inits, derived attributes, I/O setup. DDP: torchrun sets RANK. Each rank draws its own SA permutations
-# (seeded by seed and rank), just as each micro-step draws new ones: an iteration of N ranks x K micro-steps
-# averages gradients over N*K independent draws, as one process running N*K micro-steps would.
+# various inits, derived attributes, I/O setup. DDP: torchrun sets RANK. Each rank and micro-step draws its own SA
+# permutations: N ranks x K micro-steps average gradients over N*K independent draws, as one process would.
 ddp = "RANK" in os.environ
 rank, local_rank, world_size = 0, 0, 1
 if ddp:
@@ -114,9 +111,9 @@ torch.backends.cudnn.allow_tf32 = True
 missing = [f.name for f in fields(GPTConfig) if f.name not in settings]
 need(not missing, f"train.py has no global for GPTConfig.{missing and missing[0]}: add it to the model settings")
 model_args = {f.name: settings[f.name] for f in fields(GPTConfig)}
-GPTConfig(**{**model_args, "vocab_size": vocab_size or 1})  # the model's settings, before any data is read
+GPTConfig(**{**model_args, "vocab_size": vocab_size or 1})  # checks the model's settings before any data is read
 
-# data: train.bin and val.bin, text or MQAR sequences (prepare_data.py), T tokens each
+# data: train.bin and val.bin from prepare_data.py, sequences of T tokens
 data_dir = dataset_dir(data_root, dataset)
 meta, data, T = load_data(data_dir, block_size, copy_task)
 if "mqar" in meta and attn == "swa" and n_layer * (window - 1) < meta["mqar"]["min_gap"] and master:
@@ -131,8 +128,7 @@ def get_batch(split, gen):
     return x, y
 
 
-# model init: all ranks build identical weights from `seed`; then each rank gets its own streams for dropout, data
-# sampling and SA's draws
+# model init: all ranks build the same weights from `seed`, then get their own streams for dropout, data and SA
 model_args["vocab_size"] = vocab_size or math.ceil(meta["vocab_size"] / 64) * 64
 need(model_args["vocab_size"] >= meta["vocab_size"], f"vocab_size={vocab_size} is smaller than the vocabulary of "
      f"{data_dir} ({meta['vocab_size']}): use --vocab_size=0")
@@ -143,7 +139,7 @@ dropout_seed, sampler_seed, sa_seed = np.random.SeedSequence([seed, rank]).gener
 iter_num, best_val_loss, ckpt = 0, float("inf"), None
 if init_from == "scratch":
     model = GPT(GPTConfig(**model_args))
-elif init_from == "resume":  # the checkpoint's model settings and tokenizer must be this run's (check_resume)
+elif init_from == "resume":  # the checkpoint's model settings and tokenizer must be this run's
     model, ckpt = load_checkpoint(ckpt_path, resume=(settings, meta))
     iter_num, best_val_loss = ckpt["iter_num"], ckpt["best_val_loss"]
 else:  # GPT-2's weights with this run's attention (its swap), cropped to block_size, to fine-tune
@@ -155,16 +151,16 @@ model.seed_sa(sa_seed)  # a resume restores the saved state (restore), except on
 model.to(device)
 torch.manual_seed(dropout_seed)
 sampler = torch.Generator().manual_seed(sampler_seed)
-# fp16 gradients underflow unless the loss is scaled; the checkpoint keeps the scaler's state
+# fp16 gradients underflow unless the loss is scaled
 scaler = torch.amp.GradScaler(device_type, enabled=dtype == "float16")
 optimizer = model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type)
-if ckpt is not None:  # AdamW's and the GradScaler's states, and every RNG's: exactly where the run stopped
+if ckpt is not None:  # AdamW's, the GradScaler's and every RNG's states: exactly where the run stopped
     restore(ckpt, optimizer, scaler, sampler, model, rank)
     need(max_iters >= iter_num or eval_only, f"max_iters={max_iters}: {ckpt_path} is at iteration {iter_num} already: "
          "raise max_iters to train on")
 ckpt = None  # free up memory
 
-raw_model = model  # evaluation and checkpoints use it; training runs the compiled (and DDP-wrapped) one
+raw_model = model  # for evaluation and checkpoints; training runs the compiled (and DDP-wrapped) one
 if device_type == "cuda" if compile is None else compile:
     model = torch.compile(model)
 train_model = DDP(model, device_ids=[local_rank] if device_type == "cuda" else None,
@@ -173,9 +169,8 @@ train_model = DDP(model, device_ids=[local_rank] if device_type == "cuda" else N
 
 @torch.no_grad()
 def estimate_loss():
-    """Mean loss per split over eval_iters batches, and the task's measures (prepare_data.task_metrics). Evaluation
-    uses its own fixed batches and SA draws and restores SA's generator afterwards, so it draws nothing from the
-    training streams: with or without it, training is the same."""
+    """Mean loss per split over eval_iters batches, and the task's measures (prepare_data.task_metrics). Its batches
+    and SA draws are fixed, and SA's generator is restored after: evaluating leaves training unchanged."""
     out, sa_state = {}, raw_model.sa_state.clone()
     model.eval()
     for split in ("train", "val"):
@@ -207,9 +202,8 @@ def get_lr(it):
 
 
 def stop_if_diverged(loss, what):
-    """A NaN or inf loss stops the run before anything of it is saved: the last checkpoint stays. Under DDP the ranks'
-    values are summed first, so all ranks stop at the same iteration. (With fp16 an inf gradient is normal: the
-    GradScaler skips that step. A loss is not.)"""
+    """A NaN or inf loss stops the run before anything of it is saved; under DDP the ranks' sum, so all stop
+    together. (With fp16 an inf gradient is normal: the GradScaler skips that step. An inf loss is not.)"""
     loss = torch.as_tensor(loss, dtype=torch.float32, device=device)
     if ddp:
         dist.all_reduce(loss)
@@ -219,9 +213,7 @@ def stop_if_diverged(loss, what):
          f"--learning_rate?); {kept}")
 
 
-# logging: out_dir/log.jsonl, an eval's {iter, train_loss, val_loss, lr, elapsed_s} (and each split's _acc on MQAR,
-# _first and _second on the copy task), training's {iter, loss, lr, ms_per_iter, tok_per_s, mfu (null off CUDA),
-# elapsed_s}
+# logging: the master's run.log appends a line to out_dir/log.jsonl at each eval and every log_interval iterations
 tokens_per_iter = gradient_accumulation_steps * world_size * batch_size * T
 run = RunDir(out_dir, iter_num if init_from == "resume" else None) if master else None
 if master:
@@ -229,7 +221,7 @@ if master:
           f"{raw_model.get_num_params() / 1e6:.2f}M parameters, attn={attn}, window={window}; {tokens_per_iter:,} "
           f"tokens per iteration ({world_size} x {gradient_accumulation_steps} x {batch_size} x {T}) on {device}")
 attention.IMPL = attn_impl
-line = attention.impl_line(device, DTYPES[dtype], n_embd // n_head, [attn], sa_rule)  # each rank's GPU checks itself
+line = attention.impl_line(device, DTYPES[dtype], n_embd // n_head, [attn], sa_rule)  # on every rank
 if master:
     print(line)
 
@@ -254,12 +246,12 @@ while True:
                 run.save({"model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
                           "scaler": scaler.state_dict(), "model_args": raw_model.model_args(), "iter_num": iter_num,
                           "best_val_loss": best_val_loss, "settings": settings, "meta": meta, "rng": states})
-        t_last, iters_since_log = time.time(), 0  # the speed below leaves out evaluation time
+        t_last, iters_since_log = time.time(), 0  # the speed leaves out evaluation
     if iter_num >= max_iters or eval_only:
         break
 
-    # forward backward update, with optional gradient accumulation to simulate a larger batch. Each micro-step draws
-    # its own batch (no prefetch across iterations), so the sampler in a checkpoint is where the next one starts
+    # forward backward update, with optional gradient accumulation to simulate a larger batch. No prefetch: the
+    # sampler in a checkpoint is where the next iteration starts
     losses = torch.zeros((), device=device)  # this iteration's, summed: checked before the step
     for micro_step in range(gradient_accumulation_steps):
         if ddp:  # all-reduce the gradients on the last micro-step only
@@ -280,11 +272,10 @@ while True:
     iters_since_log += 1
 
     if iter_num % log_interval == 0 and master:
-        lossf = loss.item()  # the last micro-step's loss: a sync point, so the timing below is honest
+        lossf = loss.item()  # the last micro-step's loss; a sync point, so the timing is honest
         if device_type == "cuda":
             torch.cuda.synchronize()
         dt = (time.time() - t_last) / iters_since_log
-        # mfu is measured against an A100's peak: on a CPU it means nothing
         mfu = raw_model.estimate_mfu(tokens_per_iter // world_size, dt, T) if device_type == "cuda" else None
         print(f"iter {iter_num}: loss {lossf:.4f}, lr {lr:.2e}, {dt * 1000:.0f} ms/iter, {tokens_per_iter / dt:,.0f} "
               "tok/s" + (f", mfu {mfu * 100:.2f}% (of an A100's bf16 peak)" if mfu is not None else ""))
