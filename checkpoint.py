@@ -268,7 +268,7 @@ def from_gpt2(model_type, override_args=None):
     """nanoGPT's from_pretrained: GPT-2's weights (model_type: a size of GPT2_SIZES, a directory of a transformers
     GPT2LMHeadModel, or one) in our GPT; override_args: fields but WEIGHT_FIELDS (sa+swa's gates: at their init)."""
     override_args, allowed = override_args or {}, GPTConfig.__dataclass_fields__.keys() - set(WEIGHT_FIELDS)
-    need(override_args.keys() <= allowed, f"from_pretrained can override only {sorted(allowed)}, got "
+    need(override_args.keys() <= allowed, f"from_gpt2 can override only {sorted(allowed)}, got "
          f"{sorted(override_args)}")
     hf = model_type if isinstance(model_type, torch.nn.Module) else hub_model(model_type)
     c, weights = hf.config, hf.state_dict()

@@ -21,10 +21,10 @@ import torch.nn.functional as F
 from torch.nn.utils.rnn import pad_sequence
 
 import attention
-from checkpoint import GPT2_SIZES, hub_offline, load_checkpoint
+from checkpoint import GPT2_SIZES, from_gpt2, hub_offline, load_checkpoint
 from guards import InputError, count, need, path_problem, setting_problem
 from hf import HFLM
-from model import DTYPES, GPT, KINDS, autocast, swapped
+from model import DTYPES, KINDS, autocast, swapped
 from prepare_data import dataset_dir, get_tokenizer, load_meta, load_tokens, progress, pyplot
 
 # -----------------------------------------------------------------------------
@@ -186,7 +186,7 @@ def load_model(s):
     offline = hub_offline(name)
     try:
         if name in GPT2_SIZES:
-            return ours(GPT.from_pretrained(name).to(dev), GPT2_META, name), {}
+            return ours(from_gpt2(name).to(dev), GPT2_META, name), {}
         try:
             from transformers import AutoModelForCausalLM, AutoTokenizer
         except ImportError:

@@ -17,7 +17,6 @@ import torch
 import attention
 import tiled
 from guards import check_inputs, need
-from model import KINDS
 
 
 def use_kv_cache(config, use_cache):
@@ -35,7 +34,7 @@ class KVCache:
         need(config.cacheable, f"a KV cache takes a cacheable model, not attn={config.attn!r} with "
              f"sa_rule={config.sa_rule!r}")
         self.config, self.layers = config, [{} for _ in range(config.n_layer)]
-        self.keeps = KINDS[config.attn].cache(config)
+        self.keeps = config.cache_rule()
         self.start = 0  # tokens seen: the position of the next one
         self.chunk = min(config.moba_chunk, config.block_size)  # MoBA's
 
@@ -79,7 +78,7 @@ class KVCache:
         c, cache, start, chunk, (B, nh, _, hs) = self.config, self.layers[i], self.start, self.chunk, q.shape
         if q.numel() == 0:  # an empty batch or head
             return torch.zeros_like(q)
-        S, rule, nc = cache["k"].shape[2], KINDS[kind].cache(c), start // chunk  # nc: MoBA's complete chunks
+        S, rule, nc = cache["k"].shape[2], c.cache_rule(kind), start // chunk  # nc: MoBA's complete chunks
         if rule == "sorted":  # the run of rs within delta (and a margin) of rq
             delta, rs, rq = c.sa_delta, cache["rs"], cache["rq"]  # rs (R, m), rq (R, 1)
             reach = delta + attention.VALUE_MARGIN

@@ -18,6 +18,7 @@ from torch.nn import functional as F
 
 import attention
 from guards import InputError, check_tokens, need, setting_problem
+from kv_cache import KVCache, use_kv_cache
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -159,7 +160,11 @@ class GPTConfig:
     def cacheable(self):
         """Whether GPT.generate can decode from a KV cache exactly. Rank-rule SA cannot: whether query i sees key j
         depends on the slots of the tokens after i."""
-        return KINDS[self.attn].cache(self) is not None
+        return self.cache_rule() is not None
+
+    def cache_rule(self, kind=None):
+        """What a KVCache keeps for kind (by default the model's own): its KINDS row's cache."""
+        return KINDS[kind or self.attn].cache(self)
 
 
 class GPT(nn.Module):
@@ -286,7 +291,6 @@ class GPT(nn.Module):
         refilled from the last block_size // 2 tokens."""
         c = self.config
         check_tokens(idx, c, sampling=(max_new_tokens, temperature, top_k))
-        from kv_cache import KVCache, use_kv_cache  # kv_cache.py imports KINDS from here
         use_cache = use_kv_cache(c, use_cache)
         cache = None
         for _ in range(max_new_tokens):
@@ -307,12 +311,6 @@ class GPT(nn.Module):
                 idx_next = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)  # (B, 1)
             idx = torch.cat((idx, idx_next), dim=1)
         return idx
-
-    @classmethod
-    def from_pretrained(cls, model_type, override_args=None):
-        """GPT-2's weights in our GPT, as nanoGPT's (checkpoint.from_gpt2)."""
-        from checkpoint import from_gpt2
-        return from_gpt2(model_type, override_args)
 
     def model_args(self):
         return asdict(self.config)

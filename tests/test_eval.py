@@ -1,4 +1,4 @@
-"""Tests for eval.py, ev.py and GPT.from_pretrained, all offline. Run: python -m pytest -q tests/test_eval.py
+"""Tests for eval.py, hf.py and checkpoint.from_gpt2, all offline. Run: python -m pytest -q tests/test_eval.py
 
 - the scoring definitions on hand-built task files with a stand-in model whose log-probabilities
   are known: acc vs acc_norm, partial scoring, stderr and bootstrap stderr, the context/continuation
@@ -32,7 +32,7 @@ import eval as ev
 import hf
 
 import prepare_data
-from checkpoint import save_checkpoint
+from checkpoint import from_gpt2, save_checkpoint
 from model import GPT, GPTConfig
 
 
@@ -402,25 +402,25 @@ def random_gpt2():
 @needs_transformers
 def test_gpt2_import_matches_transformers():
     hf = random_gpt2()
-    ours = GPT.from_pretrained(hf).eval()
+    ours = from_gpt2(hf).eval()
     assert ours.config.pos_emb == "learned" and ours.config.bias and ours.config.vocab_size == 101
     x = torch.randint(0, 101, (2, 32))
     with torch.no_grad():
         want = hf(x).logits
         assert (ours(x)[0] - want).abs().max() < 1e-5
-        swa = GPT.from_pretrained(hf, {"attn": "swa", "window": 32}).eval()  # a window of T keys is full attention
+        swa = from_gpt2(hf, {"attn": "swa", "window": 32}).eval()  # a window of T keys is full attention
         assert (swa(x)[0] - want).abs().max() < 1e-5
     with pytest.raises(ValueError, match="can override only"):
-        GPT.from_pretrained(hf, {"n_layer": 3})
+        from_gpt2(hf, {"n_layer": 3})
     with pytest.raises(ValueError, match="unknown GPT-2 model"):
-        GPT.from_pretrained("gpt3")
+        from_gpt2("gpt3")
 
 
 def test_missing_packages_are_clear_errors(monkeypatch):
     for name in ("transformers", "datasets"):
         monkeypatch.setitem(sys.modules, name, None)  # importing it now raises ImportError
     with pytest.raises(ValueError, match="pip install transformers"):
-        GPT.from_pretrained("gpt2")
+        from_gpt2("gpt2")
     with pytest.raises(ValueError, match="pip install transformers"):
         hf.register_hf_attention("sa", window=4)
     with pytest.raises(ValueError, match="pip install transformers"):
