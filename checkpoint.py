@@ -71,7 +71,7 @@ def load_checkpoint(path, device="cpu", require=(), resume=None):
     file is missing, damaged or not as train.py writes it. require: entries needed besides model, model_args;
     resume=(settings, meta): all of them, and check_resume."""
     if resume is not None:
-        require = ("optimizer", "iter_num", "best_val_loss", "settings", "meta", "rng")
+        require = ("optimizer", "scaler", "iter_num", "best_val_loss", "settings", "meta", "rng")
     need(os.path.isfile(path), f"checkpoint {path} not found: train one with train.py")
     need(not (bad := device_problem(str(device))), f"device={device!r}: {bad}")
     try:
@@ -226,7 +226,8 @@ class RunDir:
                 "trained, no checkpoint saved" + (f"; the old {self.ckpt_path} is kept" if self.new_log else ""))
 
     def holds(self):
-        return f"{self.ckpt_path} holds iteration {self.kept}" if self.kept is not None else "no checkpoint was saved"
+        kept = self.kept is not None
+        return f"{self.ckpt_path} holds iteration {self.kept}" if kept else "this run saved no checkpoint"
 
     def interrupted(self, signum, frame):
         args = [a for a in sys.argv[1:] if not a.startswith("--init_from=")] + ["--init_from=resume"]

@@ -110,8 +110,8 @@ def _attn_fwd(Q, K, V, O, LSE, Pos, R, Spans, pos_stride_b, pos_stride_h, pos_st
     bh = tl.program_id(1)
     off = bh.to(tl.int64) * T * D
     Q, K, V, O, LSE = Q + off, K + off, V + off, O + off, LSE + bh.to(tl.int64) * T
-    head = (bh // H) * pos_stride_b + (bh % H) * pos_stride_h  # strides maybe 0
-    Pos, R = Pos + head, R + head
+    bh_off = (bh // H) * pos_stride_b + (bh % H) * pos_stride_h  # strides maybe 0
+    Pos, R = Pos + bh_off, R + bh_off
     offs_m = start_m + tl.arange(0, TILE_M)
     q = _load(Q, offs_m, T, D, True)
     acc = tl.zeros([TILE_M, D], dtype=tl.float32)
@@ -174,8 +174,8 @@ def _attn_bwd(Q, K, V, DO, DQ, DK, DV, LSE, RowDot, Pos, R, Spans, pos_stride_b,
     off = bh.to(tl.int64) * T * D
     Q, K, V, DO, DQ, DK, DV = Q + off, K + off, V + off, DO + off, DQ + off, DK + off, DV + off
     LSE, RowDot = LSE + bh.to(tl.int64) * T, RowDot + bh.to(tl.int64) * T
-    head = (bh // H) * pos_stride_b + (bh % H) * pos_stride_h
-    Pos, R = Pos + head, R + head
+    bh_off = (bh // H) * pos_stride_b + (bh % H) * pos_stride_h
+    Pos, R = Pos + bh_off, R + bh_off
     Spans += bh * span_stride + tl.program_id(0) * 2
     rows = start + tl.arange(0, TILE_FIXED)
     at = rows[:, None] * D + tl.arange(0, D)[None, :]  # (TILE_FIXED, D)

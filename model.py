@@ -231,8 +231,8 @@ class GPT(nn.Module):
 
     def draw_sa(self, B, T, device, lengths=None):
         """SA's fresh draw per layer, (T,) or (B, nh, T) by sa_perm: a permutation, or (sa_rule="value") numbers r in
-        [0, 1); None for kinds that draw none. lengths (B,): right-padded rows, each drawn from a seed and its length
-        alone (sa_draws)."""
+        [0, 1); None for kinds that draw none. With lengths (B,) of right-padded rows: (B, 1 or nh, T), the value
+        rule's (1, 1 or nh, T), each row drawn from a seed and its length alone (sa_draws)."""
         c = self.config
         if not KINDS[c.attn].draws:
             return [None] * c.n_layer
@@ -255,6 +255,7 @@ class GPT(nn.Module):
             layer.attn.config = self.config
         return self
 
+    # nanoGPT's GPT.from_pretrained, GPT-2's weights in this GPT, is checkpoint.from_gpt2
     def crop_block_size(self, block_size):
         """A shorter context for a loaded model, as nanoGPT's (e.g. GPT-2's 1024 positions cut)."""
         need(block_size <= self.config.block_size, f"block_size={block_size}: the model holds at most "
@@ -340,7 +341,7 @@ def sa_draws(state: torch.Tensor, n: int, B: int, heads: int, T: int, value: boo
              lengths: Optional[torch.Tensor]) -> torch.Tensor:
     """n layers' SA draws from a CPU generator's state, advanced in place: permutations, or (value) numbers r in [0, 1),
     (n, T) for one head without lengths, else (n, B, heads, T). With lengths (B,), each layer draws from its own seed:
-    the rank rule by attention.row_perms, the value rule's r of token t t-th from the seed ((n, 1, heads, T)). A
+    the rank rule by attention.row_perms, the value rule's r of token t as the seed's t-th number ((n, 1, heads, T)). A
     registered op, so that torch.compile keeps these draws."""
     g = torch.Generator().set_state(state)
     if lengths is not None:

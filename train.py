@@ -44,7 +44,7 @@ eval_only = False               # evaluate once and exit
 always_save_checkpoint = True   # save at every eval; False: only when val loss improves
 init_from = "scratch"           # "scratch", "resume" (out_dir/ckpt.pt), "gpt2" ... "gpt2-xl", or a directory holding
 #                                 a transformers GPT2LMHeadModel
-overwrite = False               # a new run replaces a ckpt.pt already in out_dir (at its first checkpoint), not refuses
+overwrite = False               # True: a new run replaces out_dir's ckpt.pt at its first checkpoint; False: refused
 # data
 dataset = "fineweb-edu"         # data_root/<dataset>/ from prepare_data.py
 data_root = "data"
@@ -202,8 +202,8 @@ def get_lr(it):
 
 
 def stop_if_diverged(loss, what):
-    """A NaN or inf loss stops the run before anything of it is saved; under DDP the ranks' sum, so all stop
-    together. (With fp16 an inf gradient is normal: the GradScaler skips that step. An inf loss is not.)"""
+    """A NaN or inf loss stops the run before anything of it is saved; under DDP the ranks' losses are summed first,
+    so all stop together. (With fp16 an inf gradient is normal: the GradScaler skips that step. An inf loss is not.)"""
     loss = torch.as_tensor(loss, dtype=torch.float32, device=device)
     if ddp:
         dist.all_reduce(loss)
@@ -213,7 +213,9 @@ def stop_if_diverged(loss, what):
          f"--learning_rate?); {kept}")
 
 
-# logging: the master's run.log appends a line to out_dir/log.jsonl at each eval and every log_interval iterations
+# logging: the master appends to out_dir/log.jsonl an eval's {iter, train_loss, val_loss, lr, elapsed_s} (and each
+# split's _acc on MQAR, _first and _second on the copy task) and, every log_interval, training's {iter, loss, lr,
+# ms_per_iter, tok_per_s, mfu (null off CUDA), elapsed_s}
 tokens_per_iter = gradient_accumulation_steps * world_size * batch_size * T
 run = RunDir(out_dir, iter_num if init_from == "resume" else None) if master else None
 if master:
@@ -221,7 +223,7 @@ if master:
           f"{raw_model.get_num_params() / 1e6:.2f}M parameters, attn={attn}, window={window}; {tokens_per_iter:,} "
           f"tokens per iteration ({world_size} x {gradient_accumulation_steps} x {batch_size} x {T}) on {device}")
 attention.IMPL = attn_impl
-line = attention.impl_line(device, DTYPES[dtype], n_embd // n_head, [attn], sa_rule)  # on every rank
+line = attention.impl_line(device, DTYPES[dtype], n_embd // n_head, [attn], sa_rule)  # each rank's GPU checks itself
 if master:
     print(line)
 

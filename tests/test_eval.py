@@ -391,27 +391,27 @@ needs_transformers = pytest.mark.skipif(importlib.util.find_spec("transformers")
 def random_gpt2():
     import transformers
     torch.manual_seed(0)
-    hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=101, n_positions=32, n_embd=32, n_layer=2,
-                                                              n_head=4, bos_token_id=100, eos_token_id=100)).eval()
+    gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=101, n_positions=32, n_embd=32, n_layer=2,
+                                                                n_head=4, bos_token_id=100, eos_token_id=100)).eval()
     with torch.no_grad():  # biases and LayerNorms start at 0 and 1: perturb them so that every copy counts
-        for p in hf.parameters():
+        for p in gpt2.parameters():
             p.add_(0.1 * torch.randn_like(p))
-    return hf
+    return gpt2
 
 
 @needs_transformers
 def test_gpt2_import_matches_transformers():
-    hf = random_gpt2()
-    ours = from_gpt2(hf).eval()
+    gpt2 = random_gpt2()
+    ours = from_gpt2(gpt2).eval()
     assert ours.config.pos_emb == "learned" and ours.config.bias and ours.config.vocab_size == 101
     x = torch.randint(0, 101, (2, 32))
     with torch.no_grad():
-        want = hf(x).logits
+        want = gpt2(x).logits
         assert (ours(x)[0] - want).abs().max() < 1e-5
-        swa = from_gpt2(hf, {"attn": "swa", "window": 32}).eval()  # a window of T keys is full attention
+        swa = from_gpt2(gpt2, {"attn": "swa", "window": 32}).eval()  # a window of T keys is full attention
         assert (swa(x)[0] - want).abs().max() < 1e-5
     with pytest.raises(ValueError, match="can override only"):
-        from_gpt2(hf, {"n_layer": 3})
+        from_gpt2(gpt2, {"n_layer": 3})
     with pytest.raises(ValueError, match="unknown GPT-2 model"):
         from_gpt2("gpt3")
 

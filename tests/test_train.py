@@ -340,7 +340,7 @@ def test_overwrite_keeps_the_old_pair_until_its_first_checkpoint(trained, train_
     assert files(tmp_path) == before
     r = run(*job, "--max_iters=3", check=False, max_file_bytes=50_000)  # the log fits, the checkpoint does not
     assert_clean_error(r, f"cannot write {tmp_path / 'ckpt.pt'}")
-    assert "no checkpoint was saved" in r.stderr and "step 3: train loss" in r.stdout
+    assert "this run saved no checkpoint" in r.stderr and "step 3: train loss" in r.stdout
     assert files(tmp_path) == before
 
 
@@ -778,6 +778,10 @@ def test_load_checkpoint_errors(trained, tmp_path):
     assert all(torch.equal(v, good["model"][k]) for k, v in model.state_dict().items())
     torch.save({**good, "meta": {"tokenizer": "bytes", "vocab_size": 256}}, path)  # what sampling needs of meta.json
     assert load_checkpoint(path)[1]["meta"] == {"tokenizer": "bytes", "vocab_size": 256}
+    for entry in ("optimizer", "scaler", "iter_num", "best_val_loss", "settings", "meta", "rng"):  # what restore reads
+        torch.save({k: v for k, v in good.items() if k != entry}, path)
+        with pytest.raises(ValueError, match=f"no '{entry}' entry: it was edited"):
+            load_checkpoint(path, resume=(good["settings"], good["meta"]))
 
 
 def rng_with(**states):
