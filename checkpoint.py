@@ -225,9 +225,10 @@ class RunDir:
         return (f"checkpoint {self.ckpt_path} (iteration {self.kept})" if self.kept is not None else "no iteration "
                 "trained, no checkpoint saved" + (f"; the old {self.ckpt_path} is kept" if self.new_log else ""))
 
-    def holds(self):
-        kept = self.kept is not None
-        return f"{self.ckpt_path} holds iteration {self.kept}" if kept else "this run saved no checkpoint"
+    def holds(self):  # what ckpt.pt holds, for a message
+        if self.kept is None:
+            return "this run saved no checkpoint"
+        return f"{self.ckpt_path} holds iteration {self.kept}"
 
     def interrupted(self, signum, frame):
         args = [a for a in sys.argv[1:] if not a.startswith("--init_from=")] + ["--init_from=resume"]

@@ -3,7 +3,7 @@ Support, which a first reading skips. GPT.generate's exact KV cache: a step's ou
 the tokens it holds (all so far, until generate refills it; tests/test_generate.py checks each kind).
 
 A layer keeps k and v (B, nh, S, hs), position p in slot p % S, and what its KINDS row's cache names:
-"all" (full): S = block_size. "window" (SWA): S = min(window, block_size).
+"all" (full): S = block_size. "window" (SWA): S = min(window, block_size), a key overwritten once no query sees it.
 "chunks" (MoBA): S = block_size in whole chunks, and each complete chunk's fp32 mean key.
 "sorted" (value-rule SA): S = block_size, and the numbers r sorted with their positions: a step's keys are the run two
 binary searches find (~2 * window keys at T = block_size).
