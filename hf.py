@@ -1,5 +1,5 @@
 """Support, which a first reading skips: eval.py's training-free swaps of this repo's attentions into a Hugging Face
-transformers model (Qwen3, Llama...): HFLM, eval.py's interface to such a model, and register_hf_attention."""
+transformers model (Qwen3, Llama...)."""
 import math
 
 import torch
@@ -12,8 +12,7 @@ from guards import InputError, check_count, need
 def hf_context_length(config, tokenizer_max=None):
     """lm-eval's resolve_max_length: the config's length, else the tokenizer's unless unset (~1e30), else 2048."""
     text = getattr(config, "text_config", None) or config
-    own = [getattr(text, a) for a in ("n_positions", "max_position_embeddings", "n_ctx") if getattr(text, a, None)
-           is not None]
+    own = [n for a in ("n_positions", "max_position_embeddings", "n_ctx") if (n := getattr(text, a, None)) is not None]
     return int(own[0] if own else tokenizer_max if tokenizer_max is not None and tokenizer_max < 1e29 else 2048)
 
 
@@ -23,7 +22,7 @@ class HFLM:  # as eval.OurLM, for a transformers model
         self.model, self.tok, self.device, c = model.eval(), tok, device, model.config
         own, text = hf_context_length(c, tokenizer_max), c.get_text_config()
         self.block_size, self.native = min(block_size or own, own), {"attn": "full"}
-        # its own head_dim where set: Qwen3's is not hidden_size // heads
+        # Qwen3's head_dim is not hidden_size // heads
         self.head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
         self.native_impl, self.generator = c._attn_implementation, torch.Generator()  # "full"; SA's seeds
         self.seed = self.generator.manual_seed
@@ -40,10 +39,9 @@ class HFLM:  # as eval.OurLM, for a transformers model
 
 
 def register_hf_attention(attn, window=None, moba_chunk=64, moba_topk=4, generator=None):
-    """Register attn in transformers' AttentionInterface (Qwen3, Llama... call it after RoPE), with a mask function
-    handing it the 2D padding mask: a row, left or right padded, attends as if alone. Returns the name for
-    model.set_attn_implementation. SA seeds each layer call from `generator`. On a KV cache swa sees the last `window`
-    keys, sa and moba all (said once). Other attention kwargs, if set, raise."""
+    """Register attn with transformers (Qwen3, Llama... call it after RoPE), given the 2D padding mask: a row, left or
+    right padded, attends as if alone. Returns the name for model.set_attn_implementation. SA seeds from `generator`.
+    On a KV cache swa sees the last `window` keys, sa and moba all (said once). Other attention kwargs raise if set."""
     try:
         from transformers import AttentionInterface
         from transformers.masking_utils import AttentionMaskInterface
@@ -51,16 +49,16 @@ def register_hf_attention(attn, window=None, moba_chunk=64, moba_topk=4, generat
         raise InputError("Hugging Face models need transformers: pip install transformers") from None
     need(attn in ("swa", "sa", "moba"), f"a Hugging Face model can run swa, sa or moba, not {attn!r}"
          + ": sa+swa needs gates trained with the model" * (attn == "sa+swa"))
-    args = {"moba_chunk": moba_chunk, "moba_topk": moba_topk} if attn == "moba" else {"window": window}
-    for key, value in args.items():
-        check_count(value, key)
-    generator, told = generator or torch.Generator(), []  # told: the KV-cache fallback was printed
-    name = f"moba_c{moba_chunk}_k{moba_topk}" if attn == "moba" else f"{attn}_w{window}"
+    if attn == "moba":
+        name = f"moba_c{check_count(moba_chunk, 'moba_chunk')}_k{check_count(moba_topk, 'moba_topk')}"
+    else:
+        name = f"{attn}_w{check_count(window, 'window')}"
+    generator, told = generator or torch.Generator(), []
 
     def padding_mask(attention_mask=None, kv_length=0, kv_offset=0, **_):  # (B, kv_length), True: real; None: no pad
         if attention_mask is not None:
             m = F.pad(attention_mask.bool(), (0, max(0, kv_offset + kv_length - attention_mask.shape[-1])))
-            m = m[:, kv_offset:kv_offset + kv_length]  # the keys this layer holds (a sliding cache drops some)
+            m = m[:, kv_offset:kv_offset + kv_length]  # this layer's keys: a sliding cache drops some
             return None if bool(m.all()) else m
 
     def sparse(q, k, v, lengths):
@@ -74,7 +72,7 @@ def register_hf_attention(attn, window=None, moba_chunk=64, moba_topk=4, generat
 
     def forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, is_causal=True, **kwargs):
         bad = [f"{k}={v!r}" for k, v in kwargs.items() if k not in ("position_ids", "use_cache", "sliding_window")
-               and v not in (None, False)]  # sliding_window: a swap replaces the model's own
+               and v not in (None, False)]  # sliding_window: the swap replaces it
         bad += [f"dropout={dropout}"] * bool(dropout) + ["is_causal=False"] * (is_causal is False)
         need(not bad, f"the {name} attention does not implement {', '.join(bad)}")
         if attention_mask is not None and attention_mask.dim() != 2:
@@ -82,7 +80,7 @@ def register_hf_attention(attn, window=None, moba_chunk=64, moba_topk=4, generat
         (B, H, T, D), S = query.shape, key.shape[2]
         k, v = (x.repeat_interleave(H // key.shape[1], dim=1) for x in (key, value))  # (B, H, S, D)
         q = query if scaling is None else query * (scaling * math.sqrt(D))  # (B, H, T, D)
-        if S != T:  # decoding against a KV cache
+        if S != T:  # decoding on a KV cache
             need(T == 1, f"{name} takes T queries on T keys, or one on a cache; got {T} on {S}")
             keep = torch.arange(S, device=q.device) >= (S - window if attn == "swa" else 0)  # (S,): swa's last keys
             keep = keep if attention_mask is None else keep & attention_mask  # (B, S)
@@ -90,12 +88,12 @@ def register_hf_attention(attn, window=None, moba_chunk=64, moba_topk=4, generat
                 own = kwargs.get("sliding_window")
                 need(own is None or own >= window, f"{name} cannot decode: the cache keeps sliding_window={own} keys")
             elif not told:
-                print(f"{name}: decoding against a KV cache runs full attention over the cache")
+                print(f"{name}: decoding on a KV cache runs full attention over the cache")
                 told.append(True)
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=keep[..., None, None, :])  # (B, H, 1, D)
         elif attention_mask is None:
             y = sparse(q, k, v, None)
-        else:  # each row's real tokens first, in order, its pads after: a row attends as if alone
+        else:  # real tokens first, in order, pads after
             order = torch.argsort((~attention_mask).to(torch.int8), dim=1, stable=True)  # (B, T)
             idx = order[:, None, :, None].expand(B, H, T, D)  # (B, H, T, D)
             y = sparse(q.gather(2, idx), k.gather(2, idx), v.gather(2, idx), attention_mask.sum(1))

@@ -1,11 +1,11 @@
 """
-Support, which a first reading skips. Prepare a dataset, text -> tokens -> data_root/<dataset>/{train,val}.bin (as
-nanoGPT's) and meta.json, and load it for train.py, sample.py and eval.py.
+Support, which a first reading skips. Datasets: text -> tokens -> data_root/<dataset>/{train,val}.bin (nanoGPT's)
+and meta.json, and their loading for train.py, sample.py and eval.py.
 
   python prepare_data.py  # pystdlib: Python's standard library, offline
   python prepare_data.py --dataset=mqar  # synthetic associative recall, offline
   python prepare_data.py --dataset=shakespeare_char  # downloads ~1 MB
-  python prepare_data.py --dataset=fineweb-edu  # downloads via `datasets`; GPT-2 BPE
+  python prepare_data.py --dataset=fineweb-edu  # via `datasets`; GPT-2 BPE
   python prepare_data.py --dataset=wikitext-103  # the same, with a test split
   python prepare_data.py --input_file=notes.txt [--tokenizer=gpt2] [--dataset=notes]
 """
@@ -28,8 +28,8 @@ input_file = ""
 tokenizer = "bytes"  # --input_file's or --adopt's: bytes, chars (not --adopt) or a tiktoken encoding (gpt2)
 data_root = "data"
 val_fraction = 0.1  # val's share of the files (pystdlib) or the text (--input_file, shakespeare_char)
-adopt = False  # write a meta.json for nanoGPT's train.bin/val.bin in data_root/<dataset>/
-mqar_seq_len = 64  # mqar: see prepare_mqar; the defaults are config/mqar.py's data
+adopt = False  # write meta.json for nanoGPT's train.bin/val.bin in data_root/<dataset>/
+mqar_seq_len = 64  # see prepare_mqar; defaults: config/mqar.py's data
 mqar_num_pairs = 4
 mqar_num_queries = 4
 mqar_vocab = 32
@@ -51,8 +51,7 @@ TOKENIZERS = ("bytes", "chars", "ids")  # any other name is a tiktoken encoding
 # Loading, for the other scripts
 
 def prepare_command(data_dir, args=None):
-    """The command that writes data_dir: prepare_data.py, args (default: none for DATASETS, else --input_file=FILE),
-    --dataset and a --data_root other than data."""
+    """The command that writes data_dir; args default to "" for DATASETS, else --input_file=FILE."""
     root, name = os.path.split(os.path.normpath(data_dir))
     args = ("" if name in DATASETS else "--input_file=FILE ") if args is None else args
     return f"`python prepare_data.py {args}--dataset={name}{f' --data_root={root}' * (root != 'data')}`"
@@ -130,7 +129,7 @@ def load_tokens(data_dir, split, meta, least=1):
     need(os.path.getsize(path) == n * dtype.itemsize, f"{path} holds {os.path.getsize(path)} bytes, not meta.json's "
          f"{n} {dtype} tokens: truncated or corrupt; {fix}")
     need(n > 0, f"{path} is empty: {fix} with more text")
-    need(n >= least, f"block_size={least - 1} is larger than the data: {path} holds only {n} tokens; lower "
+    need(n >= least, f"block_size={least - 1} is larger than the data: {path} holds {n} tokens; lower "
          "--block_size or prepare more data")
     tokens = np.memmap(path, dtype=dtype, mode="r")
     for i in range(0, n, 1 << 24):  # in chunks: memory stays small
@@ -152,8 +151,8 @@ def load_data(data_dir, block_size, copy_task=False):
 
 
 def draw_batch(tokens, meta, B, T, gen, train, copy_task=False):
-    """B sequences drawn with the torch generator gen, (x, y) int64 numpy (B, T): random windows, y one token on; the
-    copy task's chunk of T/2 twice, y one on (-1 last); MQAR's, y the answers (-1 elsewhere), fresh when training."""
+    """B sequences drawn with torch generator gen, (x, y) int64 numpy (B, T): random windows, y one on; the copy
+    task's chunk of T/2 twice, y one on (-1 last); MQAR's, y the answers (-1 elsewhere), fresh when training."""
     import torch
     if "mqar" in meta and train:
         return mqar_batch(np.random.default_rng(torch.randint(2**62, (), generator=gen).item()), B, meta)
@@ -171,8 +170,8 @@ def draw_batch(tokens, meta, B, T, gen, train, copy_task=False):
 
 
 def task_metrics(logits, y, meta, copy_task=False):
-    """Measures to sum over batches and divide by "n": MQAR's answer accuracy (acc); the copy task's mean loss on
-    targets 0 .. T/2-2 (first) and on the copies (second)."""
+    """Sums over batches, to divide by "n": MQAR's answer accuracy (acc); the copy task's mean loss on targets
+    0 .. T/2-2 (first) and on the copies (second)."""
     import torch.nn.functional as F
     if "mqar" in meta:
         scored = y != -1
@@ -186,7 +185,7 @@ def task_metrics(logits, y, meta, copy_task=False):
 
 def get_tokenizer(meta, source=""):
     """(encode, decode) for meta's tokenizer ("ids": decimal numbers); decode drops ids past the vocabulary (a
-    model's is padded). Errors name source, where meta is from."""
+    model's is padded). Errors name source, meta's origin."""
     check_schema(meta, META, f"{source or 'the tokenizer'}: its meta", required=("vocab_size", "tokenizer"))
     name, n = meta["tokenizer"], meta["vocab_size"]
     known = lambda ids: [i for i in ids if i < n]  # META: n is 256 for bytes, len(chars) for chars
@@ -221,7 +220,7 @@ def mqar_targets(x, meta):
 
 
 def mqar_batch(rng, n, meta):
-    """n fresh MQAR sequences drawn with the numpy Generator rng: (x, y) int64 (n, seq_len) each."""
+    """n fresh MQAR sequences drawn with numpy Generator rng: (x, y) int64 (n, seq_len) each."""
     m, V = meta["mqar"], meta["vocab_size"]
     T, P, Q, K, o = m["seq_len"], m["num_pairs"], m["num_queries"], m["num_keys"], m.get("offset", 0)
     firsts = lambda lo, hi, k: rng.permuted(np.tile(np.arange(lo, hi), (n, 1)), axis=1)[:, :k]  # k distinct per row
@@ -230,7 +229,7 @@ def mqar_batch(rng, n, meta):
     x[:, o:o + 2 * P:2], x[:, o + 1:o + 2 * P:2] = keys, values
     if m.get("ordered"):  # pair i asked at T/2 + 2i
         x[:, T // 2:T // 2 + 2 * P:2] = keys
-    else:  # a key asked twice is a second, wrong place to copy its value from, and slows learning a lot
+    else:  # a key asked twice is a second, wrong source of its value: learning slows a lot
         where = firsts(T // 2, T, Q)  # (n, Q) query positions
         asked = firsts(0, P, Q) if Q <= P else rng.integers(P, size=(n, Q))  # (n, Q) pair each query asks for
         np.put_along_axis(x, where, np.take_along_axis(keys, asked, 1), 1)
@@ -240,7 +239,6 @@ def mqar_batch(rng, n, meta):
 # Tokenise and write
 
 def tiktoken_names():
-    """tiktoken's encoding names; [] without tiktoken."""
     try:
         import tiktoken
     except ImportError:
@@ -303,7 +301,7 @@ def token_dtype(vocab_size):
 
 @contextlib.contextmanager
 def writing(data_dir, meta):
-    """{split: <split>.bin.tmp} for the block to fill: removed if it fails or a split is empty; else the old
+    """{split: <split>.bin.tmp} for the block to fill, removed if it fails or a split is empty; else the old
     meta.json goes (the dataset reads as incomplete), they move into place, and meta.json is written."""
     tmps = {split: os.path.join(data_dir, f"{split}.bin.tmp") for split in meta["tokens"]}
     try:
@@ -321,7 +319,7 @@ def writing(data_dir, meta):
 
 
 def write_meta(data_dir, meta):
-    """Write meta.json (through a .tmp file) if it passes META."""
+    """Write meta.json, through a .tmp file, if it passes META."""
     path, problem = os.path.join(data_dir, "meta.json"), schema_problem(meta, META)
     need(problem is None, f"{path} would be refused: {problem}")
     pathlib.Path(path + ".tmp").write_text(json.dumps(meta, indent=1))
@@ -415,7 +413,7 @@ def prepare_mqar(data_dir, seq_len, num_pairs, num_queries, vocab, train_seqs, v
         k1 v1 k2 v2 ... kP vP  0 0 ... 0  |  0 q 0 0 q q 0 ... q 0   (| = seq_len // 2)
 
     P pairs of distinct keys from [1, K] and values from [K+1, vocab), after `offset` 0s; then num_queries keys
-    (another pair each, while there are P) at random positions, min_gap = seq_len // 2 - (2P - 1) - offset or more
+    (distinct pairs if num_queries <= P) at random positions, min_gap = seq_len // 2 - (2P - 1) - offset or more
     after their values: SWA of reach n_layer * (w - 1) < min_gap can only guess. ordered=True asks pair i at
     seq_len // 2 + 2i (min_gap = seq_len // 2 - 1 - offset)."""
     K, min_gap = mqar_layout(seq_len, num_pairs, num_queries, vocab, ordered, offset)
