@@ -1,19 +1,17 @@
 """Read first. Causal attention, q, k, v (B, H, T, D) -> (B, H, T, D): full, sliding-window (SWA), stochastic (SA),
-MoBA.
-
-SWA and both SA rules are one rule over a slot and a position per token, stated here once; the dense references,
-tiled.py and kernel.py follow it (test_attention.py and tests/test_kernel.py check them):
+MoBA. SWA and both SA rules are one rule over a slot and a position per token, which the dense references, tiled.py
+and kernel.py follow (test_attention.py, tests/test_kernel.py check them):
 
     key j is visible to query i  iff  |slot[i] - slot[j]| < width  and  pos[j] <= pos[i]
 
 SWA: slot = the index, width = window, pos = arange(T) by default (i - window < j <= i); a given pos makes the band
 two-sided, causal on pos. SA, the rank rule (the paper's): slot s holds token perm[s]; gather q, k, v by perm, run SWA
-with pos = perm, gather back: tokens a >= b interact iff their slots are fewer than `window` apart. SA, the value
-rule: each token's slot is an i.i.d. uniform r, width = delta, pos = the index: a >= b interact iff |r_a - r_b| < delta,
-by r_a and r_b alone, so a KV cache decodes it. MoBA: query i sees its own chunk (j <= i) and the top_k - 1 past
-chunks of largest q_i . mean(K_chunk). Every query sees itself; no query reads a key it may not see, not even a NaN in
-its k or v (eagerly: under torch.compile a NaN in v may reach other queries of its tile). Scores are fp32. Each
-function takes q, k, v as SDPA does, checked at its door (guards.check_inputs).
+with pos = perm, gather back: tokens a >= b interact iff their slots are < window apart. SA, the value rule: slot = an
+i.i.d. uniform r per token, width = delta, pos = the index: a >= b interact iff |r_a - r_b| < delta, by r_a and r_b
+alone, so a KV cache decodes it. MoBA: query i sees its own chunk (j <= i) and the top_k - 1 past chunks of largest
+q_i . mean(K_chunk). Every query sees itself; no query reads a key it may not see, not even a NaN in its k or v
+(eagerly; compiled, a NaN in v may reach other queries of its tile). Scores are fp32. Each function checks q, k, v at
+its door (guards.check_inputs) and takes them as SDPA does (under autocast: its dtype).
 """
 import functools
 import importlib.util
@@ -28,27 +26,26 @@ import torch.nn.functional as F
 import tiled
 from guards import InputError, check_count, check_delta, check_inputs
 
-# What runs SWA's and SA's band: "auto": the Triton kernel on CUDA (a Triton of TRITON_VERSIONS, a head dim and dtype
-# it has), else "torch": tiled.py, O(T * window); "triton": the kernel (on the CPU under TRITON_INTERPRET=1);
-# "reference": a dense rule_mask in slot order. Full attention is always SDPA.
+# What runs SWA's and SA's band: "auto": the Triton kernel on CUDA (Triton in TRITON_VERSIONS, a head dim and dtype it
+# has), else "torch": tiled.py, O(T * window); "triton": the kernel (CPU: TRITON_INTERPRET=1); "reference": a dense
+# rule_mask in slot order. Full attention is always SDPA.
 IMPL = "auto"
 IMPLS = ("auto", "torch", "triton", "reference")
 TRITON_VERSIONS = ((3, 2), (3, 9))  # Triton minors tested: results/kernel_triton_versions.txt
-VALUE_MARGIN = 1e-6  # the value rule's key spans reach this much past delta: fp32 rounding of |r_i - r_j| (r < 1)
+VALUE_MARGIN = 1e-6  # the value rule's key spans reach this far past delta: fp32 rounding of |r_i - r_j| (r < 1)
 
 
-# -----------------------------------------------------------------------------
-# The dense references: O(T^2), the oracle of every test, each beside its fast path.
+# The dense references: O(T^2), every test's oracle, each beside its fast path.
 
 def rule_mask(slot, pos, width):
     """THE rule, dense: (..., T, T) bool, True where query i may see key j; slot and pos (T,) or (..., T)."""
-    near = (slot[..., :, None] - slot[..., None, :]).abs() < width       # (..., T, T)
+    near = (slot[..., :, None] - slot[..., None, :]).abs() < width  # (..., T, T)
     return near & (pos[..., None, :] <= pos[..., :, None])
 
 
 def masked_attention(q, k, v, mask):
     """softmax(q k^T / sqrt(D), hidden keys at fp32's min) @ v; keys may outnumber queries (a KV cache step). A
-    non-finite v[j, d] reaches out[i, d] only where mask[i, j]."""
+    non-finite v[j, d] reaches out[i, d] only if mask[i, j]."""
     q, k, v = check_inputs(q, k, v, any_length=True, mask=mask)
     with torch.autocast(q.device.type, enabled=False):
         scores = (q.float() @ k.float().transpose(-1, -2) / math.sqrt(q.shape[-1])).masked_fill_(
@@ -62,12 +59,11 @@ def masked_attention(q, k, v, mask):
 
 
 def full_attention(q, k, v):
-    """Causal attention, PyTorch's SDPA (its flash kernels where they run)."""
+    """Causal attention by PyTorch's SDPA (its flash kernels where they run)."""
     q, k, v = check_inputs(q, k, v)
     return _exact(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), q, k, v)
 
 
-# -----------------------------------------------------------------------------
 # SWA, and both SA rules through it.
 
 def swa_mask(T, window, pos=None, device=None):
@@ -85,7 +81,7 @@ def sliding_window_attention(q, k, v, window, pos=None):
     """SWA by the rule above, pos (T,) or broadcastable to (B, H, T); without pos, FlashAttention's
     window_size=(window-1, 0). Equals swa_reference."""
     q, k, v = check_inputs(q, k, v, window=window, pos=pos)
-    return _engine(q, k, v)(q, k, v, pos, None, float(window), VALUE_MARGIN)  # IMPL's engine runs the band
+    return _engine(q)(q, k, v, pos, None, float(window), VALUE_MARGIN)
 
 
 def sa_mask(window, perm):
@@ -100,8 +96,8 @@ def sa_reference(q, k, v, window, perm):
 
 
 def gather(t, perm):
-    """t (B, H, T, D) in slot order, slot s holding token perm[..., s]; perm (T,) or broadcastable to (B, H, T).
-    gather(t_slots, perm.argsort(-1)) undoes it: slot order back to token order."""
+    """t (B, H, T, D) in slot order: slot s holds token perm[..., s]; perm (T,) or broadcastable to (B, H, T).
+    gather(t_slots, perm.argsort(-1)) undoes it."""
     if perm.dim() == 1:
         return t.index_select(2, perm)  # (B, H, T, D): the fast row copy
     b, h = (torch.arange(n, device=t.device) for n in t.shape[:2])  # (B,), (H,)
@@ -110,8 +106,7 @@ def gather(t, perm):
 
 def stochastic_attention(q, k, v, window, perm):
     """SA by the rank rule, perm (T,) or broadcastable to (B, H, T): a query sees ~`window` keys; window >= T is full
-    attention, the identity perm SWA. Equals sa_reference. The last three lines are README.md's recipe; in slot order
-    a slot's original position is perm itself, SWA's pos."""
+    attention, the identity perm SWA. Equals sa_reference. The last three lines are README.md's recipe."""
     q, k, v = check_inputs(q, k, v, window=window, perm=perm)
     qs, ks, vs = gather(q, perm), gather(k, perm), gather(v, perm)  # (B, H, T, D) each, in permuted (slot) order
     ys = sliding_window_attention(qs, ks, vs, window, pos=perm)     # SWA there, causal on original positions
@@ -120,7 +115,7 @@ def stochastic_attention(q, k, v, window, perm):
 
 def row_perms(seed, lengths, T, heads=1):
     """SA's permutations (B, heads, T) for right-padded rows: row b permutes its first lengths[b] tokens, its pads
-    keep their slots. From `seed` and the row's length alone, never the rest of the batch."""
+    keep their slots. Drawn from `seed` and the row's length alone, not the rest of the batch."""
     rows = [torch.cat([torch.rand(heads, n, generator=torch.Generator().manual_seed(seed)).argsort(-1),  # (heads, n)
                        torch.arange(n, T).expand(heads, -1)], -1) for n in lengths.tolist()]  # (heads, T) each
     return torch.stack(rows)  # (B, heads, T)
@@ -138,16 +133,15 @@ def sa_value_reference(q, k, v, delta, r):
 
 def stochastic_value_attention(q, k, v, delta, r):
     """SA by the value rule, r (T,) or broadcastable to (B, H, T): delta = window / T connects a pair as often as the
-    rank rule. Sorted by r, a tile of queries sees one contiguous key span. Equals sa_value_reference."""
+    rank rule. Sorted by r, a tile of queries sees one key span. Equals sa_value_reference."""
     q, k, v = check_inputs(q, k, v, delta=delta, r=r)
     perm = torch.argsort(r, dim=-1, stable=True)  # (T,) or (B, H, T): ascending r
     r_sorted = r.gather(-1, perm).float()  # (T,) or (B, H, T): each slot's r
     qs, ks, vs = gather(q, perm), gather(k, perm), gather(v, perm)  # (B, H, T, D) each, sorted by r
-    ys = _engine(qs, ks, vs)(qs, ks, vs, perm, r_sorted, float(delta), VALUE_MARGIN)  # the band over r, causal on perm
-    return gather(ys, perm.argsort(-1))  # back to token order
+    ys = _engine(qs)(qs, ks, vs, perm, r_sorted, float(delta), VALUE_MARGIN)  # the band over r, causal on perm
+    return gather(ys, perm.argsort(-1))  # (B, H, T, D): back to token order
 
 
-# -----------------------------------------------------------------------------
 # MoBA: each query's own chunk plus the past chunks tiled.moba_select picks.
 
 def moba_mask(q, k, moba_chunk, top_k):
@@ -175,14 +169,13 @@ def moba_attention(q, k, v, moba_chunk, top_k):
     return _exact(lambda q, k, v: tiled.moba(q, k, v, idx, ok, moba_chunk)[0], q, k, v)
 
 
-# -----------------------------------------------------------------------------
-# Support, which a first reading skips: what runs the band, and the cases an engine alone gets wrong (an empty
-# dimension; a NaN in v, which p @ v spreads to every query: 0 * NaN = NaN).
+# Support, for a second reading: what runs the band, and _exact.
 
 def _exact(engine, q, k, v, *args):
     """engine(q, k, v, *args), autocast off, exact where an engine alone is not: an empty B, H, T or D gives the empty
-    output on the autograd graph; a non-finite v[j, d] reaches out[i, d] only if query i sees key j (found by the
-    engine on q = k = 0 and v's bad entries: it weighs every visible key >= 1/T, every hidden one 0)."""
+    output on the autograd graph; a non-finite v[j, d], which p @ v spreads to every query (0 * NaN = NaN), reaches
+    out[i, d] only if query i sees key j (found by the engine on q = k = 0 and v's bad entries: it weighs each visible
+    key >= 1/T, each hidden one 0)."""
     if q.numel() == 0 or k.numel() == 0:
         return q.new_zeros(*q.shape[:3], v.shape[3]) + (q.sum() + k.sum() + v.sum())
     with torch.autocast(q.device.type, enabled=False):
@@ -196,7 +189,7 @@ def _exact(engine, q, k, v, *args):
 
 @functools.lru_cache
 def _triton_supported():
-    """Whether "auto" may run the kernel: Triton is installed, in TRITON_VERSIONS (else a warning, once)."""
+    """Whether "auto" may run the kernel: Triton installed, in TRITON_VERSIONS (else a warning, once)."""
     if importlib.util.find_spec("triton") is None:
         return False
     import triton
@@ -214,25 +207,21 @@ def _impl(q):
         raise InputError("attn_impl 'triton' needs the triton package (pip install triton); 'auto' or 'torch' runs "
                          "without it")
     if IMPL == "triton" and not q.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
-        raise InputError(f"attn_impl 'triton' runs the Triton kernel on a CUDA GPU, not on {q.device} (except under "
-                         "TRITON_INTERPRET=1, slowly, for tests): use attn_impl 'auto' or 'torch'")
+        raise InputError(f"attn_impl 'triton' runs the Triton kernel on a CUDA GPU, not on {q.device} (tests: under "
+                         "TRITON_INTERPRET=1): use attn_impl 'auto' or 'torch'")
     if IMPL == "auto" and q.is_cuda and _triton_supported():
         import kernel
         return "triton" if q.shape[-1] in kernel.HEAD_DIMS and q.dtype in kernel.SUPPORTED_DTYPES else "torch"
     return "torch" if IMPL == "auto" else IMPL
 
 
-def _engine(q, k, v):
-    """_impl's function for the band, (q, k, v, pos, r, width, margin) -> out; within _exact for an empty q or (eagerly)
-    a non-finite v."""
-    run = {"torch": tiled.band_attention, "triton": _kernel, "reference": _dense}[_impl(q)]
-    if q.numel() and (torch.compiler.is_compiling() or bool(v.sum().isfinite())):  # the usual case
-        return run
-    return functools.partial(_exact, run)
+def _engine(q):
+    """_impl's band function, (q, k, v, pos, r, width, margin) -> out, within _exact."""
+    return functools.partial(_exact, {"torch": tiled.band_attention, "triton": _kernel, "reference": _dense}[_impl(q)])
 
 
 def _kernel(q, k, v, pos, r, width, margin):
-    """kernel.triton_swa (self-checked at each variant's first use); where it cannot run, tiled.py's band with a
+    """kernel.triton_swa (self-checked at each variant's first use); where it cannot run, tiled.py's band and a
     warning, unless IMPL is "triton"."""
     import kernel
     try:
@@ -247,21 +236,21 @@ def _kernel(q, k, v, pos, r, width, margin):
 def _dense(q, k, v, pos, r, width, margin):
     """The band as a dense rule_mask in slot order, plain code to step through."""
     idx = torch.arange(q.shape[2], device=q.device)  # (T,): SWA's slot, and its pos by default
-    slot, pos = (idx, idx if pos is None else pos) if r is None else (r, pos)
-    return masked_attention(q, k, v, rule_mask(slot, pos, min(width, q.shape[2])))
+    mask = rule_mask(idx if r is None else r, idx if pos is None else pos, min(width, q.shape[2]))  # r comes with pos
+    return masked_attention(q, k, v, mask)
 
 
 def _why(e):
-    """Why the kernel cannot run: the exception's type and its message's first line."""
+    """The exception's type and its message's first line."""
     return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"
 
 
 def impl_line(device, dtype, head_dim, kinds, sa_rule="rank"):
-    """The line train.py, sample.py and eval.py print: what runs the SWA and SA of these kinds (a list) in dtype on
-    device. On a GPU, the kernel's self-check of each variant runs now, before any training."""
-    q, kinds = torch.empty(0, 0, 0, head_dim, device=device, dtype=dtype), [kinds] if isinstance(kinds, str) else kinds
-    variants = [r for r, users in (("swa", {"swa", "sa+swa"}), ("sa " + sa_rule, {"sa", "sa+swa"}))
-                if users & set(kinds)]
+    """The line train.py, sample.py and eval.py print: what runs the SWA and SA of kinds (a list, or one) in dtype on
+    device. On a GPU, each variant's kernel self-check runs now, before any training."""
+    q = torch.empty(0, 0, 0, head_dim, device=device, dtype=dtype)
+    kinds = {kinds} if isinstance(kinds, str) else set(kinds)
+    variants = [r for r, users in (("swa", {"swa", "sa+swa"}), ("sa " + sa_rule, {"sa", "sa+swa"})) if users & kinds]
     impl = _impl(q)
     if not variants or impl != "triton":
         return f"attention: {'the ' + impl + ' path' if variants else 'no SWA or SA'} on {q.device}"

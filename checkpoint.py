@@ -1,6 +1,4 @@
-"""
-Support, which a first reading skips. A run's files, so that nothing is lost and a resume is exact; GPT-2's weights.
-"""
+"""Support, skipped on a first reading: a run's files, so nothing is lost and a resume is exact; GPT-2's weights."""
 import fcntl
 import json
 import os
@@ -67,9 +65,9 @@ def save_checkpoint(obj, path):
 
 
 def load_checkpoint(path, device="cpu", require=(), resume=None):
-    """(model on device, ckpt on the CPU, where RNG states stay), loaded without executing code; one InputError if the
-    file is missing, damaged or not as train.py writes it. require: entries needed besides model, model_args;
-    resume=(settings, meta): all of them, and check_resume."""
+    """(model on device, ckpt on the CPU, where RNG states stay), loaded without running code; one InputError if the
+    file is missing, damaged or not as train.py writes it. require: entries besides model, model_args;
+    resume=(settings, meta): all entries, and check_resume."""
     if resume is not None:
         require = ("optimizer", "scaler", "iter_num", "best_val_loss", "settings", "meta", "rng")
     need(os.path.isfile(path), f"checkpoint {path} not found: train one with train.py")
@@ -96,7 +94,7 @@ def load_checkpoint(path, device="cpu", require=(), resume=None):
          + edited)
     size = sum(t.numel() * t.element_size() for t in [*shapes.parameters(), *shapes.buffers()])  # RoPE's too
     need(size <= memory("cpu"), f"{path}: its model_args make a model of {size / 2**30:,.0f} GiB, more than this "
-         f"machine's memory: {edited}")
+         f"machine has: {edited}")
     nan = [k for k, v in saved.items() if v.is_floating_point() and not torch.isfinite(v).all()]
     need(not nan, f"{path}: {len(nan)} weights hold NaN or inf (e.g. {nan and nan[0]}): its run diverged; "
          "train again with a lower learning_rate")
@@ -132,7 +130,7 @@ def restore(ckpt, optimizer, scaler, sampler, model, rank):
     if ckpt["scaler"]:  # fp16
         scaler.load_state_dict(ckpt["scaler"])
     if rank >= len(ckpt["rng"]):
-        print(f"rank {rank}: the checkpoint has RNG states for fewer ranks: this one continues from its fresh seeds")
+        print(f"rank {rank}: the checkpoint has RNG states for fewer ranks: this one keeps its fresh seeds")
         return
     s = ckpt["rng"][rank]
     torch.set_rng_state(s["torch"])
@@ -159,10 +157,10 @@ def rng_states(sampler, model, ddp):
 
 
 class RunDir:
-    """A train.py run's out_dir, for its master. A lock keeps out a second run (freed even on SIGKILL). A resume from
-    iteration n cuts log.jsonl back to before n's eval, which it repeats. A new run over an old ckpt.pt logs to
-    log.jsonl.new until its first checkpoint: the old pair stays whole. Ctrl-C waits for a checkpoint being written,
-    then says how to resume."""
+    """A train.py run's out_dir, for its master. A lock (freed even on SIGKILL) keeps out a second run. A resume from
+    iteration n cuts log.jsonl to before n's eval, which it repeats. A new run over an old ckpt.pt logs to log.jsonl.new
+    until its first checkpoint, the old pair whole. Ctrl-C waits out a checkpoint being written, then says how to
+    resume."""
 
     def __init__(self, out_dir, resume_iter=None):
         resume, join = resume_iter is not None, os.path.join
@@ -174,8 +172,8 @@ class RunDir:
             self.lock = open(join(out_dir, ".lock"), "a")
             fcntl.flock(self.lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise InputError(f"out_dir={out_dir} is in use by another train.py run: wait for it to end, or "
-                             "train in another --out_dir") from None
+            raise InputError(f"out_dir={out_dir} is in use by another train.py run: wait for it, or train "
+                             "in another --out_dir") from None
         except OSError as e:
             raise InputError(f"cannot write to out_dir={out_dir}: {e.strerror or e}") from None
         need(resume or os.path.exists(self.ckpt_path) == bool(self.new_log), f"{self.ckpt_path} was written by "
@@ -226,9 +224,7 @@ class RunDir:
                 "trained, no checkpoint saved" + (f"; the old {self.ckpt_path} is kept" if self.new_log else ""))
 
     def holds(self):  # what ckpt.pt holds, for a message
-        if self.kept is None:
-            return "this run saved no checkpoint"
-        return f"{self.ckpt_path} holds iteration {self.kept}"
+        return "this run saved no checkpoint" if self.kept is None else f"{self.ckpt_path} holds iteration {self.kept}"
 
     def interrupted(self, signum, frame):
         args = [a for a in sys.argv[1:] if not a.startswith("--init_from=")] + ["--init_from=resume"]
@@ -243,14 +239,13 @@ def _remove(*paths):
 
 
 def read_log(path):
-    """log.jsonl's records; a bad line is one InputError, but blank lines and a last line cut short (a killed run) are
-    skipped."""
+    """log.jsonl's records but blank lines and a cut-short last line (a killed run); a bad line: one InputError."""
     with open(path, "rb") as f:
         lines = f.readlines()
     records = []
     for i, raw in enumerate(lines, 1):
         line = raw.decode("utf-8", errors="replace")
-        if not line.strip() or (i == len(lines) and not line.endswith("\n")):
+        if not line.strip() or i == len(lines) and not line.endswith("\n"):
             continue
         try:
             record = json.loads(raw.decode("utf-8"))
@@ -291,7 +286,7 @@ def from_gpt2(model_type, override_args=None):
 
 
 def hub_model(name):
-    """A transformers GPT2LMHeadModel: a size of GPT2_SIZES from the hub (or its cache), or a local directory."""
+    """A transformers GPT2LMHeadModel: a size of GPT2_SIZES (from the hub or its cache) or a local directory."""
     need(name in GPT2_SIZES or os.path.isdir(name), f"unknown GPT-2 model {name!r}: use one of {', '.join(GPT2_SIZES)}"
          " or a directory of a saved GPT2LMHeadModel")
     offline = hub_offline(name)

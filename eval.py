@@ -1,10 +1,10 @@
 """
-Support, which a first reading skips. Evaluate a language model (ours, GPT-2 or a Hugging Face LM): perplexity,
-zero-shot tasks scored as lm-evaluation-harness 0.4.13 does, and attention swaps, with no training: swa, sa and moba
-have no weights.
+Support, which a first reading skips. Evaluate a language model (ours, GPT-2 or a Hugging Face LM) without training:
+perplexity, zero-shot tasks scored as lm-evaluation-harness 0.4.13 does, and attention swaps (swa, sa, moba have no
+weights).
 
   python eval.py --out_dir=out-quick --tasks=ppl,lambada  # perplexity on the checkpoint's val.bin, LAMBADA (datasets)
-  python eval.py --out_dir=out-quick --task_file=mine.jsonl  # a task from a local JSONL file
+  python eval.py --out_dir=out-quick --task_file=mine.jsonl  # a local JSONL task
   python eval.py --out_dir=out-full --attn=sa --window=64 --seeds=5  # a swap; SA as mean ± std over seeds
   python eval.py --init_from=Qwen/Qwen3-0.6B --dataset=wikitext-103 --split=test --windows=16,64 --json_out=q.json
 """
@@ -28,17 +28,17 @@ from model import DTYPES, KINDS, autocast, swapped
 from prepare_data import dataset_dir, get_tokenizer, load_meta, load_tokens, progress, pyplot
 
 # -----------------------------------------------------------------------------
-init_from = "resume"  # resume (out_dir/ckpt.pt), gpt2[-medium|-large|-xl] or a Hugging Face LM (a name or a dir)
+init_from = "resume"  # resume (out_dir/ckpt.pt), gpt2[-medium|-large|-xl] or a Hugging Face LM (name or dir)
 out_dir = "out"
-data_root = ""  # datasets live in data_root/<dataset>/ ("" = the checkpoint's data_root, else data)
+data_root = ""  # datasets in data_root/<dataset>/ ("" = the checkpoint's, else data)
 dataset = ""  # for perplexity ("" = the checkpoint's)
 split = "val"  # its split (wikitext-103 also has test)
 tasks = ""  # comma list of ppl, lambada, hellaswag, piqa, arc_easy, arc_challenge, winogrande ("" = ppl)
-task_file = ""  # comma list of JSONL files, each a task named after its file (no ppl unless in tasks)
+task_file = ""  # comma list of JSONL files, each a task named after it (no ppl unless in tasks)
 limit = 0  # documents per task, block_size segments for ppl (0 = all)
 attn = ""  # comma list of kinds to swap in: full, swa, sa, sa+swa, moba ("" = the model's own)
 window: int | None = None  # a swap's swa/sa window (None = the model's own)
-windows = ""  # comma list of windows to sweep, e.g. 16,32,64
+windows = ""  # comma list of windows to sweep
 moba_chunk: int | None = None  # MoBA's key chunk (None = window // moba_topk: the window's key budget)
 moba_topk = 4  # MoBA's chunks per query, its own included
 seeds = 1  # SA's permutation seeds 0..seeds-1: mean ± std
@@ -48,14 +48,14 @@ bootstrap_iters = 100000  # resamples for LAMBADA's ppl stderr, lm-eval's defaul
 device = "cuda" if torch.cuda.is_available() else "cpu"
 dtype = "bfloat16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "float32"
 json_out = ""  # also write the results to this JSON file
-plot = "sweep.png"  # a sweep's plot; a bare name goes into --json_out's directory, else out_dir ("" = none)
+plot = "sweep.png"  # a sweep's plot; a bare name goes into --json_out's directory if any, else out_dir ("" = none)
 # -----------------------------------------------------------------------------
 DEFAULTS = {k: v for k, v in globals().items() if k[:1].islower() and isinstance(v, (int, float, str, type(None)))}
 GPT2_META = {"tokenizer": "gpt2", "vocab_size": 50257, "eot": 50256}  # what prepare_data.py writes for GPT-2 BPE
 
 
 def run(settings):
-    """Evaluate as settings (overrides of DEFAULTS) say; print the tables, return the results."""
+    """Evaluate per settings (overrides of DEFAULTS); print the tables, return the results."""
     s = {**DEFAULTS, **settings}
     ppl, names, files, kinds, ws, plot_path = check_settings(s)
     task_list = [load_task_file(f, s["limit"]) for f in files] + [load_task(t, s["limit"]) for t in names]
@@ -94,8 +94,8 @@ def run(settings):
 
 
 def check_settings(s):
-    """(ppl?, tasks, task files, kinds, windows, plot path) of settings s, checked before anything loads (run() may
-    get any dict: configurator.py checks the command line only)."""
+    """(ppl?, tasks, task files, kinds, windows, plot path), checked before anything loads: run() may get any dict,
+    configurator.py checks only the command line."""
     for k, v in s.items():
         problem = setting_problem(k, v, s)
         types = (int, type(None)) if DEFAULTS[k] is None else (type(DEFAULTS[k]),)  # None: an int | None setting
@@ -106,7 +106,7 @@ def check_settings(s):
         try:
             got = [parse(x.strip()) for x in s[key].split(",") if x.strip()]
         except ValueError:
-            raise InputError(f"{key} must be a comma list of integers, got {s[key]!r}") from None
+            raise InputError(f"{key}={s[key]!r}: use a comma list of integers") from None
         dup, unknown = repeat(got), next((x for x in got if known and x not in known), None)
         need(dup is None, f"{key}={s[key]!r}: lists {dup!r} twice: give each once (a repeat would be averaged in as "
              "another seed)")
@@ -132,8 +132,8 @@ def check_settings(s):
 
 
 def plan(lm, kinds, ws, s):
-    """[None] (the model as it is) or lm.use() kwargs. Several windows without --attn sweep every kind that is one
-    function (model.KINDS); an sa+swa model keeps its kind (model.swapped)."""
+    """[None] (the model as is) or lm.use() kwargs. Several windows without --attn sweep each one-function kind
+    (model.KINDS); an sa+swa model keeps its kind (model.swapped)."""
     if not kinds and not ws:
         return [None]
     native = lm.native["attn"]
@@ -150,9 +150,9 @@ def plan(lm, kinds, ws, s):
     return swaps
 
 
-# Models (OurLM; hf.HFLM for a transformers model): tok (a Tokenizer), block_size, head_dim, device, native (its own
-# attention), logits(idx, lengths), use(swap), seed(s).
-# lengths (B,): each right-padded row's real tokens, which alone SA permutes: a batch never changes a score.
+# A model (OurLM; hf.HFLM for transformers) has tok (a Tokenizer), block_size, head_dim, device, native (its own
+# attention), logits(idx, lengths), use(swap), seed(s). lengths (B,): each right-padded row's real tokens, which alone
+# SA permutes: batching never changes a score.
 
 class OurLM:  # our GPT: a checkpoint or GPT-2
 
@@ -174,7 +174,7 @@ def load_model(s):
     """(lm, the settings it was trained with: a checkpoint's, else {})."""
     dev, name, ctx = s["device"], s["init_from"], autocast(s["device"], s["dtype"])
 
-    def ours(model, meta, source):  # our GPT with meta's tokenizer (meta from source)
+    def ours(model, meta, source):  # our GPT with meta's tokenizer
         encode, decode = get_tokenizer(meta, source)
         return OurLM(model, Tokenizer(meta["tokenizer"], encode, decode, meta.get("eot"), encode), s["block_size"],
                      dev, ctx)
@@ -205,9 +205,9 @@ def load_model(s):
     return HFLM(model, tok, s["block_size"], dev, hf_tok.model_max_length), {}
 
 
-# Zero-shot tasks as lm-evaluation-harness 0.4.13 loads and scores them: (name, scoring, docs), a doc holding its
-# scoring's FIELDS (partial: WinoGrande's). Tokenizer: name ("bytes", "gpt2", "hf:<model>"...); encode: no special
-# tokens; encode_default: the default ones (Llama's BOS...), as lm-eval encodes contexts; eot: an empty context's token
+# Zero-shot tasks as lm-eval loads them: (name, scoring, docs), a doc holding its scoring's FIELDS (partial:
+# WinoGrande's). Tokenizer.encode adds no special tokens, encode_default the default ones (Llama's BOS...) as lm-eval
+# encodes contexts; eot: an empty context's token; name: "bytes", "gpt2", "hf:<model>"...
 Tokenizer = namedtuple("Tokenizer", "name encode decode eot encode_default")
 FIELDS = {"choice": ("context", "choices", "label"), "partial": ("contexts", "continuation", "label"),
           "lambada": ("text",)}
@@ -244,7 +244,7 @@ TASKS = {  # name: (Hugging Face dataset, its config, split, row -> doc)
 }
 
 
-def doc_scoring(doc):  # or an InputError saying what is wrong with the doc
+def doc_scoring(doc):  # or an InputError: what is wrong with doc
     need(isinstance(doc, dict), f"expected a JSON object, got {type(doc).__name__}")
     found = [k for k, f in FIELDS.items() if f[0] in doc]
     need(len(found) == 1, "expected the fields of one scoring: " + " or ".join(map(str, FIELDS.values())))
@@ -252,7 +252,7 @@ def doc_scoring(doc):  # or an InputError saying what is wrong with the doc
     missing = [f for f in FIELDS[scoring] if f not in doc]
     need(not missing, f"missing {', '.join(missing)}")
     if scoring == "lambada":
-        need(isinstance(doc["text"], str) and len(doc["text"].split(" ")) >= 2,
+        need(isinstance(doc["text"], str) and " " in doc["text"],
              '"text" must be a string of at least two words (the last is the target)')
         return scoring
     o, t = ("choices", "context") if scoring == "choice" else ("contexts", "continuation")
@@ -270,11 +270,11 @@ def task_name(path):  # mine.jsonl is the task "mine"
 
 
 def load_task_file(path, limit=0):
-    """(task_name(path), scoring, docs) from a JSONL file: one doc per line, all of one scoring."""
+    """(task_name(path), scoring, docs) from a JSONL file: a doc per line, one scoring."""
     need(os.path.isfile(path), f"task file {path} not found")
     need(count(limit), f"limit={limit!r}: use an integer >= 0 (0: every document)")
     docs, scoring = [], None
-    with open(path, "rb") as f:  # bytes: a line that is not UTF-8 is named like any other bad line
+    with open(path, "rb") as f:  # bytes: a non-UTF-8 line is named like any bad line
         for lineno, raw in enumerate(f, 1):
             try:
                 if not (line := raw.decode("utf-8")).strip():
@@ -314,13 +314,12 @@ def load_task(name, limit=0):
 def encode_pair(tok, context, continuation):
     """lm-eval's token ids of (context, continuation): the context's trailing spaces move over; the continuation is
     what it adds to the context, both encoded with default special tokens. An empty or blank context is tok.eot."""
-    n = len(context) - len(context.rstrip())
-    if n:
-        context, continuation = context[:-n], context[-n:] + continuation
+    stripped = context.rstrip()
+    context, continuation = stripped, context[len(stripped):] + continuation
     if not context:
         need(tok.eot is not None, f"an empty context is scored after an end-of-text token: {tok.name} has none")
         cont = tok.encode(continuation)
-        return ([tok.eot], cont) if cont[:1] != [tok.eot] else (cont[:1], cont[1:])
+        return [tok.eot], cont[1:] if cont[:1] == [tok.eot] else cont
     whole, ctx = tok.encode_default(context + continuation), tok.encode_default(context)
     return ctx, whole[len(ctx):]
 
@@ -360,8 +359,8 @@ def mean_stderr(xs):
 
 
 def bootstrap_stderr(f, xs, iters):
-    """lm-eval's bootstrap_stderr: the std of f over `iters` resamples of xs, chunk i of 1000 drawn by
-    random.Random(i).choices, which numpy replays; f maps (chunk, n) resamples to (chunk,)."""
+    """lm-eval's bootstrap_stderr: the std of f over iters // chunk chunks of min(1000, iters) resamples of xs,
+    chunk i drawn by random.Random(i).choices, which numpy replays; f maps (chunk, n) resamples to (chunk,)."""
     xs, n, chunk = np.asarray(xs, dtype=np.float64), len(xs), min(1000, iters)
     if n < 2 or iters < 1:
         return None
@@ -376,16 +375,16 @@ def bootstrap_stderr(f, xs, iters):
 
 def requests_of(scoring, doc):
     if scoring == "lambada":
-        words = doc["text"].split(" ")
-        return [(" ".join(words[:-1]), " " + words[-1])]
+        context, _, target = doc["text"].rpartition(" ")
+        return [(context, " " + target)]
     if scoring == "choice":
         return [(doc["context"], " " + c) for c in doc["choices"]]
     return [(c, " " + doc["continuation"]) for c in doc["contexts"]]
 
 
 def evaluate_task(lm, name, scoring, docs, batch_size, bootstrap_iters=100000):
-    """{metric: (value, stderr)}. acc: the option of the top log-likelihood is the label; acc_norm (multiple choice):
-    the same over len(choice). LAMBADA: acc: every target token greedy; ppl = exp(-mean log-likelihood)."""
+    """{metric: (value, stderr)}. acc: the top log-likelihood's option is the label; acc_norm (multiple choice): the
+    same over len(choice). LAMBADA: acc: every target token greedy; ppl = exp(-mean log-likelihood)."""
     reqs = [requests_of(scoring, d) for d in docs]
     flat = loglikelihoods(lm, [r for rs in reqs for r in rs], batch_size, desc=name)
     if scoring == "lambada":
@@ -405,9 +404,8 @@ def evaluate_task(lm, name, scoring, docs, batch_size, bootstrap_iters=100000):
 
 @torch.no_grad()
 def perplexity(lm, tokens, batch_size, limit=0):
-    """{metric: (value, None)}: loss, ppl and bpb over `tokens` in non-overlapping segments of T = block_size,
-    predicting every token but the first once. bpb: bits per UTF-8 byte of text (none for ids), to compare
-    tokenizers. No stderr, as in lm-eval."""
+    """{metric: (value, None)}, no stderr as in lm-eval: loss, ppl and bpb (bits per UTF-8 byte, to compare
+    tokenizers; none for ids) over `tokens`, each but the first predicted once, in segments of T = block_size."""
     T = lm.block_size
     starts = list(range(0, len(tokens) - 1, T))[:limit or None]
     need(starts, f"perplexity needs at least 2 tokens, got {len(tokens)}")
@@ -424,7 +422,7 @@ def perplexity(lm, tokens, batch_size, limit=0):
 
 
 def perplexity_tokens(s, lm, trained):
-    """(dataset/split, its tokens, re-encoded for lm's tokenizer if need be); by default lm's training data."""
+    """(dataset/split, its tokens in lm's tokenizer); by default lm's training data."""
     name = s["dataset"] or trained.get("dataset", "")
     need(name, "perplexity needs --dataset=NAME, a dataset made by prepare_data.py (e.g. wikitext-103)")
     data_dir = dataset_dir(s["data_root"] or trained.get("data_root") or "data", name)
@@ -439,14 +437,13 @@ def perplexity_tokens(s, lm, trained):
 # Reporting
 
 def aggregate(rows):
-    """One result per (attn, window, task, metric): the mean over seeds, its seed_std and the mean stderr."""
-    groups, out = {}, []
+    """Per (attn, window, task, metric): the mean over seeds, its seed_std, the mean stderr."""
+    keys, groups, out = ("attn", "window", "task", "metric"), {}, []
     for r in rows:
-        groups.setdefault((r["attn"], r["window"], r["task"], r["metric"]), []).append(r)
-    for (a, w, t, m), rs in groups.items():
+        groups.setdefault(tuple(r[k] for k in keys), []).append(r)
+    for key, rs in groups.items():
         v, e = [r["value"] for r in rs], [r["stderr"] for r in rs if r["stderr"] is not None]
-        out.append({"attn": a, "window": w, "task": t, "metric": m, "value": float(np.mean(v)),
-                    "stderr": float(np.mean(e)) if e else None,
+        out.append({**dict(zip(keys, key)), "value": float(np.mean(v)), "stderr": float(np.mean(e)) if e else None,
                     "seed_std": float(np.std(v, ddof=1)) if len(v) > 1 else None, "seeds": len(v)})
     return out
 
@@ -515,4 +512,4 @@ def plot_sweep(ws, panels, path):
 
 if __name__ == "__main__":
     exec(open("configurator.py").read())
-    run(settings)  # an InputError, which names the setting or the file and the fix, is one line (guards.one_line)
+    run(settings)  # an InputError (it names the setting or file, and the fix) is one line: guards.one_line

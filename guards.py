@@ -1,7 +1,5 @@
-"""Support, skipped on a first reading: the shared input checks, each input checked once, at its door.
-
-Setting ranges: SETTINGS (configurator.py checks types); files: check_schema; tensors: check_inputs, check_tokens. A bad
-input raises InputError, printed as one line (one_line); any other exception is a bug, with its traceback.
+"""Support, skipped on a first reading: the input checks, each input checked once, at its door. A bad input raises
+InputError, printed as one line (one_line); any other exception is a bug, with its traceback.
 """
 import math
 import numbers
@@ -11,13 +9,13 @@ import re
 import sys
 import tempfile
 
-# torch is imported where it is used: prepare_data.py starts without it
+# torch is imported where used: prepare_data.py runs without it
 FP32_MAX = 3.4028234663852886e38  # torch.finfo(torch.float32).max
 FP32_TINY = 1.1754943508222875e-38  # its smallest normal
 
 
 class InputError(ValueError):
-    """A setting, file or tensor this repo cannot take; its one-line message names it and the fix."""
+    """A bad setting, file or tensor; its one-line message names it and the fix."""
 
 
 def need(ok, message):
@@ -26,17 +24,18 @@ def need(ok, message):
 
 
 def one_line(kind, error, tb):
-    """A script's sys.excepthook (configurator.py sets it): an InputError or Ctrl-C as one line."""
+    """sys.excepthook (configurator.py sets it): an InputError or Ctrl-C as one line."""
     if issubclass(kind, (InputError, KeyboardInterrupt)):
         print(str(error) or "interrupted", file=sys.stderr)
     else:
         sys.__excepthook__(kind, error, tb)
 
 
-# Settings: {name: (rule(value, settings) -> True, False or what is wrong, the fix)}; a name means one thing everywhere.
+# Settings (configurator.py checks types): {name: (rule(value, settings) -> True, False or what is wrong, the fix)}; a
+# name means one thing everywhere.
 
 def device_problem(device):
-    """Why this machine cannot run on device (a str), or None."""
+    """Why device (a str) cannot run here, or None."""
     import torch
     if not re.fullmatch(r"cpu(:0)?|cuda(:\d+)?", device):
         return "use cpu, cuda or cuda:N"
@@ -46,7 +45,7 @@ def device_problem(device):
 
 
 def nearest_dir(path):
-    """path if a directory, else the nearest one above it; None if a file is in the way."""
+    """path if a directory, else the nearest above it; None if a file is in the way."""
     d = os.path.abspath(path or ".")
     while not os.path.isdir(d):
         if os.path.exists(d):
@@ -70,16 +69,14 @@ def path_problem(path, is_file=False):
 
 
 SETTINGS = {
-    **dict.fromkeys(("eval_interval", "log_interval", "eval_iters", "batch_size", "gradient_accumulation_steps",
-                     "num_samples", "seeds", "moba_topk", "block_size", "window", "moba_chunk", "n_layer", "n_head",
-                     "n_embd", "mqar_seq_len", "mqar_num_pairs", "mqar_num_queries", "mqar_train_seqs",
-                     "mqar_val_seqs", "hf_val_docs", "jobs", "reps", "threads", "heads", "head_dim", "flex_block",
-                     "batch", "n", "max_layers", "train_iters"), (lambda x, s: x >= 1, "use an integer >= 1")),
+    **dict.fromkeys("eval_interval log_interval eval_iters batch_size gradient_accumulation_steps num_samples seeds "
+                    "moba_topk block_size window moba_chunk n_layer n_head n_embd mqar_seq_len mqar_num_pairs "
+                    "mqar_num_queries mqar_train_seqs mqar_val_seqs hf_val_docs jobs reps threads heads head_dim "
+                    "flex_block batch n max_layers train_iters".split(), (lambda x, s: x >= 1, "use an integer >= 1")),
     "temperature": (lambda x, s: x >= 0, "use a number > 0, or 0 for greedy decoding"),
     "top_k": (lambda x, s: x >= 0, "use a value >= 1, or 0 to sample among all tokens"),
-    "mqar_vocab": (lambda x, s: x >= 3, "use an integer >= 3 (the filler, a key and a value)"),
-    "learning_rate": (lambda x, s: 0 < x <= FP32_MAX, "use a value > 0 (a negative one is gradient ascent) that fp32 "
-                      "holds (AdamW's steps are fp32)"),
+    "mqar_vocab": (lambda x, s: x >= 3, "use an integer >= 3"),
+    "learning_rate": (lambda x, s: 0 < x <= FP32_MAX, "use a value > 0 that fp32 holds"),
     "min_lr": (lambda x, s: 0 <= x <= s.get("learning_rate", x), "use a value from 0 to learning_rate"),
     **dict.fromkeys(("beta1", "beta2"), (lambda x, s: 0 <= x < 1, "AdamW's betas lie in [0, 1)")),
     "dropout": (lambda x, s: 0 <= x < 1, "use a value in [0, 1)"),
@@ -87,7 +84,7 @@ SETTINGS = {
     "rope_base": (lambda x, s: x > 1, "use a number > 1 (10000 is usual)"),
     "copy_task": (lambda x, s: not x or s.get("block_size", 0) % 2 == 0, "it needs an even block_size (two halves)"),
     "tokenizer": (lambda x, s: x == "bytes" or bool(s.get("input_file") or s.get("adopt")), "it applies to "
-                  "--input_file and --adopt only (a dataset has its own)"),
+                  "--input_file and --adopt only"),
     "dtype": (lambda x, s: x in ("float32", "bfloat16", "float16"), "use one of float32, bfloat16, float16"),
     "device": (lambda x, s: device_problem(x) or True, None),
     "backend": (lambda x, s: x in ("", "nccl", "gloo", "mpi", "ucc", "xccl"), "use \"\" (nccl on CUDA, gloo on the "
@@ -105,7 +102,7 @@ SETTINGS = {
 
 
 def setting_problem(key, value, settings=None):
-    """What is wrong with value for setting key (SETTINGS; a number is finite, and >= 0 if not named), or None."""
+    """What is wrong with setting key's value (SETTINGS; any number: finite, >= 0 if not named), or None."""
     rule, why = SETTINGS.get(key, (None, None))
     number = isinstance(value, (int, float)) and not isinstance(value, bool)
     if number and not math.isfinite(value) or isinstance(value, int) and not -2**63 <= value < 2**63:
@@ -126,12 +123,12 @@ def memory(device):
 def check_memory(device, n_layer, n_embd, vocab_size, batch_size, T):
     """One line, not the OOM killer, for a model (n_params a lower bound) or a batch too large for device."""
     n_params, have = n_layer * 12 * n_embd ** 2 + vocab_size * n_embd, memory(device)  # the blocks, the embedding
-    need(16 * n_params <= have, f"n_layer={n_layer}, n_embd={n_embd}: {n_params / 1e9:,.1f}B parameters need "
-         f"{16 * n_params / 2**30:,.0f} GiB for weights, gradients and AdamW's moments; {device} has "
-         f"{have / 2**30:,.0f} GiB: make it smaller")
-    logits = 4 * batch_size * T * vocab_size
-    need(16 * n_params + 2 * logits <= have, f"batch_size={batch_size}: {batch_size} sequences of {T} tokens need "
-         f"{2 * logits / 2**30:,.0f} GiB for their logits alone; {device} has {have / 2**30:,.0f} GiB: use fewer")
+    states, logits = 16 * n_params, 8 * batch_size * T * vocab_size  # fp32 logits and their gradient
+    has = f"{device} has {have / 2**30:,.0f} GiB"
+    need(states <= have, f"n_layer={n_layer}, n_embd={n_embd}: {n_params / 1e9:,.1f}B parameters need "
+         f"{states / 2**30:,.0f} GiB for weights, gradients and AdamW's moments; {has}: make it smaller")
+    need(states + logits <= have, f"batch_size={batch_size}: {batch_size} sequences of {T} tokens need "
+         f"{logits / 2**30:,.0f} GiB for their logits alone; {has}: use fewer")
 
 
 # Files
@@ -145,14 +142,14 @@ def schema_problem(record, schema, required=()):
     if missing:
         return f"no {' and no '.join(map(repr, missing))} entry"
     for key, (test, want) in schema.items():
-        got = test(record[key], record) if key in record else True
+        got = key not in record or test(record[key], record)
         if got is not True:
             return f"{key!r} {got}" if isinstance(got, str) else f"{key!r} is {shown(record[key])}, not {want}"
     return None
 
 
 def check_schema(record, schema, where, required=()):
-    """record, or one InputError naming where and what schema_problem finds."""
+    """record, or an InputError naming where and schema_problem's finding."""
     problem = schema_problem(record, schema, required)
     need(problem is None, f"{where}: {problem}: it was edited, or is not what this repo writes")
     return record
@@ -174,7 +171,7 @@ def count(x):
 # Tensors: one call at the door of each public function
 
 def check_count(value, name, least=1):
-    """value, if an integer >= least (Python's or numpy's, not a bool); else InputError naming it."""
+    """value if an integer >= least (Python's or numpy's, not a bool), else an InputError naming it."""
     try:
         ok = not isinstance(value, bool) and operator.index(value) >= least
     except TypeError:
@@ -184,17 +181,16 @@ def check_count(value, name, least=1):
 
 
 def check_delta(delta):
-    """delta, the value rule's width, if a number >= fp32's smallest normal (below it a query's own key would hide);
-    inf: every key."""
+    """delta, the value rule's width, if a number >= FP32_TINY (below it, a query's own key hides); inf: every key."""
     need(isinstance(delta, numbers.Real) and not isinstance(delta, bool) and delta >= FP32_TINY,  # False for NaN
          f"delta must be a number >= {FP32_TINY:.2g} (fp32's smallest normal), got {delta!r}")
     return delta
 
 
 def check_inputs(q, k, v, any_length=False, **args):
-    """q, k, v as SDPA takes them (any_length: keys of their own length), returned in the autocast dtype under
-    autocast; and, by name, window, moba_chunk, top_k, delta, mask, perm, r, pos. One function, calling no helper but
-    shown() for a message: it runs in every attention call."""
+    """q, k, v as SDPA takes them (any_length: keys of their own length), in autocast's dtype under it; and by name
+    window, moba_chunk, top_k, delta, mask, perm, r, pos. It runs in every attention call: it calls no helper but
+    shown(), for a message."""
     import torch
     if not all(isinstance(t, torch.Tensor) for t in (q, k, v)):
         raise InputError(f"q, k, v must be tensors, got {', '.join(type(t).__name__ for t in (q, k, v))}")
@@ -205,9 +201,9 @@ def check_inputs(q, k, v, any_length=False, **args):
         raise InputError(f"q, k, v must be floating point, got {q.dtype}, {k.dtype}, {v.dtype}")
     if not q.device == k.device == v.device or q.is_meta:
         raise InputError(f"q, k, v must be on one device that holds data, got {q.device}, {k.device}, {v.device}")
-    if torch.is_autocast_enabled(q.device.type):  # as SDPA: the autocast dtype, whatever the inputs' dtypes
+    if torch.is_autocast_enabled(q.device.type):  # as SDPA, whatever the inputs' dtypes
         q, k, v = (t.to(torch.get_autocast_dtype(q.device.type)) for t in (q, k, v))
-    elif not q.dtype == k.dtype == v.dtype:  # as SDPA: no silent cast of the others to q's dtype
+    elif not q.dtype == k.dtype == v.dtype:  # as SDPA: no silent cast to q's dtype
         raise InputError(f"q, k, v must have one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     B, H, T = q.shape[:3]
     for name, x in args.items():
@@ -222,12 +218,10 @@ def check_inputs(q, k, v, any_length=False, **args):
                              f"got {shown(x)}")
         if name not in ("perm", "r", "pos") or x is None and name == "pos":
             continue
-        tensor = isinstance(x, torch.Tensor)
-        if not tensor or not (x.is_floating_point() if name == "r" else x.dtype == torch.long) or x.dim() not in (
-                1, 3) or any(n not in (1, m) for n, m in zip(x.shape[:-1], (B, H))) or x.shape[-1] != T:
+        if not isinstance(x, torch.Tensor) or not (x.is_floating_point() if name == "r" else x.dtype == torch.long) or \
+                x.dim() not in (1, 3) or any(n not in (1, m) for n, m in zip(x.shape[:-1], (B, H))) or x.shape[-1] != T:
             raise InputError(f"{name} must be {'a float tensor' if name == 'r' else 'a LongTensor'} of shape (T,) or "
-                             f"broadcastable to (B, H, T)=({B}, {H}, {T}), got "
-                             + (f"{x.dtype} {tuple(x.shape)}" if tensor else type(x).__name__))
+                             f"broadcastable to (B, H, T)=({B}, {H}, {T}), got {shown(x)}")
         if x.device != q.device:
             raise InputError(f"{name} must be on q's device {q.device}, got {x.device}")
         if torch.compiler.is_compiling() or name == "pos" or not x.numel():  # values unknown while tracing; pos: any
@@ -243,14 +237,14 @@ def check_inputs(q, k, v, any_length=False, **args):
 
 
 def check_tokens(idx, config, targets=None, lengths=None, cache=None, draws=None, sampling=None):
-    """GPT.forward's door (idx, targets, lengths, cache, draws) and generate's (sampling: max_new_tokens, temperature,
-    top_k), for config's model."""
+    """For config's model: GPT.forward's door (idx, targets, lengths, cache, draws) and generate's (sampling:
+    max_new_tokens, temperature, top_k)."""
     import torch
     for name, t, least in [("idx", idx, 0)] + ([("targets", targets, -1)] if targets is not None else []):
         if not isinstance(t, torch.Tensor) or t.dim() != 2 or t.dtype not in (torch.long, torch.int) or t.is_meta \
                 or name == "targets" and t.shape != idx.shape:
-            raise InputError(f"{name} must be a (B, T) tensor of token ids (int64) of idx's shape, with data (not on "
-                             f"meta), got {getattr(t, 'dtype', type(t))} {tuple(getattr(t, 'shape', ()))}")
+            raise InputError(f"{name} must be a (B, T) tensor of token ids (int64 or int32) of idx's shape, with data "
+                             f"(not on meta), got {shown(t)}")
         if t.numel() and not torch.compiler.is_compiling() and not (least <= t.min() and t.max() < config.vocab_size):
             raise InputError(f"{name} holds token ids outside [{least}, vocab_size={config.vocab_size})")
     (B, T), ok = idx.shape, isinstance(lengths, torch.Tensor) and lengths.dtype in (torch.long, torch.int)
@@ -260,10 +254,10 @@ def check_tokens(idx, config, targets=None, lengths=None, cache=None, draws=None
     start = 0 if cache is None else cache.start
     if start + T > config.block_size:
         raise InputError(f"sequence length {start + T} exceeds block_size {config.block_size}")
-    if cache is not None and (lengths is not None or (start and T > 1)):
+    if cache is not None and (lengths is not None or start and T > 1):
         raise InputError(f"a KV cache takes no lengths, and one token at a time after the prompt; got {T} at {start}")
     if cache is not None and cache.config != config:  # another model's, or this one's before a swap_attention
-        raise InputError("this KV cache was made for another config than the model's: make a new KVCache(config)")
+        raise InputError("this KV cache was made for another config: make a new KVCache(config)")
     if sampling is not None:
         max_new_tokens, temperature, top_k = sampling
         check_count(max_new_tokens, "max_new_tokens", least=0)

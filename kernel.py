@@ -1,10 +1,9 @@
 """Support, which a first reading skips past _fwd_inner. Sliding-window attention in Triton, forward and backward:
 triton_swa(q, k, v, width, pos, r).
 
-As in Triton's fused-attention tutorial, each forward program streams the key tiles its TILE_M query rows' band
-reaches, with an online softmax in fp32: O(T * w). It imports nothing from the repo; its rule is attention.py's, and
-the op checks each variant against the dense rule at its first use on a device, dtype and head dim (check_once). A
-failed check, or a GPU, dtype or shape without a tiling, raises Unsupported.
+As in Triton's fused-attention tutorial, a forward program streams the key tiles its TILE_M query rows' band reaches,
+online softmax in fp32: O(T * w). No repo imports; the rule is attention.py's, and the op checks each variant against
+the dense rule at its first use on a device, dtype and head dim (check_once).
 """
 import math
 from typing import NamedTuple, Optional
@@ -14,21 +13,20 @@ from torch import Tensor
 import triton
 import triton.language as tl
 
-SELF_CHECK = True  # False: check_once checks nothing, the kernel runs unchecked
+SELF_CHECK = True  # False: the kernel runs unchecked
 HEAD_DIMS = (16, 32, 64, 128)
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 LOG2E = 1.4426950408889634  # scores pre-scaled for exp2
 
 
 class Unsupported(ValueError):
-    """The kernel declines this GPU, dtype or shape."""
+    """The kernel declines this GPU, dtype or shape, or failed its self-check on it."""
 
 
 CANNOT_RUN = (Unsupported, triton.compiler.errors.CompilationError, triton.runtime.errors.OutOfResources,
               getattr(triton.runtime.errors, "PTXASError", triton.runtime.errors.OutOfResources))  # "auto": torch
 
 
-# -----------------------------------------------------------------------------
 # Kernels
 
 @triton.jit
@@ -87,12 +85,12 @@ def _key_tile(q, offs_m, start_n, K, V, Pos, R, pos_stride_t, left, right, width
 def _fwd_inner(acc, l_i, m_i, q, offs_m, K, V, Pos, R, pos_stride_t, lo, hi, left, right, width, T, qk_scale,
                D: tl.constexpr, TILE_N: tl.constexpr, EDGE: tl.constexpr, HAS_POS: tl.constexpr,
                HAS_R: tl.constexpr, PRECISION: tl.constexpr):
-    """Online softmax over the key tiles in [lo, hi): acc / l_i is the attention output so far."""
+    """Online softmax over the key tiles in [lo, hi): acc / l_i is the output so far."""
     for start_n in range(lo, hi, TILE_N):
         k, v, s = _key_tile(q, offs_m, start_n, K, V, Pos, R, pos_stride_t, left, right, width, T, qk_scale,
                              D, TILE_N, EDGE, HAS_POS, HAS_R, PRECISION)
         m_new = tl.maximum(m_i, tl.max(s, 1))  # 1. the new running max of each row
-        m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)  # (only masked keys so far: subtract 0, not -inf)
+        m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)  # only masked keys so far: subtract 0, not -inf
         p = tl.math.exp2(s - m_sub[:, None])  # 2. unnormalised, <= 1; masked keys give 0
         alpha = tl.math.exp2(m_i - m_sub)  # 3. rescale the sums so far, add this tile
         l_i = l_i * alpha + tl.sum(p, 1)
@@ -203,7 +201,6 @@ def _attn_bwd(Q, K, V, DO, DQ, DK, DV, LSE, RowDot, Pos, R, Spans, pos_stride_b,
     tl.store(DQ + at, (dq * sm_scale).to(DQ.dtype.element_ty), mask=rows[:, None] < T)
 
 
-# -----------------------------------------------------------------------------
 # Host
 
 class Target(NamedTuple):
@@ -249,8 +246,8 @@ def choose_tiling(dtype, D, target):
     if amd:  # D = 128: 32 moving rows spill
         config = config._replace(tile_loop=config.tile_loop if small else 16, num_warps=4, num_stages=2, shared_kb=64)
     if target.shared < config.shared_kb * 1024:
-        raise Unsupported(f"the kernel for {str(dtype)[6:]} at head dim {D} needs {config.shared_kb} KB of shared "
-                          f"memory, the GPU has {target.shared // 1024} KB")
+        raise Unsupported(f"{str(dtype)[6:]} at head dim {D} needs {config.shared_kb} KB of shared memory, the GPU "
+                          f"has {target.shared // 1024} KB")
     return config
 
 
@@ -287,8 +284,7 @@ def _launch_args(q, pos, r, width, margin, tiling, tile):
 @torch.library.custom_op("sa::triton_swa", mutates_args=())  # opaque to torch.compile
 def _forward(q: Tensor, k: Tensor, v: Tensor, pos: Optional[Tensor], r: Optional[Tensor], width: float,
              margin: float, check: bool) -> tuple[Tensor, Tensor]:
-    """out (B, H, T, D) and each row's log2-sum-exp2 (B, H, T) fp32; check: check_once first (False: self_check's
-    own calls)."""
+    """out (B, H, T, D) and each row's log2-sum-exp2 (B, H, T) fp32; check: check_once first (self_check's: False)."""
     (B, H, T, D), target = q.shape, device_target(q.device)
     if check:
         check_once(q.device, q.dtype, D, VARIANTS[(pos is not None) + (r is not None)], margin)
@@ -303,8 +299,8 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, pos: Optional[Tensor], r: Optional
             bwd = _attn_bwd.warmup(q, k, v, o, q, k, v, lse, lse, *args, 0.0, 0.0, grid=(1,),
                                    TILE_FIXED=tiling.tile_fixed, TILE_LOOP=tiling.tile_loop, **options)
             if bwd is not None and bwd.metadata.shared > target.shared:  # None: a compile hook took it
-                raise Unsupported(f"the backward kernel needs {bwd.metadata.shared // 1024} KB of shared memory, "
-                                  f"the GPU has {target.shared // 1024} KB")
+                raise Unsupported(f"the backward needs {bwd.metadata.shared // 1024} KB of shared memory, the GPU "
+                                  f"has {target.shared // 1024} KB")
     return o, lse
 
 
@@ -354,7 +350,7 @@ def triton_swa(q, k, v, width, pos=None, r=None, margin=0.0):
         raise ValueError(f"r must be fp32 with pos's shape, ascending along T, and the width > 0; got {r.dtype} "
                          f"{tuple(r.shape)}, pos {None if pos is None else tuple(pos.shape)}, width {width!r}")
     pos, r = (pos, r) if r is None else (pos.contiguous(), r.contiguous())  # one set of strides
-    return _forward(q, k, v, pos, r, width, margin, True)[0]  # True: check_once first
+    return _forward(q, k, v, pos, r, width, margin, True)[0]
 
 
 # The self-check
@@ -380,7 +376,7 @@ def dense(q, k, v, width, pos=None, r=None, dout=None):
 
 
 def self_check(device, dtype, D, variant, T=300, window=100, B=1, H=2, margin=0.0, seed=0):
-    """Max |error| of the kernel's out, dq, dk, dv / max(1, |dense's|) (NaN: inf) on random input."""
+    """Max |error| of the kernel's out, dq, dk, dv / max(1, |dense's|) on random input; NaN counts as inf."""
     g = torch.Generator().manual_seed(seed)
     q, k, v, do = (torch.randn(B, H, T, D, generator=g).to(device, dtype) for _ in range(4))
     perm = (r := torch.rand(T, generator=g).to(device)).argsort()  # r[perm]: value-rule slots
@@ -397,7 +393,7 @@ def where(device):
 
 
 def check_once(device, dtype, D, variant, margin=0.0):
-    """self_check at a key's first use (by _forward, the op compiled graphs call); failed: Unsupported from then on."""
+    """self_check at a key's first use (in _forward, the op compiled graphs call); failed: Unsupported from then on."""
     key = (device, dtype, D, variant)
     if SELF_CHECK and key not in SELF_CHECKS:
         with torch.autocast(device.type, enabled=False):
@@ -429,5 +425,5 @@ if __name__ == "__main__":
         print(f"{variant:>8} {str(dtype)[6:]:>8} T={T:<6} window={window:<5} max err {err:.1e} (tol {tol:.0e}) "
               f"{'PASS' if ok else 'FAIL'}")
     if failed:
-        raise SystemExit(f"{failed} checks FAILED: please report them with this output")
+        raise SystemExit(f"{failed} checks FAILED: report them with this output")
     print("all checks PASS")

@@ -1,13 +1,13 @@
 """
 Support, which a first reading skips. GPT.generate's exact KV cache: a step's output is the last row of a forward over
-the tokens it holds (all so far, until generate refills it; tests/test_generate.py checks each kind).
+the tokens it holds (all so far, until generate refills it); tests/test_generate.py checks each kind.
 
-A layer keeps k and v (B, nh, S, hs), position p in slot p % S, and what its KINDS row's cache names:
-"all" (full): S = block_size. "window" (SWA): S = min(window, block_size), a key overwritten once no query sees it.
+Per layer: k, v (B, nh, S, hs), position p in slot p % S, and what the model's KINDS row names:
+"all" (full): S = block_size. "window" (SWA): S = min(window, block_size); a key is overwritten once no query sees it.
 "chunks" (MoBA): S = block_size in whole chunks, and each complete chunk's fp32 mean key.
-"sorted" (value-rule SA): S = block_size, and the numbers r sorted with their positions: a step's keys are the run two
-binary searches find (~2 * window keys at T = block_size).
-None (rank-rule SA, see GPTConfig.cacheable): no cache; generate recomputes the prefix.
+"sorted" (value-rule SA): S = block_size, and r sorted with positions: two binary searches find a step's keys
+(~2 * window at T = block_size).
+None (rank-rule SA, GPTConfig.cacheable): no cache; generate recomputes the prefix.
 """
 import math
 import sys
@@ -35,12 +35,12 @@ class KVCache:
              f"sa_rule={config.sa_rule!r}")
         self.config, self.layers = config, [{} for _ in range(config.n_layer)]
         self.keeps = config.cache_rule()
-        self.start = 0  # tokens seen: the position of the next one
+        self.start = 0  # tokens seen: the next one's position
         self.chunk = min(config.moba_chunk, config.block_size)  # MoBA's
 
     def store(self, i, k, v, draw=None):
-        """Write layer i's k, v (B, nh, T, hs) of positions start..; "sorted" also merges the draw's r, (T,) or
-        (B, nh, T), into rs (R, m) and their positions into ps: R = 1 or B * nh."""
+        """Store layer i's k, v (B, nh, T, hs) of positions start..; "sorted" merges the draw's r, (T,) or (B, nh, T),
+        into rs (R, m), their positions into ps: R = 1 or B * nh."""
         c, cache, start, chunk, (B, nh, T, hs) = self.config, self.layers[i], self.start, self.chunk, k.shape
         need(not cache or cache["k"].shape[0] == B, f"this KV cache holds {cache and cache['k'].shape[0]} rows, got "
              f"a batch of {B}: start a new cache")
@@ -53,19 +53,19 @@ class KVCache:
             if self.keeps == "chunks":
                 cache["kmean"] = k.new_zeros(B, nh, S // chunk, hs, dtype=torch.float32)
         S = cache["k"].shape[2]
-        n = min(T, S)  # only the last S positions are kept
+        n = min(T, S)  # the last S positions only
         slots = torch.arange(start + T - n, start + T, device=k.device) % S
         cache["k"][:, :, slots] = k[:, :, T - n:]  # (B, nh, n, hs)
         cache["v"][:, :, slots] = v[:, :, T - n:]
         lo, hi = start // chunk, (start + T) // chunk
-        if self.keeps == "chunks" and hi > lo:  # the chunks these tokens complete, averaged as moba_select does
+        if self.keeps == "chunks" and hi > lo:  # chunks completed, averaged as moba_select does
             cache["kmean"][:, :, lo:hi] = tiled.chunk_means(cache["k"][:, :, lo * chunk:hi * chunk], chunk)
         if self.keeps == "sorted":
             r = draw.expand(B, nh, T).reshape(-1, T) if draw.dim() == 3 else draw[None]  # (R, T)
             cache["rq"] = r[:, -1:]  # (R, 1): the newest r, a step's query
             r, order = r.sort(-1)  # (R, T) ascending
             p = start + order  # (R, T) their positions
-            if "rs" in cache:  # merged into rs: each r's place is its rank in the union
+            if "rs" in cache:  # merged: each r's place is its rank in the union
                 rs, ps = cache["rs"], cache["ps"]  # (R, m) each
                 at_old = torch.arange(rs.shape[1], device=r.device) + torch.searchsorted(r, rs)  # (R, m)
                 at_new = torch.arange(T, device=r.device) + torch.searchsorted(rs, r, right=True)  # (R, T)
@@ -74,12 +74,12 @@ class KVCache:
             cache["rs"], cache["ps"] = r, p
 
     def attend(self, i, q, kind):
-        """q (B, nh, 1, hs) of position start, stored already, over layer i's cache by kind's rule."""
+        """q (B, nh, 1, hs) of position start, stored, over layer i's cache by kind's rule."""
         c, cache, start, chunk, (B, nh, _, hs) = self.config, self.layers[i], self.start, self.chunk, q.shape
         if q.numel() == 0:  # an empty batch or head
             return torch.zeros_like(q)
         S, rule, nc = cache["k"].shape[2], c.cache_rule(kind), start // chunk  # nc: MoBA's complete chunks
-        if rule == "sorted":  # the run of rs within delta (and a margin) of rq
+        if rule == "sorted":  # the run of rs within delta (plus a margin) of rq
             delta, rs, rq = c.sa_delta, cache["rs"], cache["rq"]  # rs (R, m), rq (R, 1)
             reach = delta + attention.VALUE_MARGIN
             lo, hi = torch.searchsorted(rs, rq - reach), torch.searchsorted(rs, rq + reach)  # (R, 1) each
@@ -88,13 +88,13 @@ class KVCache:
             mask = ((run < hi) & ((rq - rs.gather(1, at)).abs() < delta)).expand(B * nh, -1)  # the rule itself
             at = cache["ps"].gather(1, at).expand(B * nh, -1).view(B, nh, -1, 1).expand(-1, -1, -1, hs)  # positions
             keys, vals, mask = cache["k"].gather(2, at), cache["v"].gather(2, at), mask.view(B, nh, 1, -1)
-        else:  # the positions first..start: every one, the last `window`, or MoBA's own chunk so far
+        else:  # positions first..start: all, the last `window`, or MoBA's own chunk so far
             first = {"all": 0, "window": max(0, start + 1 - c.window), "chunks": nc * chunk}[rule]
             slots = torch.arange(first, start + 1, device=q.device) % S
             keys, vals = cache["k"][:, :, slots], cache["v"][:, :, slots]  # (B, nh, n, hs)
             mask = torch.ones_like(slots, dtype=torch.bool)
         if rule == "chunks":  # and the top_k - 1 past chunks of largest q . kmean, if any
-            # fp32, the own chunk at -inf: moba_select's row, so topk breaks ties alike
+            # moba_select's row (fp32, own chunk at -inf), so topk breaks ties alike
             with torch.autocast(q.device.type, enabled=False):
                 scores = q.float() @ cache["kmean"][:, :, :nc + 1].transpose(-1, -2)  # (B, nh, 1, nc+1)
             scores[..., nc] = float("-inf")

@@ -1,9 +1,8 @@
 """
-Read first. A GPT with a switchable attention, after nanoGPT: GPTConfig.attn picks every layer's kind (KINDS): "full",
-"swa", "sa" (SWA over a fresh random permutation per layer and forward pass), "sa+swa" (the paper's gated dual path) or
-"moba" (the baseline), by attention.py's rules. GPT.generate decodes from a KV cache where a rule allows it.
+Read first. nanoGPT's GPT with a switchable attention: GPTConfig.attn picks every layer's kind from KINDS: "full",
+"swa", "sa" (SWA over a fresh random permutation per layer and forward), "sa+swa" (the paper's gated dual path) or
+"moba" (the baseline). GPT.generate decodes from a KV cache where the kind allows.
 """
-import inspect
 import math
 import numbers
 import operator
@@ -24,28 +23,25 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 class CausalSelfAttention(nn.Module):
-    """Multi-head causal self-attention of kind config.attn. "sa+swa", the paper's best model, runs SA and SWA on the
-    same q, k, v, mixed by gates per token, head and path: Y = sigmoid(x W_sa) Y_sa + sigmoid(x W_swa) Y_swa."""
+    """Causal self-attention of kind config.attn; "sa+swa" (the paper's best) gates SA and SWA on one q, k, v per
+    token, head and path: Y = sigmoid(x W_sa) Y_sa + sigmoid(x W_swa) Y_swa."""
 
     def __init__(self, config, layer_idx=0):
         super().__init__()
-        self.config, self.layer_idx = config, layer_idx  # layer_idx: this layer's place in a KVCache
+        self.config, self.layer_idx = config, layer_idx  # layer_idx: its place in a KVCache
         self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.resid_dropout = nn.Dropout(config.dropout)
-        if config.attn == "sa+swa":  # the gates read the attention's input, ln_1(x)
+        if config.attn == "sa+swa":  # the gates read ln_1(x)
             self.gate = nn.Linear(config.n_embd, 2 * config.n_head, bias=False)
 
     def forward(self, x, draw=None, rope=None, cache=None):
-        """x (B, T, C) -> (B, T, C). draw: this layer's SA draw; rope: (cos, sin) of the T positions; cache: a KVCache,
-        which a prefill fills and a decode step (one token) attends over."""
+        """x (B, T, C) -> (B, T, C). draw: this layer's SA draw; rope: (cos, sin) of the T positions; cache: a KVCache
+        that a prefill fills and a one-token step reads."""
         B, T, C = x.size()
         nh = self.config.n_head
-        q, k, v = self.c_attn(x).split(C, dim=2)
-        q = q.view(B, T, nh, C // nh).transpose(1, 2)  # (B, nh, T, hs)
-        k = k.view(B, T, nh, C // nh).transpose(1, 2)  # (B, nh, T, hs)
-        v = v.view(B, T, nh, C // nh).transpose(1, 2)  # (B, nh, T, hs)
-        if rope is not None:  # by their true positions, before SA permutes them (the paper)
+        q, k, v = [t.view(B, T, nh, C // nh).transpose(1, 2) for t in self.c_attn(x).split(C, dim=2)]  # (B, nh, T, hs)
+        if rope is not None:  # by true positions, before SA permutes (the paper)
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         if cache is not None:
             cache.store(self.layer_idx, k, v, draw)
@@ -59,19 +55,18 @@ class CausalSelfAttention(nn.Module):
         return self.resid_dropout(self.c_proj(y))
 
     def attend(self, kind, q, k, v, draw, cache=None):
-        """q, k, v (B, nh, T, hs) -> (B, nh, T, hs) by kind's function and its KINDS row's arguments; a decode step
-        attends over the KV cache instead."""
+        """q, k, v (B, nh, T, hs) -> (B, nh, T, hs) by kind's KINDS row; a decode step reads the KV cache instead."""
         c = self.config
         if cache is not None and cache.start > 0:
             return cache.attend(self.layer_idx, q, kind)
-        if kind == "sa" and c.sa_rule == "value":  # numbers r, not a permutation; delta, not a window
+        if kind == "sa" and c.sa_rule == "value":  # numbers r, not a permutation; delta, not window
             return attention.stochastic_value_attention(q, k, v, c.sa_delta, draw)
-        fn, args = KINDS[kind].fn, KINDS[kind].args
-        return fn(q, k, v, *[draw if a == "draw" else getattr(c, a) for a in args])
+        row = KINDS[kind]
+        return row.fn(q, k, v, *[draw if a == "draw" else getattr(c, a) for a in row.args])
 
 
 class Layer(nn.Module):
-    """A transformer layer, pre-LayerNorm as GPT-2's: x + attn(ln_1(x)), then x + mlp(ln_2(x))."""
+    """GPT-2's pre-LayerNorm layer: x + attn(ln_1(x)), then x + mlp(ln_2(x))."""
 
     def __init__(self, config, layer_idx=0):
         super().__init__()
@@ -79,10 +74,9 @@ class Layer(nn.Module):
         self.ln_1 = nn.LayerNorm(C, bias=config.bias)
         self.attn = CausalSelfAttention(config, layer_idx)
         self.ln_2 = nn.LayerNorm(C, bias=config.bias)
-        self.mlp = nn.Sequential(OrderedDict(c_fc=nn.Linear(C, 4 * C, bias=config.bias),  # GPT-2's MLP, its names
-                                             gelu=nn.GELU(approximate="tanh"),
-                                             c_proj=nn.Linear(4 * C, C, bias=config.bias),
-                                             dropout=nn.Dropout(config.dropout)))
+        self.mlp = nn.Sequential(OrderedDict(  # GPT-2's MLP, its names
+            c_fc=nn.Linear(C, 4 * C, bias=config.bias), gelu=nn.GELU(approximate="tanh"),
+            c_proj=nn.Linear(4 * C, C, bias=config.bias), dropout=nn.Dropout(config.dropout)))
 
     def forward(self, x, draw=None, rope=None, cache=None):
         x = x + self.attn(self.ln_1(x), draw, rope, cache)
@@ -91,14 +85,14 @@ class Layer(nn.Module):
 
 class Kind(NamedTuple):
     """All the repo reads of an attention kind."""
-    fn: Optional[Callable]  # its function, (q, k, v, *args) -> y; None: sa+swa, which the layer composes
-    args: tuple  # those args: GPTConfig fields, or "draw" (the layer's SA draw)
+    fn: Optional[Callable]  # (q, k, v, *args) -> y; None: sa+swa, composed by the layer
+    args: tuple  # GPTConfig fields, or "draw" (the layer's SA draw)
     keys: Callable  # (config, T) -> the keys a query sees (flops_per_token)
     cache: Callable  # config -> what a KVCache keeps: "all", "window", "chunks", "sorted"; None: no cache
-    draws: bool = False  # whether it draws SA's randomness (GPT.draw_sa)
+    draws: bool = False  # whether it takes SA's draws (GPT.draw_sa)
 
 
-# Every attention kind. A new kind is its function (in attention.py) and a row here: README's "Add a kind".
+# Every kind. A new one is a function in attention.py and a row here (README's "Add a kind").
 KINDS = {
     "full": Kind(attention.full_attention, (), lambda c, T: (T + 1) / 2, lambda c: "all"),
     "swa": Kind(attention.sliding_window_attention, ("window",), lambda c, T: min(c.window, T), lambda c: "window"),
@@ -113,35 +107,35 @@ KINDS = {
 
 @dataclass
 class GPTConfig:
-    # The defaults: GPT-2 small's shape (124M) with SA+SWA. train.py's globals set every field.
-    block_size: int = 1024     # maximum sequence length
-    vocab_size: int = 50304    # GPT-2's 50257 padded up to a multiple of 64
+    # Defaults: GPT-2 small's shape (124M) with SA+SWA. train.py's globals set every field.
+    block_size: int = 1024  # maximum sequence length
+    vocab_size: int = 50304  # GPT-2's 50257 padded to a multiple of 64
     n_layer: int = 12
     n_head: int = 12
     n_embd: int = 768
-    dropout: float = 0.0       # residual and embedding dropout
-    bias: bool = False         # biases in Linears and LayerNorms (GPT-2 has them)
-    attn: str = "sa+swa"       # a kind of KINDS
-    window: int = 256          # SWA/SA keys per query, itself included
-    moba_chunk: int = 64       # MoBA's key chunk (its paper's "block")
-    moba_topk: int = 4         # MoBA's chunks per query, its own included
-    sa_perm: str = "shared"    # "shared": one permutation per layer (the paper); "head": one per row and head
-    sa_rule: str = "rank"      # "rank": windows over permuted slots (the paper); "value": a number r per token
-    pos_emb: str = "rope"      # rope rotates q and k before SA permutes them; "learned" is GPT-2's, to load its weights
+    dropout: float = 0.0  # residual and embedding dropout
+    bias: bool = False  # biases in Linears and LayerNorms (GPT-2 has them)
+    attn: str = "sa+swa"  # a kind of KINDS
+    window: int = 256  # SWA/SA keys per query, itself included
+    moba_chunk: int = 64  # MoBA's key chunk (its paper's "block")
+    moba_topk: int = 4  # MoBA's chunks per query, its own included
+    sa_perm: str = "shared"  # "shared": one permutation per layer (the paper); "head": one per row and head
+    sa_rule: str = "rank"  # "rank": windows over permuted slots (the paper); "value": a number r per token
+    pos_emb: str = "rope"  # "rope" rotates q, k before SA permutes; "learned": GPT-2's, to load its weights
     rope_base: float = 10000.0
 
-    def __post_init__(self):  # every model's door: each field checked (guards.SETTINGS and these choices)
+    def __post_init__(self):  # every model's door: each field checked (guards.SETTINGS, choices)
         choices = dict(attn=tuple(KINDS), sa_perm=("shared", "head"), sa_rule=("rank", "value"),
                        pos_emb=("rope", "learned"), bias=(True, False))
         for f in fields(self):
             value = getattr(self, f.name)
-            if not isinstance(value, bool) and (f.type is int and hasattr(value, "__index__") or f.type is float
-                                                and isinstance(value, numbers.Real)):  # numpy's numbers too
+            int_like = f.type is int and hasattr(value, "__index__")  # numpy's numbers too
+            if not isinstance(value, bool) and (int_like or f.type is float and isinstance(value, numbers.Real)):
                 value = f.type(operator.index(value) if f.type is int else value)
                 setattr(self, f.name, value)
-            if f.name in choices:
-                problem = None if value in choices[f.name] and type(value) is type(choices[f.name][0]) else \
-                    f"must be one of {choices[f.name]}"
+            options = choices.get(f.name)
+            if options:
+                problem = None if value in options and type(value) is type(options[0]) else f"must be one of {options}"
             else:
                 problem = setting_problem(f.name, value, asdict(self)) if type(value) is f.type else \
                     f"must be {'a number' if f.type is float else 'an integer'}"
@@ -149,21 +143,21 @@ class GPTConfig:
         need(self.n_embd % self.n_head == 0, f"GPTConfig.n_embd={self.n_embd} is invalid: must be divisible by "
              f"n_head={self.n_head}")
         need(self.pos_emb != "rope" or self.n_embd // self.n_head % 2 == 0, f"GPTConfig.n_embd={self.n_embd} is "
-             "invalid: must make the head size n_embd // n_head even (RoPE rotates pairs)")
+             "invalid: RoPE rotates pairs, so the head size n_embd // n_head must be even")
 
     @property
     def sa_delta(self):
-        """The value rule's width: a pair meets with probability ~2 * delta, as by the rank rule at T = block_size."""
+        """The value rule's width: a pair meets with probability ~2 * delta, as by the rank rule at block_size."""
         return self.window / self.block_size
 
     @property
     def cacheable(self):
-        """Whether GPT.generate can decode from a KV cache exactly. Rank-rule SA cannot: whether query i sees key j
-        depends on the slots of the tokens after i."""
+        """Whether GPT.generate can decode from an exact KV cache; not rank-rule SA, where whether query i sees key j
+        depends on later tokens' slots."""
         return self.cache_rule() is not None
 
     def cache_rule(self, kind=None):
-        """What a KVCache keeps for kind (by default the model's own): its KINDS row's cache."""
+        """What a KVCache keeps for kind (default: the model's), by its KINDS row."""
         return KINDS[kind or self.attn].cache(self)
 
 
@@ -180,35 +174,37 @@ class GPT(nn.Module):
         ))
         if config.pos_emb == "learned":
             self.transformer.wpe = nn.Embedding(config.block_size, config.n_embd)
-        else:
-            cos, sin = rope_tables(config)
-            self.register_buffer("rope_cos", cos, persistent=False)
-            self.register_buffer("rope_sin", sin, persistent=False)
+        else:  # RoPE's angles
+            hs = config.n_embd // config.n_head
+            inv_freq = 1.0 / config.rope_base ** (torch.arange(0, hs, 2).float() / hs)  # (hs/2,)
+            angles = torch.outer(torch.arange(config.block_size).float(), inv_freq)  # (block_size, hs/2)
+            self.register_buffer("rope_cos", angles.cos(), persistent=False)
+            self.register_buffer("rope_sin", angles.sin(), persistent=False)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.transformer.wte.weight = self.lm_head.weight  # weight tying
-        # SA draws from a CPU generator, the same on every device; checkpoints save its state (exact resume)
+        # SA's CPU generator: the same draws on every device; checkpoints save its state (exact resume)
         self.sa_state = torch.Generator().manual_seed(sa_seed).get_state()  # (5056,) uint8, not a buffer
         self.apply(self._init_weights)
         for name, p in self.named_parameters():
             if name.endswith("c_proj.weight"):  # GPT-2's scaled init of residual projections
-                torch.nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
             if name.endswith("attn.gate.weight"):  # both gates start at sigmoid(0) = 0.5
-                torch.nn.init.zeros_(p)
+                nn.init.zeros_(p)
 
     def _init_weights(self, module):
         if isinstance(module, nn.Linear):
-            torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
             if module.bias is not None:
-                torch.nn.init.zeros_(module.bias)
+                nn.init.zeros_(module.bias)
         elif isinstance(module, nn.Embedding):
-            torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
     def get_num_params(self):
         return sum(p.numel() for p in self.parameters())
 
     def forward(self, idx, targets=None, lengths=None, cache=None, draws=None):
-        """idx (B, T) -> logits (B, T, vocab), and the loss if targets (-1: ignored). lengths: the real tokens of
-        right-padded rows (draw_sa); cache: a KVCache that idx continues; draws: SA's per layer, not fresh ones."""
+        """idx (B, T) -> logits (B, T, vocab), and the loss if targets (-1: ignored). lengths: right-padded rows' real
+        tokens (draw_sa); cache: a KVCache that idx continues; draws: SA's per layer, not fresh ones."""
         check_tokens(idx, self.config, targets, lengths, cache, draws)
         B, T = idx.size()
         start = 0 if cache is None else cache.start  # idx[:, 0]'s position
@@ -230,34 +226,34 @@ class GPT(nn.Module):
         return logits, loss
 
     def draw_sa(self, B, T, device, lengths=None):
-        """SA's fresh draw per layer, (T,) or (B, nh, T) by sa_perm: a permutation, or (sa_rule="value") numbers r in
-        [0, 1); None for kinds that draw none. With lengths (B,) of right-padded rows: (B, 1 or nh, T), the value
-        rule's (1, 1 or nh, T), each row drawn from a seed and its length alone (sa_draws)."""
+        """SA's fresh draw per layer (None for other kinds): a permutation, or numbers r in [0, 1) by sa_rule="value";
+        (T,) or (B, nh, T) by sa_perm. With lengths (B,) of right-padded rows: (B, 1 or nh, T), the value rule's
+        (1, 1 or nh, T), each row drawn from a seed and its length alone."""
         c = self.config
         if not KINDS[c.attn].draws:
             return [None] * c.n_layer
-        for name, n in (("B", B), ("T", T)):  # no call for valid input: this runs in every forward
+        for name, n in (("B", B), ("T", T)):  # no call when valid: runs in every forward
             if type(n) is not int or n < 0:
                 raise InputError(f"{name} must be an integer >= 0, got {n!r}")
         heads = 1 if c.sa_perm == "shared" else c.n_head
         return list(sa_draws(self.sa_state, c.n_layer, B, heads, T, c.sa_rule == "value", lengths).to(device))
 
     def seed_sa(self, seed):
-        """Restart SA's draws from seed, an integer of 64 bits."""
+        """Restart SA's draws from seed (64 bits)."""
         need(hasattr(seed, "__index__") and not isinstance(seed, bool) and -2**63 <= seed < 2**64, f"seed must be an "
              f"integer that fits in 64 bits, got {seed!r}")
         self.sa_state.copy_(torch.Generator().manual_seed(operator.index(seed)).get_state())
 
     def swap_attention(self, **changes):
-        """Training-free swap: these weights with another attention kind or budget (see swapped)."""
+        """Training-free swap: these weights with another kind or budget (see swapped)."""
         self.config = swapped(self.config, **changes)
         for layer in self.transformer.h:
             layer.attn.config = self.config
         return self
 
-    # nanoGPT's GPT.from_pretrained, GPT-2's weights in this GPT, is checkpoint.from_gpt2
+    # nanoGPT's GPT.from_pretrained is checkpoint.from_gpt2
     def crop_block_size(self, block_size):
-        """A shorter context for a loaded model, as nanoGPT's (e.g. GPT-2's 1024 positions cut)."""
+        """nanoGPT's: a loaded model's context (e.g. GPT-2's 1024) cut to block_size."""
         need(block_size <= self.config.block_size, f"block_size={block_size}: the model holds at most "
              f"{self.config.block_size} positions")
         self.config = replace(self.config, block_size=block_size)
@@ -273,11 +269,11 @@ class GPT(nn.Module):
         decay = [p for p in params if p.dim() >= 2]    # matmul weights and embeddings
         no_decay = [p for p in params if p.dim() < 2]  # biases and LayerNorm gains
         groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-        fused = device_type == "cuda" and "fused" in inspect.signature(torch.optim.AdamW).parameters
-        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, **(dict(fused=True) if fused else {}))
+        fused = dict(fused=True) if device_type == "cuda" else {}  # torch >= 2.4 has it
+        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, **fused)
 
     def flops_per_token(self, T):
-        """Training FLOPs per token: 6N for the weights plus 12 * L * C * (the keys a query sees)."""
+        """Training FLOPs per token: 6N for the weights, plus 12 * L * C * (keys a query sees)."""
         c = self.config
         return 6 * self.get_num_params() + 12 * c.n_layer * c.n_embd * KINDS[c.attn].keys(c, T)
 
@@ -288,8 +284,8 @@ class GPT(nn.Module):
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True):
         """Append max_new_tokens sampled tokens to idx (B, T); temperature=0: greedy. use_cache: decode from a KVCache
-        where the model allows it; else each step recomputes the last block_size tokens (nanoGPT). A full cache is
-        refilled from the last block_size // 2 tokens."""
+        where the model allows, refilled from the last block_size // 2 tokens when full; else each step recomputes the
+        last block_size tokens (nanoGPT)."""
         c = self.config
         check_tokens(idx, c, sampling=(max_new_tokens, temperature, top_k))
         use_cache = use_kv_cache(c, use_cache)
@@ -299,12 +295,12 @@ class GPT(nn.Module):
                 keep = c.block_size if cache is None else max(1, c.block_size // 2)
                 cache = KVCache(c)
                 logits, _ = self(idx[:, -keep:], cache=cache)
-            else:  # with the cache, the newest token; without, the last block_size tokens
+            else:  # cached: the newest token; uncached: the last block_size
                 logits, _ = self(idx[:, -1:] if use_cache else idx[:, -c.block_size:], cache=cache)
             logits = logits[:, -1, :].double()  # (B, vocab), whatever the autocast
             if temperature == 0:
                 idx_next = logits.argmax(-1, keepdim=True)  # (B, 1)
-            else:  # minus the max first: a tiny temperature then gives 0 and -inf, never inf - inf
+            else:  # max subtracted first: a tiny temperature gives 0 and -inf, never inf - inf
                 logits = (logits - logits.max(-1, keepdim=True).values) / temperature
                 if top_k is not None:
                     v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
@@ -323,15 +319,8 @@ class GPT(nn.Module):
 SWAP_FIELDS = ("attn", "window", "moba_chunk", "moba_topk", "sa_perm", "sa_rule")  # a swap reaches these alone
 
 
-def rope_tables(config):
-    hs = config.n_embd // config.n_head
-    inv_freq = 1.0 / config.rope_base ** (torch.arange(0, hs, 2).float() / hs)  # (hs/2,)
-    angles = torch.outer(torch.arange(config.block_size).float(), inv_freq)  # (block_size, hs/2)
-    return angles.cos(), angles.sin()
-
-
 def apply_rope(x, cos, sin):
-    """x (B, nh, T, hs) rotated by the angles of its T positions, cos and sin (T, hs/2)."""
+    """x (B, nh, T, hs) rotated by its T positions' angles, cos and sin (T, hs/2)."""
     x1, x2 = x.float().chunk(2, dim=-1)  # (B, nh, T, hs/2) each
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], -1).type_as(x)  # (B, nh, T, hs)
 
@@ -339,9 +328,8 @@ def apply_rope(x, cos, sin):
 @torch.library.custom_op("sa::draws", mutates_args=("state",))
 def sa_draws(state: torch.Tensor, n: int, B: int, heads: int, T: int, value: bool,
              lengths: Optional[torch.Tensor]) -> torch.Tensor:
-    """n layers' SA draws from a CPU generator's state, advanced in place: permutations, or (value) numbers r in [0, 1),
-    (n, T) for one head without lengths, else (n, B, heads, T). With lengths (B,), each layer draws from its own seed:
-    the rank rule by attention.row_perms, the value rule's r of token t as the seed's t-th number ((n, 1, heads, T)). A
+    """GPT.draw_sa's draws of n layers, stacked, from a CPU generator's state, advanced in place. With lengths, each
+    layer draws from a seed: the rank rule by attention.row_perms, the value rule's r of token t as its t-th number. A
     registered op, so that torch.compile keeps these draws."""
     g = torch.Generator().set_state(state)
     if lengths is not None:
@@ -358,15 +346,12 @@ def sa_draws(state: torch.Tensor, n: int, B: int, heads: int, T: int, value: boo
 
 @sa_draws.register_fake
 def _(state, n, B, heads, T, value, lengths):
-    if heads == 1 and lengths is None:
-        shape = (n, T)
-    else:
-        shape = (n, 1 if value and lengths is not None else B, heads, T)
+    shape = (n, T) if heads == 1 and lengths is None else (n, 1 if value and lengths is not None else B, heads, T)
     return state.new_empty(shape, dtype=torch.float if value else torch.long)
 
 
 def swapped(config, **changes):
-    """config with changes, for GPT.swap_attention; InputError where the weights cannot swap."""
+    """config with changes (GPT.swap_attention); InputError where the weights cannot swap."""
     other = sorted(set(changes) - set(SWAP_FIELDS))  # dropout and RoPE were built once: no swap reaches them
     need(not other, f"swap_attention changes the attention ({', '.join(SWAP_FIELDS)}), not {', '.join(other)}")
     new = replace(config, **changes)
@@ -376,6 +361,6 @@ def swapped(config, **changes):
 
 
 def autocast(device, dtype):
-    """The scripts' mixed-precision context: none for float32, else torch.autocast to dtype."""
+    """The scripts' mixed precision: none for float32, else torch.autocast to dtype."""
     need(dtype in DTYPES, f"dtype={dtype!r}: use one of {', '.join(DTYPES)}")
     return nullcontext() if dtype == "float32" else torch.autocast(device.split(":")[0], dtype=DTYPES[dtype])

@@ -47,10 +47,10 @@ if start.startswith("FILE:"):
             prompt = f.read()
     except (OSError, UnicodeDecodeError) as e:
         sys.exit(f"--start={start}: {getattr(e, 'strerror', None) or 'not UTF-8 text'}")
-start_ids = encode(prompt)
-need(start_ids and max(start_ids) < model.config.vocab_size, f"--start must encode to at least one token, each < "
-     f"the model's vocab_size {model.config.vocab_size}")
 c = model.config
+start_ids = encode(prompt)
+need(start_ids and max(start_ids) < c.vocab_size, f"--start must encode to at least one token, each < the model's "
+     f"vocab_size {c.vocab_size}")
 # what runs the attention (on a GPU, the kernel's self-check runs now)
 print(impl_line(device, DTYPES[dtype], c.n_embd // c.n_head, [c.attn], c.sa_rule), file=sys.stderr)
 use_cache = use_kv_cache(c, use_cache)  # warns once here, not once per sample

@@ -1,9 +1,9 @@
 """Support, which a first reading skips. The tiled torch engine: attention in O(T * w) time and memory, forward and
 backward, on any device.
 
-attention.py's torch path runs the band of SWA and SA here (Band), and moba_attention always (Moba). A layout cuts
-the pairs a rule allows into groups (nq query rows, the nk key rows they see, a mask), batched in calls whose scores
-fit in cache. The backward recomputes probabilities from each row's logsumexp (autograd would keep them: O(T * nk)).
+attention.py's torch path runs SWA's and SA's band here (Band), and moba_attention always (Moba). A layout cuts the
+pairs a rule allows into groups (nq query rows, the nk key rows they see, a mask), batched in calls whose scores fit in
+cache. The backward recomputes probabilities from each row's logsumexp (autograd would keep them: O(T * nk)).
 """
 import math
 
@@ -12,19 +12,19 @@ import torch.nn.functional as F
 
 TILE = 64  # query rows per tile
 CALL = 1 << 19  # scores per call
-FUSED_CALL = 1 << 23  # the fused forward's: it tiles its scores
-NEG = float("-inf")  # hidden; a real query sees itself: no real row is all -inf
+FUSED_CALL = 1 << 23  # the fused forward tiles its scores
+NEG = float("-inf")  # hidden; no real row is all -inf (a real query sees itself)
 
 
 def band_edges(window, T, two_sided):
-    """The slot band [i - left, i + right] (causal SWA: right = 0); a window past T is T. kernel.py has a copy."""
+    """The slot band [i - left, i + right] (causal SWA: right = 0); a window past T is T. Copied in kernel.py."""
     left = min(int(window), T) - 1
     return left, left if two_sided else 0
 
 
 def value_spans(r, width, margin, tile):
-    """The value rule's key slots [lo, hi) (R, ntiles) for each tile, r (R, T) ascending; margin for fp32 rounding.
-    kernel.py has a copy."""
+    """The value rule's key slots [lo, hi) (R, ntiles) per tile, r (R, T) ascending; margin for fp32 rounding. Copied
+    in kernel.py."""
     first = torch.arange(0, r.shape[-1], tile, device=r.device)  # (ntiles,)
     last = (first + tile).clamp(max=r.shape[-1]) - 1
     hi = torch.searchsorted(r, r[:, last] + width + margin).maximum(last + 1)  # (R, ntiles), own slots in
@@ -34,7 +34,7 @@ def value_spans(r, width, margin, tile):
 class Band:
     """Slot j is visible to slot i iff |i - j| < width (with r: |r[i] - r[j]| < width) and pos[j] <= pos[i]; pos (T,)
     or 3-dim, broadcastable to (B, H, T) (None: causal SWA), r of pos's shape, ascending. flat pads each head with
-    `left` zero slots before and `right` after, so that each tile of nq query slots sees nk slots around it:
+    `left` zero slots before and `right` after, so that a tile of nq query slots sees the nk slots around it:
 
         | pad |  0 ...         T-1 | pad |
         [left |  nq  | right]
@@ -82,16 +82,14 @@ class Band:
         T = self.shape[2]
         return f.view(-1, self.S, f.shape[-1])[:, self.left:self.left + T].view(*self.shape, -1).to(dtype).contiguous()
 
-    def view(self, f, rows):
+    def query(self, f, rows):
         """f[rows], a writable view of f (N, D): rows is a view of self.rows = arange(N)."""
         D = f.shape[-1]
         return f.as_strided((*rows.shape, D), (*(st * D for st in rows.stride()), f.stride(-1)),
                             rows.storage_offset() * D)
 
-    query = view
-
     def keys(self, f, rows):
-        return self.view(f, rows) if self.r is None else _gather(f, rows)
+        return self.query(f, rows) if self.r is None else _gather(f, rows)
 
     def spans(self, t, heads, s, e):
         """t (R or BH, S) at the key slots of tiles s..e-1 of `heads` (a slice of m): (m or 1, e-s, nk)."""
@@ -216,8 +214,8 @@ def _masked(s, mask, finite):
 
 
 def _fused(q, finite, layout):
-    """Whether the fused CPU flash attention runs the groups: for finite keys (NaN + -inf is NaN) and wide groups
-    (MoBA's are faster as matmuls)."""
+    """Whether the fused CPU flash attention runs the groups: finite keys (NaN + -inf is NaN), wide groups (MoBA's
+    are faster as matmuls)."""
     return (q.device.type == "cpu" and finite and layout.wide
             and hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu"))
 
@@ -243,8 +241,8 @@ def _group_backward(doc, qc, kc, vc, lse, rowdot, mask, finite):
 
 
 def forward(q, k, v, layout):
-    """Softmax over each query's groups: out (B, H, T, D) in q's dtype, logsumexp (B, H, T) fp32. A non-finite
-    key reaches no query that cannot see it (_masked)."""
+    """Softmax over each query's groups: out (B, H, T, D) in q's dtype, logsumexp (B, H, T) fp32. A non-finite key
+    reaches only the queries that see it (_masked)."""
     qf, kf, vf = map(layout.flat, (q, k, v))  # (N, D)
     # merge: online, by the top lse so far, sum of exp(lse - top), output sum
     top = torch.full_like(qf[:, 0], NEG)  # (N,)
@@ -326,6 +324,6 @@ moba = _op("moba", Moba, "Tensor idx, Tensor ok, int moba_chunk")
 
 
 def band_attention(q, k, v, pos, r, width, margin):
-    """The band of attention.py's rule: (B, H, T, D) out, in q's dtype, scores in fp32 under autocast too."""
+    """The band of attention.py's rule: (B, H, T, D) out in q's dtype; fp32 scores under autocast too."""
     with torch.autocast(q.device.type, enabled=False):
         return band(q, k, v, pos, r, width, margin)[0]

@@ -1,24 +1,25 @@
 """
 Read first. Train a GPT with full, SWA, SA, SA+SWA or MoBA attention, after nanoGPT's train.py.
 
-One process (a CPU, or one GPU); a resume; GPT-2's weights fine-tuned with SA+SWA (the paper's swap, then training):
+One process (a CPU or one GPU); a resume; GPT-2 fine-tuned with SA+SWA (the paper's swap, then training):
   python prepare_data.py && python train.py config/quick.py
   python train.py config/quick.py --attn=swa --window=64 --out_dir=out-swa
   python train.py config/quick.py --init_from=resume --max_iters=1000
   python train.py --init_from=gpt2 --dataset=wikitext-103 --block_size=1024 --learning_rate=3e-5 --min_lr=3e-6
-DDP, on one node with 8 GPUs, or on two nodes:
+DDP, on one node of 8 GPUs, or two nodes:
   torchrun --standalone --nproc_per_node=8 train.py config/paper_360m.py
   torchrun --nproc_per_node=8 --nnodes=2 --node_rank=0 --master_addr=IP --master_port=1234 train.py ...
 
-Every eval appends to out_dir/log.jsonl and, after iteration 0, saves out_dir/ckpt.pt (see always_save_checkpoint;
-eval_only: never). The checkpoint holds every rank's RNG states: a resume with the same settings is bitwise the run
-that never stopped; a larger max_iters trains on, the cosine still ending at lr_decay_iters. Nothing is lost
-(checkpoint.RunDir): a second run into the same out_dir is refused, a NaN or inf loss stops the run before anything of
-it is saved, and a new run replaces an old checkpoint only with --overwrite=True.
+Every eval appends to out_dir/log.jsonl and, after iteration 0, saves out_dir/ckpt.pt (always_save_checkpoint;
+eval_only: never). It holds every rank's RNG states: a resume with the same settings is bitwise the run that never
+stopped; a larger max_iters trains on, the cosine still ending at lr_decay_iters. Nothing is lost (checkpoint.RunDir):
+a second run into the same out_dir is refused, a NaN or inf loss stops the run before anything of it is saved, and
+a new run replaces an old checkpoint only with --overwrite=True.
 """
 import math
 import os
 import time
+from collections import Counter
 from dataclasses import fields
 
 import numpy as np
@@ -33,65 +34,64 @@ from model import DTYPES, GPT, SWAP_FIELDS, GPTConfig, autocast
 from prepare_data import dataset_dir, draw_batch, load_data, task_metrics
 
 # -----------------------------------------------------------------------------
-# The defaults: a GPT-2-small-sized (124M) SA+SWA model on FineWeb-Edu, 5000 iterations of 0.5M tokens (2.6B), on one
-# A100: its peak, about 20.5 GiB in eager bf16 (gpu_check.memory_estimate), fits 40 GB.
+# Defaults: a GPT-2-small-sized (124M) SA+SWA model on FineWeb-Edu, 5000 iterations of 0.5M tokens (2.6B); its peak,
+# ~20.5 GiB in eager bf16 (gpu_check.memory_estimate), fits a 40 GB A100.
 # I/O
-out_dir = "out"                 # ckpt.pt and log.jsonl go here
-eval_interval = 250             # evaluate, log and checkpoint every this many iterations (and at the end)
-log_interval = 10               # print the training loss and speed every this many iterations
-eval_iters = 50                 # batches per split per evaluation (the same batches every time)
-eval_only = False               # evaluate once and exit
-always_save_checkpoint = True   # save at every eval; False: only when val loss improves
-init_from = "scratch"           # "scratch", "resume" (out_dir/ckpt.pt), "gpt2" ... "gpt2-xl", or a directory holding
-#                                 a transformers GPT2LMHeadModel
-overwrite = False               # True: a new run replaces out_dir's ckpt.pt at its first checkpoint; False: refused
+out_dir = "out"  # for ckpt.pt and log.jsonl
+eval_interval = 250  # iterations between evals (each logs and checkpoints); one at the end too
+log_interval = 10  # iterations between prints of the training loss and speed
+eval_iters = 50  # batches per split per eval, the same each time
+eval_only = False  # evaluate once and exit
+always_save_checkpoint = True  # save at every eval; False: only when val loss improves
+init_from = "scratch"  # "scratch", "resume" (out_dir/ckpt.pt), "gpt2" ... "gpt2-xl", or a GPT2LMHeadModel's directory
+overwrite = False  # True: a new run replaces out_dir's ckpt.pt at its first checkpoint; False: refused
 # data
-dataset = "fineweb-edu"         # data_root/<dataset>/ from prepare_data.py
+dataset = "fineweb-edu"  # data_root/<dataset>/ from prepare_data.py
 data_root = "data"
 gradient_accumulation_steps = 32  # micro-steps per iteration, the total over DDP ranks
-batch_size = 8                  # sequences per micro-step per rank
-block_size = 2048               # tokens per sequence (mqar: the data's seq_len; a GPT-2: at most its 1024)
-copy_task = False               # far copying: each sequence is a random block_size/2-token chunk, then that chunk again
-# model: one global per GPTConfig field (block_size is above), passed by name; GPTConfig's defaults are GPT-2 small's
+batch_size = 8  # sequences per micro-step per rank
+block_size = 2048  # tokens per sequence (mqar: the data's seq_len; a GPT-2: at most its 1024)
+copy_task = False  # far copying: each sequence is a random block_size/2-token chunk, then that chunk again
+# model: a global per GPTConfig field (block_size above), passed by name; the defaults are GPT-2 small's
 n_layer = 12
 n_head = 12
 n_embd = 768
 dropout = 0.0
 bias = False
-attn = "sa+swa"                 # full | swa | sa | sa+swa | moba (model.KINDS); a GPT-2 swaps to it, then trains
-window = 256                    # SWA/SA keys per query
-moba_chunk = 64                 # MoBA's key chunk
-moba_topk = 4                   # MoBA's chunks per query
-sa_perm = "shared"              # shared (one permutation per layer) | head (one per batch row and head)
-sa_rule = "rank"                # rank (the paper) | value (decodable from a KV cache; attention.py's docstring)
-pos_emb = "rope"                # rope | learned (GPT-2's)
+attn = "sa+swa"  # full | swa | sa | sa+swa | moba (model.KINDS); a GPT-2 swaps to it, then trains
+window = 256  # SWA/SA keys per query
+moba_chunk = 64  # MoBA's key chunk
+moba_topk = 4  # MoBA's chunks per query
+sa_perm = "shared"  # shared (one permutation per layer) | head (one per batch row and head)
+sa_rule = "rank"  # rank (the paper) | value (decodable from a KV cache; attention.py's docstring)
+pos_emb = "rope"  # rope | learned (GPT-2's)
 rope_base = 10000.0
-vocab_size = 0                  # 0: the data's vocab_size, padded up to a multiple of 64 (50257 -> 50304)
+vocab_size = 0  # 0: the data's vocab_size, padded up to a multiple of 64 (50257 -> 50304)
 # AdamW, warmup and cosine decay
 learning_rate = 6e-4
-max_iters = 5000                # iterations of batch_size * block_size * gradient_accumulation_steps tokens
+max_iters = 5000  # iterations of batch_size * block_size * gradient_accumulation_steps tokens
 weight_decay = 0.1
 beta1 = 0.9
 beta2 = 0.95
-grad_clip = 1.0                 # clip the gradient norm to this; 0: off
+grad_clip = 1.0  # clip the gradient norm to this; 0: off
 decay_lr = True
 warmup_iters = 200
-lr_decay_iters = 5000           # the cosine reaches min_lr here and stays (nanoGPT: about max_iters)
+lr_decay_iters = 5000  # the cosine reaches min_lr here and stays (nanoGPT: about max_iters)
 min_lr = 6e-5
 # system
 device = "cuda" if torch.cuda.is_available() else "cpu"
 # autocast: float32 | bfloat16 | float16 (with loss scaling: GPUs without bf16, a T4); on a CPU bf16 is ~10x slower
 dtype = "bfloat16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "float32"
-compile: bool | None = None     # torch.compile the model; None: on CUDA only (the CPU is slow to compile)
-attn_impl = "auto"              # attention.IMPL: auto (the Triton kernel where it runs), torch, triton or reference
-backend = ""                    # DDP's: "" = nccl on CUDA, gloo on the CPU
+compile: bool | None = None  # torch.compile the model; None: on CUDA only (the CPU is slow to compile)
+attn_impl = "auto"  # attention.IMPL: auto (the Triton kernel where it runs), torch, triton or reference
+backend = ""  # DDP's: "" = nccl on CUDA, gloo on the CPU
 seed = 1337
 # -----------------------------------------------------------------------------
 exec(open("configurator.py").read())  # overrides from config files and --key=value; `settings` holds them all
 # -----------------------------------------------------------------------------
 
-# various inits, derived attributes, I/O setup. DDP: torchrun sets RANK. Each rank and micro-step draws its own SA
-# permutations: N ranks x K micro-steps average gradients over N*K independent draws, as one process would.
+# setup. DDP: torchrun sets RANK. Each rank and micro-step draws its own SA permutations: N ranks x K micro-steps
+# average gradients over N*K independent draws, as one process would.
 ddp = "RANK" in os.environ
 rank, local_rank, world_size = 0, 0, 1
 if ddp:
@@ -111,7 +111,7 @@ torch.backends.cudnn.allow_tf32 = True
 missing = [f.name for f in fields(GPTConfig) if f.name not in settings]
 need(not missing, f"train.py has no global for GPTConfig.{missing and missing[0]}: add it to the model settings")
 model_args = {f.name: settings[f.name] for f in fields(GPTConfig)}
-GPTConfig(**{**model_args, "vocab_size": vocab_size or 1})  # checks the model's settings before any data is read
+GPTConfig(**{**model_args, "vocab_size": vocab_size or 1})  # checks the model settings before any data is read
 
 # data: train.bin and val.bin from prepare_data.py, sequences of T tokens
 data_dir = dataset_dir(data_root, dataset)
@@ -121,14 +121,14 @@ if "mqar" in meta and attn == "swa" and n_layer * (window - 1) < meta["mqar"]["m
 
 
 def get_batch(split, gen):
-    """batch_size sequences (x, y), (B, T) each, drawn with the generator gen: text, copy or MQAR (draw_batch)."""
+    """batch_size sequences (x, y), (B, T) each, drawn with gen: text, copy or MQAR (draw_batch)."""
     x, y = (torch.from_numpy(a) for a in draw_batch(data[split], meta, batch_size, T, gen, split == "train", copy_task))
     if device_type == "cuda":
-        return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
+        x, y = (t.pin_memory().to(device, non_blocking=True) for t in (x, y))
     return x, y
 
 
-# model init: all ranks build the same weights from `seed`, then get their own streams for dropout, data and SA
+# model init: every rank builds the same weights from `seed`, then takes its own streams for dropout, data and SA
 model_args["vocab_size"] = vocab_size or math.ceil(meta["vocab_size"] / 64) * 64
 need(model_args["vocab_size"] >= meta["vocab_size"], f"vocab_size={vocab_size} is smaller than the vocabulary of "
      f"{data_dir} ({meta['vocab_size']}): use --vocab_size=0")
@@ -147,20 +147,20 @@ else:  # GPT-2's weights with this run's attention (its swap), cropped to block_
     model.crop_block_size(block_size)
     need(meta["vocab_size"] <= model.config.vocab_size, f"init_from={init_from!r} reads {model.config.vocab_size} "
          f"token ids, fewer than {data_dir}'s {meta['vocab_size']}: prepare the data with its tokenizer (gpt2)")
-model.seed_sa(sa_seed)  # a resume restores the saved state (restore), except on ranks the checkpoint lacks
+model.seed_sa(sa_seed)  # a resume restores the saved state, except on ranks the checkpoint lacks
 model.to(device)
 torch.manual_seed(dropout_seed)
 sampler = torch.Generator().manual_seed(sampler_seed)
 # fp16 gradients underflow unless the loss is scaled
 scaler = torch.amp.GradScaler(device_type, enabled=dtype == "float16")
 optimizer = model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type)
-if ckpt is not None:  # AdamW's, the GradScaler's and every RNG's states: exactly where the run stopped
+if ckpt is not None:  # AdamW's, the GradScaler's and every RNG's states: where the run stopped
     restore(ckpt, optimizer, scaler, sampler, model, rank)
     need(max_iters >= iter_num or eval_only, f"max_iters={max_iters}: {ckpt_path} is at iteration {iter_num} already: "
          "raise max_iters to train on")
 ckpt = None  # free up memory
 
-raw_model = model  # for evaluation and checkpoints; training runs the compiled (and DDP-wrapped) one
+raw_model = model  # for evals and checkpoints; training runs the compiled (and DDP-wrapped) one
 if device_type == "cuda" if compile is None else compile:
     model = torch.compile(model)
 train_model = DDP(model, device_ids=[local_rank] if device_type == "cuda" else None,
@@ -170,20 +170,19 @@ train_model = DDP(model, device_ids=[local_rank] if device_type == "cuda" else N
 @torch.no_grad()
 def estimate_loss():
     """Mean loss per split over eval_iters batches, and the task's measures (prepare_data.task_metrics). Its batches
-    and SA draws are fixed, and SA's generator is restored after: evaluating leaves training unchanged."""
+    and SA draws are fixed, SA's generator restored after: an eval leaves training unchanged."""
     out, sa_state = {}, raw_model.sa_state.clone()
     model.eval()
     for split in ("train", "val"):
         gen = torch.Generator().manual_seed(seed)
         raw_model.seed_sa(seed)
-        losses, sums = [], {}
+        losses, sums = [], Counter()
         for _ in range(eval_iters):
             X, Y = get_batch(split, gen)
             with ctx:
                 logits, loss = model(X, Y)
             losses.append(loss.item())
-            for k, v in task_metrics(logits, Y, meta, copy_task).items():
-                sums[k] = sums.get(k, 0) + v
+            sums.update(task_metrics(logits, Y, meta, copy_task))
         out[f"{split}_loss"] = sum(losses) / len(losses)
         out.update({f"{split}_{k}": v / sums["n"] for k, v in sums.items() if k != "n"})
     raw_model.sa_state.copy_(sa_state)
@@ -202,20 +201,19 @@ def get_lr(it):
 
 
 def stop_if_diverged(loss, what):
-    """A NaN or inf loss stops the run before anything of it is saved; under DDP the ranks' losses are summed first,
-    so all stop together. (With fp16 an inf gradient is normal: the GradScaler skips that step. An inf loss is not.)"""
+    """Stop on a NaN or inf loss; under DDP on the ranks' sum, so all stop together. With fp16 an inf gradient is
+    normal (the GradScaler skips that step), an inf loss is not."""
     loss = torch.as_tensor(loss, dtype=torch.float32, device=device)
     if ddp:
         dist.all_reduce(loss)
-    kept = f"{ckpt_path} keeps iteration {run.saved}" if master and run.saved is not None else \
-        "this run saved no checkpoint"
+    kept = run.holds() if master else "rank 0 says what the checkpoint holds"
     need(math.isfinite(loss.item()), f"iteration {iter_num}: the {what} is {loss.item()}: the run diverged (lower "
          f"--learning_rate?); {kept}")
 
 
-# logging: the master appends to out_dir/log.jsonl an eval's {iter, train_loss, val_loss, lr, elapsed_s} (and each
-# split's _acc on MQAR, _first and _second on the copy task) and, every log_interval, training's {iter, loss, lr,
-# ms_per_iter, tok_per_s, mfu (null off CUDA), elapsed_s}
+# logging: the master appends to log.jsonl each eval's {iter, train_loss, val_loss, lr, elapsed_s} (and per split
+# _acc on MQAR, _first and _second on the copy task) and, every log_interval, {iter, loss, lr, ms_per_iter, tok_per_s,
+# mfu (null off CUDA), elapsed_s}
 tokens_per_iter = gradient_accumulation_steps * world_size * batch_size * T
 run = RunDir(out_dir, iter_num if init_from == "resume" else None) if master else None
 if master:
@@ -252,11 +250,11 @@ while True:
     if iter_num >= max_iters or eval_only:
         break
 
-    # forward backward update, with optional gradient accumulation to simulate a larger batch. No prefetch: the
-    # sampler in a checkpoint is where the next iteration starts
-    losses = torch.zeros((), device=device)  # this iteration's, summed: checked before the step
+    # forward backward update, with gradient accumulation. No prefetch: the sampler in a checkpoint is where the next
+    # iteration starts
+    losses = torch.zeros((), device=device)  # summed, checked before the step
     for micro_step in range(gradient_accumulation_steps):
-        if ddp:  # all-reduce the gradients on the last micro-step only
+        if ddp:  # all-reduce gradients on the last micro-step only
             train_model.require_backward_grad_sync = micro_step == gradient_accumulation_steps - 1
         X, Y = get_batch("train", sampler)
         with ctx:
@@ -274,7 +272,7 @@ while True:
     iters_since_log += 1
 
     if iter_num % log_interval == 0 and master:
-        lossf = loss.item()  # the last micro-step's loss; a sync point, so the timing is honest
+        lossf = loss.item()  # the last micro-step's; a sync point, so the timing is honest
         if device_type == "cuda":
             torch.cuda.synchronize()
         dt = (time.time() - t_last) / iters_since_log
@@ -289,5 +287,5 @@ if master:
     print(f"done: {iter_num} iterations in {time.time() - t_start:.1f}s; best val loss {best_val_loss:.4f}; "
           f"{run.close()}")
 if ddp:
-    dist.barrier()  # let the master finish its last checkpoint first
+    dist.barrier()  # the master's last checkpoint first
     dist.destroy_process_group()

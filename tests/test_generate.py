@@ -253,7 +253,7 @@ def test_bad_generate_and_cache_inputs_raise_one_line():
     with pytest.raises(ValueError, match="this KV cache holds 2 rows, got a batch of 1: start a new cache"):
         model(idx[:1, :1], cache=cache)
     value = tiny("sa", **VALUE)
-    with pytest.raises(ValueError, match="r must be a float tensor .* got NoneType"):
+    with pytest.raises(ValueError, match="r must be a float tensor .* got None"):
         value(idx, cache=KVCache(value.config), draws=[None, None])
     with pytest.raises(ValueError, match="this KV cache was made for another config"):  # was an IndexError
         tiny("swa", n_layer=3)(idx, cache=KVCache(model.config))

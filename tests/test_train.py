@@ -470,8 +470,7 @@ def test_mqar_config_without_data_names_its_prepare_line(tmp_path):
     (["--rope_base=0"], "rope_base=0.0: use a number > 1"),
     (["--rope_base=-10000"], "rope_base=-10000.0: use a number > 1"),
     (["--learning_rate=-1e-3"], "learning_rate=-0.001: use a value > 0"),
-    (["--learning_rate=1e308"], "learning_rate=1e+308: use a value > 0 (a negative one is gradient ascent) that fp32 "
-                                "holds"),  # was an overflow in AdamW
+    (["--learning_rate=1e308"], "learning_rate=1e+308: use a value > 0 that fp32 holds"),  # was an overflow in AdamW
     (["--batch_size=1000000000000"], "batch_size=1000000000000: 1000000000000 sequences of 64 tokens need"),  # OOM
     (["--min_lr=-1e-5"], "min_lr=-1e-05: use a value from 0 to learning_rate"),
     (["--weight_decay=-0.1"], "weight_decay=-0.1: use a value >= 0"),
