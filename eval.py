@@ -97,6 +97,7 @@ def check_settings(s):
     """(ppl?, tasks, task files, kinds, windows, plot path), checked before anything loads: run() may get any dict,
     configurator.py checks only the command line."""
     for k, v in s.items():
+        need(k in DEFAULTS, f"{k}={v!r}: eval.py has no such setting")
         problem = setting_problem(k, v, s)
         types = (int, type(None)) if DEFAULTS[k] is None else (type(DEFAULTS[k]),)  # None: an int | None setting
         need(problem is None and type(v) in types, f"{k}={v!r}: {problem or 'its type'}")

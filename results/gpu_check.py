@@ -99,11 +99,11 @@ def run(cmd, timeout):
 
 
 def kernel_stage():
-    """`python kernel.py --check`: the Triton kernel against attention.py's torch path and FlexAttention, then
-    its own speed table, which the time limit may cut off."""
+    """`python kernel.py --check`: the Triton kernel against its own dense fp32 rule (kernel.dense), every variant at
+    lengths and windows no multiple of a tile; a time-out after its "all checks PASS" line still passes."""
     record = run([sys.executable, "kernel.py", "--check"], check_timeout)
     if record["status"] == "timeout" and "all checks PASS" in record["output"]:
-        record["status"] = "pass"  # the correctness checks finished; the speed table after them was cut off
+        record["status"] = "pass"  # every check finished; only the exit was cut off
     return record
 
 

@@ -323,6 +323,7 @@ def test_bad_devices_checkpoints_and_directories_are_one_line(tiny_run, tmp_path
     ({"seeds": 0}, "seeds=0: use an integer >= 1"),
     ({"batch_size": 0}, "batch_size=0: use an integer >= 1"),
     ({"bootstrap_iters": -5}, "bootstrap_iters=-5: use an integer >= 0"),
+    ({"windw": 4}, "windw=4: eval.py has no such setting"),  # was a KeyError traceback
 ])
 def test_settings_that_would_merge_or_lose_results_are_refused_up_front(tiny_run, tmp_path, capsys, cfg, message):
     """Repeats would be averaged as seeds (seed std 0.0000), two tasks of one name would keep one result, a

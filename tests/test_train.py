@@ -894,6 +894,7 @@ def test_prepare_errors_are_one_line(tmp_path):
     (["--mqar_seq_len=0"], "mqar_seq_len=0: use an integer >= 1"),
     (["--mqar_offset=-1"], "mqar_offset=-1: use an integer >= 0"),
     (["--hf_val_docs=0"], "hf_val_docs=0: use an integer >= 1"),
+    (["--hf_max_docs=3"], "hf_max_docs=3: use 0 (all) or more than hf_val_docs"),  # was a StopIteration traceback
     (["--val_fraction=1.5"], "val_fraction=1.5: it must lie between 0 and 1"),
     (["--adopt=True", "--tokenizer=chars"], "tokenizer='chars': --adopt needs a tokenizer with a fixed vocabulary"),
     (["--tokenizer=gpt2"], "tokenizer='gpt2': it applies to --input_file and --adopt only"),  # was ignored
