@@ -879,7 +879,7 @@ def test_prepare_errors_are_one_line(tmp_path):
                           (["--dataset=mqar", "--mqar_offset=100"], "mqar needs 0 <= mqar_offset (100) <="),
                           (["--dataset=../x"], "dataset='../x': use a plain name, no path"),
                           ([readme, "--dataset=../x"], "dataset='../x': use a plain name, no path"),
-                          (["--hf_max_docs=-1"], "hf_max_docs=-1: use an integer >= 0")]:
+                          (["--hf_max_docs=-1"], "hf_max_docs=-1: use 0 (all) or more than hf_val_docs")]:
         r = run("prepare_data.py", f"--data_root={tmp_path / 'data'}", *args, check=False)
         assert_clean_error(r, message)
         assert "online" not in r.stderr
