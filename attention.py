@@ -11,7 +11,7 @@ i.i.d. uniform r per token, width = delta, pos = the index: a >= b interact iff 
 alone, so a KV cache decodes it. MoBA: query i sees its own chunk (j <= i) and the top_k - 1 past chunks of largest
 q_i . mean(K_chunk). Every query sees itself; no query reads a key it may not see, not even a NaN in its k or v
 (eagerly; compiled, a NaN in v may reach other queries of its tile). Scores are fp32. Each function checks q, k, v at
-its door (guards.check_inputs) and takes them as SDPA does (under autocast: its dtype).
+its door (guards.check_inputs) and takes them as SDPA does (under autocast, in autocast's dtype).
 """
 import functools
 import importlib.util
@@ -133,7 +133,7 @@ def sa_value_reference(q, k, v, delta, r):
 
 def stochastic_value_attention(q, k, v, delta, r):
     """SA by the value rule, r (T,) or broadcastable to (B, H, T): delta = window / T connects a pair as often as the
-    rank rule. Sorted by r, a tile of queries sees one key span. Equals sa_value_reference."""
+    rank rule. Sorted by r, a tile of queries sees one contiguous key span. Equals sa_value_reference."""
     q, k, v = check_inputs(q, k, v, delta=delta, r=r)
     perm = torch.argsort(r, dim=-1, stable=True)  # (T,) or (B, H, T): ascending r
     r_sorted = r.gather(-1, perm).float()  # (T,) or (B, H, T): each slot's r
@@ -173,7 +173,7 @@ def moba_attention(q, k, v, moba_chunk, top_k):
 
 def _exact(engine, q, k, v, *args):
     """engine(q, k, v, *args), autocast off, exact where an engine alone is not: an empty B, H, T or D gives the empty
-    output on the autograd graph; a non-finite v[j, d], which p @ v spreads to every query (0 * NaN = NaN), reaches
+    output on the autograd graph; a non-finite v[j, d], which p @ v spreads to other queries (0 * NaN = NaN), reaches
     out[i, d] only if query i sees key j (found by the engine on q = k = 0 and v's bad entries: it weighs each visible
     key >= 1/T, each hidden one 0)."""
     if q.numel() == 0 or k.numel() == 0:
@@ -207,8 +207,8 @@ def _impl(q):
         raise InputError("attn_impl 'triton' needs the triton package (pip install triton); 'auto' or 'torch' runs "
                          "without it")
     if IMPL == "triton" and not q.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
-        raise InputError(f"attn_impl 'triton' runs the Triton kernel on a CUDA GPU, not on {q.device} (tests: under "
-                         "TRITON_INTERPRET=1): use attn_impl 'auto' or 'torch'")
+        raise InputError(f"attn_impl 'triton' runs the Triton kernel on a CUDA GPU, not on {q.device} (or on the "
+                         "CPU under TRITON_INTERPRET=1, slowly, for tests): use attn_impl 'auto' or 'torch'")
     if IMPL == "auto" and q.is_cuda and _triton_supported():
         import kernel
         return "triton" if q.shape[-1] in kernel.HEAD_DIMS and q.dtype in kernel.SUPPORTED_DTYPES else "torch"

@@ -239,7 +239,8 @@ def _remove(*paths):
 
 
 def read_log(path):
-    """log.jsonl's records but blank lines and a cut-short last line (a killed run); a bad line: one InputError."""
+    """log.jsonl's records, skipping blank lines and a cut-short last line (a killed run); a bad line: one
+    InputError."""
     with open(path, "rb") as f:
         lines = f.readlines()
     records = []

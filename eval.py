@@ -254,7 +254,7 @@ def doc_scoring(doc):  # or an InputError: what is wrong with doc
     need(not missing, f"missing {', '.join(missing)}")
     if scoring == "lambada":
         need(isinstance(doc["text"], str) and " " in doc["text"],
-             '"text" must be a string of at least two words (the last is the target)')
+             '"text" must be a string with a space (its last word is the target)')
         return scoring
     o, t = ("choices", "context") if scoring == "choice" else ("contexts", "continuation")
     options, label = doc[o], doc["label"]
@@ -360,7 +360,8 @@ def mean_stderr(xs):
 
 
 def bootstrap_stderr(f, xs, iters):
-    """lm-eval's bootstrap_stderr: the std of f over iters // chunk chunks of min(1000, iters) resamples of xs,
+    """lm-eval's bootstrap_stderr: the std of f over iters // chunk chunks of chunk = min(1000, iters) resamples
+    of xs,
     chunk i drawn by random.Random(i).choices, which numpy replays; f maps (chunk, n) resamples to (chunk,)."""
     xs, n, chunk = np.asarray(xs, dtype=np.float64), len(xs), min(1000, iters)
     if n < 2 or iters < 1:

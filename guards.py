@@ -80,8 +80,8 @@ SETTINGS = {
     "min_lr": (lambda x, s: 0 <= x <= s.get("learning_rate", x), "use a value from 0 to learning_rate"),
     **dict.fromkeys(("beta1", "beta2"), (lambda x, s: 0 <= x < 1, "AdamW's betas lie in [0, 1)")),
     "dropout": (lambda x, s: 0 <= x < 1, "use a value in [0, 1)"),
-    "hf_max_docs": (lambda x, s: x == 0 or x > s.get("hf_val_docs", 0), "use 0 (all) or more than hf_val_docs, "
-                    "which val takes first"),
+    "hf_max_docs": (lambda x, s: x == 0 or s.get("dataset") == "fineweb-edu" and x > s.get("hf_val_docs", 0),
+                    "use 0 (all), or on fineweb-edu more than hf_val_docs, which val takes first"),
     "val_fraction": (lambda x, s: 0 < x < 1, "it must lie between 0 and 1"),
     "rope_base": (lambda x, s: x > 1, "use a number > 1 (10000 is usual)"),
     "copy_task": (lambda x, s: not x or s.get("block_size", 0) % 2 == 0, "it needs an even block_size (two halves)"),

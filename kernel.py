@@ -246,8 +246,8 @@ def choose_tiling(dtype, D, target):
     if amd:  # D = 128: 32 moving rows spill
         config = config._replace(tile_loop=config.tile_loop if small else 16, num_warps=4, num_stages=2, shared_kb=64)
     if target.shared < config.shared_kb * 1024:
-        raise Unsupported(f"{str(dtype)[6:]} at head dim {D} needs {config.shared_kb} KB of shared memory, the GPU "
-                          f"has {target.shared // 1024} KB")
+        raise Unsupported(f"the kernel for {str(dtype)[6:]} at head dim {D} needs {config.shared_kb} KB of shared "
+                          f"memory, the GPU has {target.shared // 1024} KB")
     return config
 
 
@@ -284,7 +284,8 @@ def _launch_args(q, pos, r, width, margin, tiling, tile):
 @torch.library.custom_op("sa::triton_swa", mutates_args=())  # opaque to torch.compile
 def _forward(q: Tensor, k: Tensor, v: Tensor, pos: Optional[Tensor], r: Optional[Tensor], width: float,
              margin: float, check: bool) -> tuple[Tensor, Tensor]:
-    """out (B, H, T, D) and each row's log2-sum-exp2 (B, H, T) fp32; check: check_once first (self_check's: False)."""
+    """out (B, H, T, D) and each row's log2-sum-exp2 (B, H, T) fp32; check: check_once first (False in
+    self_check's own calls)."""
     (B, H, T, D), target = q.shape, device_target(q.device)
     if check:
         check_once(q.device, q.dtype, D, VARIANTS[(pos is not None) + (r is not None)], margin)
@@ -299,8 +300,8 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, pos: Optional[Tensor], r: Optional
             bwd = _attn_bwd.warmup(q, k, v, o, q, k, v, lse, lse, *args, 0.0, 0.0, grid=(1,),
                                    TILE_FIXED=tiling.tile_fixed, TILE_LOOP=tiling.tile_loop, **options)
             if bwd is not None and bwd.metadata.shared > target.shared:  # None: a compile hook took it
-                raise Unsupported(f"the backward needs {bwd.metadata.shared // 1024} KB of shared memory, the GPU "
-                                  f"has {target.shared // 1024} KB")
+                raise Unsupported(f"the backward kernel needs {bwd.metadata.shared // 1024} KB of shared memory, "
+                                  f"the GPU has {target.shared // 1024} KB")
     return o, lse
 
 

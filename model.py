@@ -1,7 +1,7 @@
 """
 Read first. nanoGPT's GPT with a switchable attention: GPTConfig.attn picks every layer's kind from KINDS: "full",
 "swa", "sa" (SWA over a fresh random permutation per layer and forward), "sa+swa" (the paper's gated dual path) or
-"moba" (the baseline). GPT.generate decodes from a KV cache where the kind allows.
+"moba" (the baseline). GPT.generate decodes from a KV cache where the kind and sa_rule allow (GPTConfig.cacheable).
 """
 import math
 import numbers
@@ -23,8 +23,8 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 class CausalSelfAttention(nn.Module):
-    """Causal self-attention of kind config.attn; "sa+swa" (the paper's best) gates SA and SWA on one q, k, v per
-    token, head and path: Y = sigmoid(x W_sa) Y_sa + sigmoid(x W_swa) Y_swa."""
+    """Causal self-attention of kind config.attn; "sa+swa" (the paper's best) runs SA and SWA on one q, k, v, gated
+    per token, head and path: Y = sigmoid(x W_sa) Y_sa + sigmoid(x W_swa) Y_swa."""
 
     def __init__(self, config, layer_idx=0):
         super().__init__()
@@ -55,7 +55,8 @@ class CausalSelfAttention(nn.Module):
         return self.resid_dropout(self.c_proj(y))
 
     def attend(self, kind, q, k, v, draw, cache=None):
-        """q, k, v (B, nh, T, hs) -> (B, nh, T, hs) by kind's KINDS row; a decode step reads the KV cache instead."""
+        """q, k, v (B, nh, T, hs) -> (B, nh, T, hs) by kind's KINDS row (value-rule SA: with
+        sa_delta); a decode step reads the KV cache instead."""
         c = self.config
         if cache is not None and cache.start > 0:
             return cache.attend(self.layer_idx, q, kind)
@@ -269,7 +270,7 @@ class GPT(nn.Module):
         decay = [p for p in params if p.dim() >= 2]    # matmul weights and embeddings
         no_decay = [p for p in params if p.dim() < 2]  # biases and LayerNorm gains
         groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-        fused = dict(fused=True) if device_type == "cuda" else {}  # torch >= 2.4 has it
+        fused = dict(fused=True) if device_type == "cuda" else {}  # every torch of requirements.txt has it
         return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, **fused)
 
     def flops_per_token(self, T):
@@ -329,8 +330,8 @@ def apply_rope(x, cos, sin):
 def sa_draws(state: torch.Tensor, n: int, B: int, heads: int, T: int, value: bool,
              lengths: Optional[torch.Tensor]) -> torch.Tensor:
     """GPT.draw_sa's draws of n layers, stacked, from a CPU generator's state, advanced in place. With lengths, each
-    layer draws from a seed: the rank rule by attention.row_perms, the value rule's r of token t as its t-th number. A
-    registered op, so that torch.compile keeps these draws."""
+    layer draws from a seed: the rank rule by attention.row_perms, the value rule's r of token t and head h as the
+    seed's (t * heads + h)-th number. A registered op, so that torch.compile keeps these draws."""
     g = torch.Generator().set_state(state)
     if lengths is not None:
         seeds = torch.randint(2**62, (n,), generator=g).tolist()

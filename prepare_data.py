@@ -151,8 +151,9 @@ def load_data(data_dir, block_size, copy_task=False):
 
 
 def draw_batch(tokens, meta, B, T, gen, train, copy_task=False):
-    """B sequences drawn with torch generator gen, (x, y) int64 numpy (B, T): random windows, y one on; the copy
-    task's chunk of T/2 twice, y one on (-1 last); MQAR's, y the answers (-1 elsewhere), fresh when training."""
+    """B sequences drawn with torch generator gen, (x, y) int64 numpy (B, T): random windows, y shifted one on; the
+    copy task's chunk of T/2 twice, y shifted one on (-1 last); MQAR's, y the answers (-1 elsewhere), fresh when
+    training."""
     import torch
     if "mqar" in meta and train:
         return mqar_batch(np.random.default_rng(torch.randint(2**62, (), generator=gen).item()), B, meta)
@@ -170,8 +171,8 @@ def draw_batch(tokens, meta, B, T, gen, train, copy_task=False):
 
 
 def task_metrics(logits, y, meta, copy_task=False):
-    """Sums over batches, to divide by "n": MQAR's answer accuracy (acc); the copy task's mean loss on targets
-    0 .. T/2-2 (first) and on the copies (second)."""
+    """One batch's measures, to sum over batches and divide by "n": MQAR's answer accuracy (acc); the copy task's
+    mean loss on targets 0 .. T/2-2 (first) and on the copies (second)."""
     import torch.nn.functional as F
     if "mqar" in meta:
         scored = y != -1

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 TILE = 64  # query rows per tile
 CALL = 1 << 19  # scores per call
-FUSED_CALL = 1 << 23  # the fused forward tiles its scores
+FUSED_CALL = 1 << 23  # scores per call of the fused forward (it tiles them)
 NEG = float("-inf")  # hidden; no real row is all -inf (a real query sees itself)
 
 

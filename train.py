@@ -38,7 +38,7 @@ from prepare_data import dataset_dir, draw_batch, load_data, task_metrics
 # ~20.5 GiB in eager bf16 (gpu_check.memory_estimate), fits a 40 GB A100.
 # I/O
 out_dir = "out"  # for ckpt.pt and log.jsonl
-eval_interval = 250  # iterations between evals (each logs and checkpoints); one at the end too
+eval_interval = 250  # iterations between evals (each logs; see always_save_checkpoint); one at the end too
 log_interval = 10  # iterations between prints of the training loss and speed
 eval_iters = 50  # batches per split per eval, the same each time
 eval_only = False  # evaluate once and exit
@@ -52,7 +52,7 @@ gradient_accumulation_steps = 32  # micro-steps per iteration, the total over DD
 batch_size = 8  # sequences per micro-step per rank
 block_size = 2048  # tokens per sequence (mqar: the data's seq_len; a GPT-2: at most its 1024)
 copy_task = False  # far copying: each sequence is a random block_size/2-token chunk, then that chunk again
-# model: a global per GPTConfig field (block_size above), passed by name; the defaults are GPT-2 small's
+# model: a global per GPTConfig field (block_size above), passed by name; n_layer, n_head, n_embd are GPT-2 small's
 n_layer = 12
 n_head = 12
 n_embd = 768
@@ -287,5 +287,5 @@ if master:
     print(f"done: {iter_num} iterations in {time.time() - t_start:.1f}s; best val loss {best_val_loss:.4f}; "
           f"{run.close()}")
 if ddp:
-    dist.barrier()  # the master's last checkpoint first
+    dist.barrier()  # wait for the master's last checkpoint
     dist.destroy_process_group()

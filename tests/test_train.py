@@ -370,6 +370,7 @@ def test_a_diverged_run_stops_and_keeps_the_last_checkpoint(trained, train_args,
     r = run("train.py", *train_args, "--learning_rate=1e30", "--min_lr=1e30", "--max_iters=9", "--eval_interval=1",
             "--init_from=resume", f"--out_dir={tmp_path}", check=False)
     assert_clean_error(r, "iteration 7: the eval's train + val loss is nan: the run diverged")
+    assert f"{tmp_path / 'ckpt.pt'} holds iteration 6" in r.stderr  # the checkpoint it resumed from, saved again
     kept, good = load(tmp_path), load(trained)  # the resumed run saved iteration 6 again, and nothing after it
     assert kept["iter_num"] == 6 and all(torch.equal(v, good["model"][k]) for k, v in kept["model"].items())
     assert "NaN" not in (tmp_path / "log.jsonl").read_text()
@@ -879,7 +880,7 @@ def test_prepare_errors_are_one_line(tmp_path):
                           (["--dataset=mqar", "--mqar_offset=100"], "mqar needs 0 <= mqar_offset (100) <="),
                           (["--dataset=../x"], "dataset='../x': use a plain name, no path"),
                           ([readme, "--dataset=../x"], "dataset='../x': use a plain name, no path"),
-                          (["--hf_max_docs=-1"], "hf_max_docs=-1: use 0 (all) or more than hf_val_docs")]:
+                          (["--hf_max_docs=-1"], "hf_max_docs=-1: use 0 (all), or on fineweb-edu more")]:
         r = run("prepare_data.py", f"--data_root={tmp_path / 'data'}", *args, check=False)
         assert_clean_error(r, message)
         assert "online" not in r.stderr
@@ -894,7 +895,9 @@ def test_prepare_errors_are_one_line(tmp_path):
     (["--mqar_seq_len=0"], "mqar_seq_len=0: use an integer >= 1"),
     (["--mqar_offset=-1"], "mqar_offset=-1: use an integer >= 0"),
     (["--hf_val_docs=0"], "hf_val_docs=0: use an integer >= 1"),
-    (["--hf_max_docs=3"], "hf_max_docs=3: use 0 (all) or more than hf_val_docs"),  # was a StopIteration traceback
+    (["--dataset=fineweb-edu", "--hf_max_docs=3"], "hf_max_docs=3: use 0 (all), or on fineweb-edu more than "
+     "hf_val_docs"),  # was a StopIteration traceback after the download began
+    (["--dataset=wikitext-103", "--hf_max_docs=10"], "hf_max_docs=10: use 0 (all), or on fineweb-edu"),  # was ignored
     (["--val_fraction=1.5"], "val_fraction=1.5: it must lie between 0 and 1"),
     (["--adopt=True", "--tokenizer=chars"], "tokenizer='chars': --adopt needs a tokenizer with a fixed vocabulary"),
     (["--tokenizer=gpt2"], "tokenizer='gpt2': it applies to --input_file and --adopt only"),  # was ignored
