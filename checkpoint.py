@@ -165,7 +165,7 @@ class RunDir:
     def __init__(self, out_dir, resume_iter=None):
         resume, join = resume_iter is not None, os.path.join
         self.ckpt_path, self.log_path = join(out_dir, "ckpt.pt"), join(out_dir, "log.jsonl")
-        self.saved, self.kept, self.last_iter = None, resume_iter, resume_iter or 0  # kept: what ckpt.pt holds
+        self.kept, self.last_iter = resume_iter, resume_iter or 0  # kept: what ckpt.pt holds
         self.new_log = self.log_path + ".new" if not resume and os.path.exists(self.ckpt_path) else None
         try:
             os.makedirs(out_dir, exist_ok=True)
@@ -206,7 +206,7 @@ class RunDir:
                 self.log_file.close()
                 os.replace(self.new_log, self.log_path)
                 self.log_file, self.new_log = open(self.log_path, "a"), None
-            self.saved = self.kept = ckpt["iter_num"]
+            self.kept = ckpt["iter_num"]
         except (OSError, RuntimeError) as e:  # torch.save: RuntimeError on a full disk
             _remove(self.ckpt_path + ".tmp", self.new_log)
             raise InputError(f"cannot write {self.ckpt_path}: {str(e).splitlines()[0][:200]} (disk full?); "

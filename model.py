@@ -55,8 +55,8 @@ class CausalSelfAttention(nn.Module):
         return self.resid_dropout(self.c_proj(y))
 
     def attend(self, kind, q, k, v, draw, cache=None):
-        """q, k, v (B, nh, T, hs) -> (B, nh, T, hs) by kind's KINDS row (value-rule SA: with
-        sa_delta); a decode step reads the KV cache instead."""
+        """q, k, v (B, nh, T, hs) -> (B, nh, T, hs) by kind's KINDS row (value-rule SA: with sa_delta);
+        a decode step reads the KV cache instead."""
         c = self.config
         if cache is not None and cache.start > 0:
             return cache.attend(self.layer_idx, q, kind)
