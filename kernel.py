@@ -5,6 +5,7 @@ As in Triton's fused-attention tutorial, a forward program streams the key tiles
 online softmax in fp32: O(T * w). No repo imports; the rule is attention.py's, and the op checks each variant against
 the dense rule at its first use on a device, dtype and head dim (check_once).
 """
+import functools
 import math
 from typing import NamedTuple, Optional
 
@@ -224,8 +225,11 @@ INTERPRETER = Target("cuda", 80, 163 * 1024)
 
 
 def device_target(device):
-    if device.type != "cuda":
-        return INTERPRETER
+    return _cuda_target(device) if device.type == "cuda" else INTERPRETER
+
+
+@functools.lru_cache  # Triton's device query took 0.9 ms a call on an H200
+def _cuda_target(device):
     with torch.cuda.device(device):
         driver = triton.runtime.driver.active
         target, props = driver.get_current_target(), driver.utils.get_device_properties(torch.cuda.current_device())

@@ -11,7 +11,7 @@ For each version: a temporary venv (--system-site-packages, so the system's torc
 wheels to install offline), then
   (a) tests/test_kernel.py's fp32 tests in Triton's CPU interpreter (TRITON_INTERPRET=1), and
   (b) ahead-of-time compiles for sm_80 and sm_90 with the wheel's bundled ptxas (no GPU): bf16,
-      D = 64 and 128, forward and backward, as launched for SA, with choose_config's configuration;
+      D = 64 and 128, forward and backward, as launched for SA, with choose_tiling's tiles;
 and the venv is deleted before the next. Not a CI test: each Triton is a large download.
 """
 import inspect
