@@ -187,10 +187,16 @@ def _exact(engine, q, k, v, *args):
         return engine(q, k, v.masked_fill(bad, 0), *args).masked_fill(seen, math.nan)  # (B, H, T, D)
 
 
+@torch.compiler.assume_constant_result  # a constant to torch.compile: torch 2.11's Dynamo breaks the graph at find_spec
+def _has_triton():
+    return importlib.util.find_spec("triton") is not None
+
+
+@torch.compiler.assume_constant_result
 @functools.lru_cache
 def _triton_supported():
     """Whether "auto" may run the kernel: Triton installed, in TRITON_VERSIONS (else a warning, once)."""
-    if importlib.util.find_spec("triton") is None:
+    if not _has_triton():
         return False
     import triton
     if TRITON_VERSIONS[0] <= tuple(int(x) for x in triton.__version__.split(".")[:2]) <= TRITON_VERSIONS[1]:
@@ -203,7 +209,7 @@ def _impl(q):
     """The implementation IMPL picks for q's band: "triton", "torch" or "reference"."""
     if IMPL not in IMPLS:
         raise InputError(f"attention.IMPL must be one of {IMPLS}, got {IMPL!r}")
-    if IMPL == "triton" and importlib.util.find_spec("triton") is None:
+    if IMPL == "triton" and not _has_triton():
         raise InputError("attn_impl 'triton' needs the triton package (pip install triton); 'auto' or 'torch' runs "
                          "without it")
     if IMPL == "triton" and not q.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":

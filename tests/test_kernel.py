@@ -3,6 +3,7 @@ and compiled ahead of time for real GPUs with Triton's bundled ptxas (no GPU nee
 Run: python -m pytest -q tests/test_kernel.py   (add --slow for the compile table of every target)"""
 import ast
 import contextlib
+import importlib.util
 import io
 import itertools
 import multiprocessing
@@ -12,6 +13,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import types
 import warnings
 
 import pytest
@@ -288,6 +290,22 @@ def test_kernel_copies_equal_tiled():
 
 class FakeCudaTensor:
     is_cuda, shape, dtype = True, (1, 2, 8, 64), torch.bfloat16
+
+
+def test_choosing_the_kernel_adds_no_graph_break(monkeypatch):
+    """torch 2.11's Dynamo skips importlib.util.find_spec (2.13's folds it): on an H200, a graph break in every
+    attention call, and GPT.forward left eager. Played here by a find_spec that Dynamo may not trace: choosing the
+    engine ("auto" on a CUDA tensor; "triton" under the interpreter) is a constant to torch.compile."""
+    find_spec = torch.compiler.disable(importlib.util.find_spec)
+    monkeypatch.setattr(A, "importlib", types.SimpleNamespace(util=types.SimpleNamespace(find_spec=find_spec)))
+    A._triton_supported.cache_clear()
+    try:
+        torch.compile(lambda x: x + A._triton_supported(), fullgraph=True, backend="eager")(torch.ones(2))
+    finally:
+        A._triton_supported.cache_clear()
+    monkeypatch.setattr(A, "IMPL", "triton")
+    swa = torch.compile(lambda q, k, v: A.sliding_window_attention(q, k, v, 4), fullgraph=True, backend="eager")
+    assert_same(swa, *qkv(1, 2, 20, 16, device=KDEV), lambda *x: A.swa_reference(*x, 4))
 
 
 @pytest.mark.parametrize("version, supported", [("3.2.0", True), ("3.6.0", True), ("3.9.1", True), ("3.1.0", False),
