@@ -192,10 +192,10 @@ def _has_triton():
     return importlib.util.find_spec("triton") is not None
 
 
-@torch.compiler.assume_constant_result
-@functools.lru_cache
+@torch.compiler.assume_constant_result  # no lru_cache: Dynamo would trace through it, and warn
 def _triton_supported():
-    """Whether "auto" may run the kernel: Triton installed, in TRITON_VERSIONS (else a warning, once)."""
+    """Whether "auto" may run the kernel: Triton installed, in TRITON_VERSIONS (else a warning, which Python's default
+    filter shows once)."""
     if not _has_triton():
         return False
     import triton

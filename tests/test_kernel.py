@@ -294,15 +294,14 @@ class FakeCudaTensor:
 
 def test_choosing_the_kernel_adds_no_graph_break(monkeypatch):
     """torch 2.11's Dynamo skips importlib.util.find_spec (2.13's folds it): on an H200, a graph break in every
-    attention call, and GPT.forward left eager. Played here by a find_spec that Dynamo may not trace: choosing the
-    engine ("auto" on a CUDA tensor; "triton" under the interpreter) is a constant to torch.compile."""
+    attention call, and GPT.forward left eager. Played here by a find_spec that Dynamo may not trace: what chooses the
+    engine is a constant to torch.compile (_triton_supported, which "auto" asks for a CUDA tensor; "triton" under the
+    interpreter)."""
     find_spec = torch.compiler.disable(importlib.util.find_spec)
     monkeypatch.setattr(A, "importlib", types.SimpleNamespace(util=types.SimpleNamespace(find_spec=find_spec)))
-    A._triton_supported.cache_clear()
-    try:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # and no warning
         torch.compile(lambda x: x + A._triton_supported(), fullgraph=True, backend="eager")(torch.ones(2))
-    finally:
-        A._triton_supported.cache_clear()
     monkeypatch.setattr(A, "IMPL", "triton")
     swa = torch.compile(lambda q, k, v: A.sliding_window_attention(q, k, v, 4), fullgraph=True, backend="eager")
     assert_same(swa, *qkv(1, 2, 20, 16, device=KDEV), lambda *x: A.swa_reference(*x, 4))
@@ -314,15 +313,11 @@ def test_auto_uses_the_kernel_only_with_a_tested_triton(monkeypatch, version, su
     """attention.IMPL = "auto" on a CUDA tensor: the kernel with a Triton in attention.TRITON_VERSIONS; otherwise
     the torch path and one warning (not one per call)."""
     monkeypatch.setattr(triton, "__version__", version)
-    A._triton_supported.cache_clear()
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            assert [A._impl(FakeCudaTensor()) for _ in range(2)] == ["triton" if supported else "torch"] * 2
-        assert len(caught) == (0 if supported else 1)
-        assert supported or f"Triton {version} is outside the tested range" in str(caught[0].message)
-    finally:
-        A._triton_supported.cache_clear()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")  # Python's own
+        assert [A._impl(FakeCudaTensor()) for _ in range(2)] == ["triton" if supported else "torch"] * 2
+    assert len(caught) == (0 if supported else 1)
+    assert supported or f"Triton {version} is outside the tested range" in str(caught[0].message)
 
 
 def test_check_passes_under_the_interpreter():
