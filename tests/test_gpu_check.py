@@ -31,15 +31,13 @@ def test_bench_stage_reports_full_over_sa(monkeypatch):
 
 
 def test_train_stage_on_random_tokens(monkeypatch):
-    """train.py reads the random-token dataset, compiles the model, and its logged speeds become tok/s (no MFU off
-    CUDA); no graph break."""
+    """train.py reads the random-token dataset, and its logged speeds become tok/s (no MFU off CUDA). Compiled
+    training on the CPU: pytest --slow tests/test_train.py -k compiled."""
     monkeypatch.setattr(gpu_check, "train_args", "--n_layer=1 --n_head=2 --n_embd=32 --block_size=64 "
-                        "--batch_size=2 --gradient_accumulation_steps=1 --device=cpu --dtype=float32 --compile=True")
-    monkeypatch.setattr(gpu_check, "train_timeout", 300)  # Inductor on 2 busy cores
+                        "--batch_size=2 --gradient_accumulation_steps=1 --device=cpu --dtype=float32")
     record = gpu_check.train_stage("sa+swa", "cpu", iters=4, extra=["--window=8"])
     assert record["status"] == "pass", record["output"]
     assert record["tok_per_s"] > 0 and record["mfu"] is None and record["mfu_of_a100_peak"] is None
-    assert record["graph_breaks"] == 0
 
 
 def test_a_stage_counts_graph_breaks():
