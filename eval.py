@@ -360,9 +360,8 @@ def mean_stderr(xs):
 
 
 def bootstrap_stderr(f, xs, iters):
-    """lm-eval's bootstrap_stderr: the std of f over iters // chunk chunks of chunk = min(1000, iters) resamples
-    of xs,
-    chunk i drawn by random.Random(i).choices, which numpy replays; f maps (chunk, n) resamples to (chunk,)."""
+    """lm-eval's bootstrap_stderr: the std of f over iters // chunk chunks of chunk = min(1000, iters) resamples of
+    xs, chunk i drawn by random.Random(i).choices, which numpy replays; f maps (chunk, n) resamples to (chunk,)."""
     xs, n, chunk = np.asarray(xs, dtype=np.float64), len(xs), min(1000, iters)
     if n < 2 or iters < 1:
         return None
