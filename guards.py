@@ -1,5 +1,5 @@
-"""Support, skipped on a first reading: the input checks, each input checked once, at its door. A bad input raises
-InputError, printed as one line (one_line); any other exception is a bug, with its traceback.
+"""Support, skipped on a first reading: the input checks, one call at the door of each public function. A bad input
+raises InputError, printed as one line (one_line); any other exception is a bug, with its traceback.
 """
 import math
 import numbers
@@ -35,7 +35,7 @@ def one_line(kind, error, tb):
 # name means one thing everywhere.
 
 def device_problem(device):
-    """Why device (a str) cannot run here, or None."""
+    """Why device (a str) is malformed, or CUDA is missing here; else None."""
     import torch
     if not re.fullmatch(r"cpu(:0)?|cuda(:\d+)?", device):
         return "use cpu, cuda or cuda:N"
@@ -190,9 +190,9 @@ def check_delta(delta):
 
 
 def check_inputs(q, k, v, any_length=False, **args):
-    """q, k, v as SDPA takes them (any_length: keys of their own length), in autocast's dtype under it; and by name
-    window, moba_chunk, top_k, delta, mask, perm, r, pos. It runs in every attention call: it calls no helper but
-    shown(), for a message."""
+    """q, k, v (B, H, T, D) of one shape (any_length: keys of their own length), in autocast's dtype under it, as SDPA
+    casts them; and by name window, moba_chunk, top_k, delta, mask, perm, r, pos. It runs in every attention call: it
+    calls no helper but shown(), for a message."""
     import torch
     if not all(isinstance(t, torch.Tensor) for t in (q, k, v)):
         raise InputError(f"q, k, v must be tensors, got {', '.join(type(t).__name__ for t in (q, k, v))}")

@@ -22,8 +22,8 @@ from guards import check_inputs, need
 def use_kv_cache(config, use_cache):
     """use_cache if config.cacheable, else False (said on stderr if use_cache)."""
     if use_cache and not config.cacheable:
-        print(f"attn={config.attn!r} with sa_rule='rank' cannot be decoded from a KV cache: each token recomputes "
-              "the prefix", file=sys.stderr)
+        print(f"attn={config.attn!r} (sa_rule={config.sa_rule!r}) cannot be decoded from a KV cache: each token "
+              "recomputes the prefix", file=sys.stderr)
     return use_cache and config.cacheable
 
 

@@ -35,7 +35,7 @@ from prepare_data import dataset_dir, draw_batch, load_data, task_metrics
 
 # -----------------------------------------------------------------------------
 # Defaults: a GPT-2-small-sized (124M) SA+SWA model on FineWeb-Edu, 5000 iterations of 0.5M tokens (2.6B); its peak,
-# ~20.5 GiB in eager bf16 (gpu_check.memory_estimate), fits a 40 GB A100.
+# 20.1 GiB in eager bf16 on an H200 (20.5 estimated by gpu_check.memory_estimate), fits a 40 GB A100.
 # I/O
 out_dir = "out"  # for ckpt.pt and log.jsonl
 eval_interval = 250  # iterations between evals (each logs; see always_save_checkpoint); one at the end too
@@ -80,7 +80,7 @@ lr_decay_iters = 5000  # the cosine reaches min_lr here and stays (nanoGPT: abou
 min_lr = 6e-5
 # system
 device = "cuda" if torch.cuda.is_available() else "cpu"
-# autocast: float32 | bfloat16 | float16 (with loss scaling: GPUs without bf16, a T4); on a CPU bf16 is ~10x slower
+# autocast: float32 | bfloat16 | float16 (with loss scaling: GPUs without bf16, a T4)
 dtype = "bfloat16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "float32"
 compile: bool | None = None  # torch.compile the model; None: on CUDA only (the CPU is slow to compile)
 attn_impl = "auto"  # attention.IMPL: auto (the Triton kernel where it runs), torch, triton or reference
@@ -160,7 +160,7 @@ if ckpt is not None:  # AdamW's, the GradScaler's and every RNG's states: where 
          "raise max_iters to train on")
 ckpt = None  # free up memory
 
-raw_model = model  # for evals and checkpoints; training runs the compiled (and DDP-wrapped) one
+raw_model = model  # for checkpoints and SA's state; evals run the compiled model, training its DDP wrapper
 if device_type == "cuda" if compile is None else compile:
     model = torch.compile(model)
 train_model = DDP(model, device_ids=[local_rank] if device_type == "cuda" else None,

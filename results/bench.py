@@ -150,6 +150,39 @@ def check_settings():
          f"case={case!r}: use kind,mode,T (internal: the one case that a fresh process measures)")
 
 
+def benchmark_generation(lengths=(256, 1024, 4096), new_tokens=(5, 33), vocab_size=512):
+    """GPT.generate's speed: ms per generated token, for every attention kind, with and without the KV
+    cache (kv_cache.py), after prompts of each length, on a small random model built here. A step is timed
+    from the end of one forward of generate to the end of the next (a forward hook), so the prompt's
+    prefill is left out; the median step, to shrug off other processes. new_tokens[use_cache] steps each.
+        python results/bench.py --generation=True
+    """
+    from model import KINDS, GPT, GPTConfig
+    arch = dict(n_layer=4, n_head=4, n_embd=128, window=64, moba_chunk=64, moba_topk=4,
+                vocab_size=vocab_size, block_size=max(lengths) + max(new_tokens))
+    print(f"generate, greedy, batch 1, fp32, {torch.get_num_threads()} threads, torch {torch.__version__}; a random "
+          f"GPT {', '.join(f'{k}={v}' for k, v in arch.items())}; median ms per generated token, prefill excluded; "
+          f"cache slots per layer: window for swa, block_size for the others")
+    print(f"{'attn':>7} {'sa_rule':>7} {'prompt':>6} {'no cache':>9} {'cache':>9} {'speedup':>8}")
+    for attn, rule in [(a, "rank") for a in KINDS] + [("sa", "value"), ("sa+swa", "value")]:
+        torch.manual_seed(0)
+        model = GPT(GPTConfig(attn=attn, sa_rule=rule, **arch)).eval()
+        stamps = []
+        model.register_forward_hook(lambda *_: stamps.append(time.perf_counter()))
+        model.generate(torch.zeros(1, 8, dtype=torch.long), 2, use_cache=False)  # warm-up
+        for T in lengths:
+            x = torch.randint(vocab_size, (1, T))
+            ms = {}
+            for cached in (False, True) if model.config.cacheable else (False,):
+                stamps.clear()
+                model.generate(x, 1 + new_tokens[cached], temperature=0, use_cache=cached)
+                ms[cached] = 1000 * statistics.median(b - a for a, b in zip(stamps, stamps[1:]))
+            row = f"{attn:>7} {rule if attn in ('sa', 'sa+swa') else '':>7} {T:>6} {ms[False]:>9.2f}"
+            row += f" {ms[True]:>9.2f} {ms[False] / ms[True]:>7.1f}x" if True in ms else f" {'n/a':>9}"
+            print(row, flush=True)
+    print("n/a: rank-rule SA has no exact KV cache (GPTConfig.cacheable says why)")
+
+
 if __name__ == "__main__":
     exec(open(os.path.join(ROOT, "configurator.py")).read())
     try:
@@ -217,36 +250,3 @@ if __name__ == "__main__":
             os.replace(json_out + ".tmp", json_out)
     except OSError as e:
         sys.exit(f"bench.py: cannot write {json_out}: {e.strerror or e} (the table above is complete)")
-
-
-def benchmark_generation(lengths=(256, 1024, 4096), new_tokens=(5, 33), vocab_size=512):
-    """GPT.generate's speed: ms per generated token, for every attention kind, with and without the KV
-    cache (kv_cache.py), after prompts of each length, on a small random model built here. A step is timed
-    from the end of one forward of generate to the end of the next (a forward hook), so the prompt's
-    prefill is left out; the median step, to shrug off other processes. new_tokens[use_cache] steps each.
-        python results/bench.py --generation=True
-    """
-    from model import KINDS, GPT, GPTConfig
-    arch = dict(n_layer=4, n_head=4, n_embd=128, window=64, moba_chunk=64, moba_topk=4,
-                vocab_size=vocab_size, block_size=max(lengths) + max(new_tokens))
-    print(f"generate, greedy, batch 1, fp32, {torch.get_num_threads()} threads, torch {torch.__version__}; a random "
-          f"GPT {', '.join(f'{k}={v}' for k, v in arch.items())}; median ms per generated token, prefill excluded; "
-          f"cache slots per layer: window for swa, block_size for the others")
-    print(f"{'attn':>7} {'sa_rule':>7} {'prompt':>6} {'no cache':>9} {'cache':>9} {'speedup':>8}")
-    for attn, rule in [(a, "rank") for a in KINDS] + [("sa", "value"), ("sa+swa", "value")]:
-        torch.manual_seed(0)
-        model = GPT(GPTConfig(attn=attn, sa_rule=rule, **arch)).eval()
-        stamps = []
-        model.register_forward_hook(lambda *_: stamps.append(time.perf_counter()))
-        model.generate(torch.zeros(1, 8, dtype=torch.long), 2, use_cache=False)  # warm-up
-        for T in lengths:
-            x = torch.randint(vocab_size, (1, T))
-            ms = {}
-            for cached in (False, True) if model.config.cacheable else (False,):
-                stamps.clear()
-                model.generate(x, 1 + new_tokens[cached], temperature=0, use_cache=cached)
-                ms[cached] = 1000 * statistics.median(b - a for a, b in zip(stamps, stamps[1:]))
-            row = f"{attn:>7} {rule if attn in ('sa', 'sa+swa') else '':>7} {T:>6} {ms[False]:>9.2f}"
-            row += f" {ms[True]:>9.2f} {ms[False] / ms[True]:>7.1f}x" if True in ms else f" {'n/a':>9}"
-            print(row, flush=True)
-    print("n/a: rank-rule SA has no exact KV cache (GPTConfig.cacheable says why)")

@@ -43,6 +43,21 @@ def test_json_out_is_written_whole(tmp_path):
     assert os.listdir(out.parent) == ["speed.json"]
 
 
+def test_generation_command_prints_every_kind(monkeypatch, capsys):
+    """`results/bench.py --generation=True` as README runs it, with generate cut to a few 4-token forwards (the real
+    prompts take minutes): every kind gets its row, rank-rule SA without a cache."""
+    import runpy
+
+    from model import GPT
+    monkeypatch.setattr(GPT, "generate", lambda self, idx, n, **_: [self(idx[:, :4]) for _ in range(n)])
+    monkeypatch.setattr(sys, "argv", ["bench.py", "--generation=True"])
+    with pytest.raises(SystemExit):
+        runpy.run_path("results/bench.py", run_name="__main__")
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()[2:-1]]
+    assert [r[0] for r in rows[::3]] == ["full", "swa", "sa", "sa+swa", "moba", "sa", "sa+swa"], rows
+    assert sum(r[-1] == "n/a" for r in rows) == 6 and all(r[-1].endswith("x") for r in rows if r[-1] != "n/a"), rows
+
+
 @pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")  # eager on purpose, see below
 @pytest.mark.parametrize("kind", ["flex-swa", "flex-sa"])
 def test_fair_flex_peers_match_the_references(monkeypatch, kind):
