@@ -165,7 +165,7 @@ class RunDir:
     def __init__(self, out_dir, resume_iter=None):
         resume, join = resume_iter is not None, os.path.join
         self.ckpt_path, self.log_path = join(out_dir, "ckpt.pt"), join(out_dir, "log.jsonl")
-        self.kept, self.last_iter = resume_iter, resume_iter or 0  # kept: what ckpt.pt holds
+        self.kept, self.last_iter = resume_iter, resume_iter or 0  # kept: the iteration this run's ckpt.pt holds
         self.new_log = self.log_path + ".new" if not resume and os.path.exists(self.ckpt_path) else None
         try:
             os.makedirs(out_dir, exist_ok=True)
@@ -220,8 +220,8 @@ class RunDir:
         self.log_file.close()
         if self.new_log:
             os.remove(self.new_log)
-        return (f"checkpoint {self.ckpt_path} (iteration {self.kept})" if self.kept is not None else "no iteration "
-                "trained, no checkpoint saved" + (f"; the old {self.ckpt_path} is kept" if self.new_log else ""))
+        return (f"checkpoint {self.ckpt_path} (iteration {self.kept})" if self.kept is not None else "this run "
+                "saved no checkpoint" + (f"; the old {self.ckpt_path} is kept" if self.new_log else ""))
 
     def holds(self):  # what ckpt.pt holds, for a message
         return "this run saved no checkpoint" if self.kept is None else f"{self.ckpt_path} holds iteration {self.kept}"

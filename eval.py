@@ -36,7 +36,7 @@ split = "val"  # its split (wikitext-103 also has test)
 tasks = ""  # comma list of ppl, lambada, hellaswag, piqa, arc_easy, arc_challenge, winogrande ("" = ppl)
 task_file = ""  # comma list of JSONL files, each a task named after it (no ppl unless in tasks)
 limit = 0  # documents per task, block_size segments for ppl (0 = all)
-attn = ""  # comma list of kinds to swap in: full, swa, sa, sa+swa, moba ("" = the model's own)
+attn = ""  # comma list of kinds to swap in: full, swa, sa, sa+swa, moba ("" = the model's own; --windows: each kind)
 window: int | None = None  # a swap's swa/sa window (None = the model's own)
 windows = ""  # comma list of windows to sweep
 moba_chunk: int | None = None  # MoBA's key chunk (None = window // moba_topk: the window's key budget)
@@ -51,7 +51,7 @@ json_out = ""  # also write the results to this JSON file
 plot = "sweep.png"  # a sweep's plot; a bare name goes into --json_out's directory if any, else out_dir ("" = none)
 # -----------------------------------------------------------------------------
 DEFAULTS = {k: v for k, v in globals().items() if k[:1].islower() and isinstance(v, (int, float, str, type(None)))}
-GPT2_META = {"tokenizer": "gpt2", "vocab_size": 50257, "eot": 50256}  # what prepare_data.py writes for GPT-2 BPE
+GPT2_META = {"tokenizer": "gpt2", "vocab_size": 50257, "eot": 50256}  # GPT-2 BPE, as fineweb-edu's meta.json has it
 
 
 def run(settings):
@@ -153,7 +153,7 @@ def plan(lm, kinds, ws, s):
 
 # A model (OurLM; hf.HFLM for transformers) has tok (a Tokenizer), block_size, head_dim, device, native (its own
 # attention), logits(idx, lengths), use(swap), seed(s). lengths (B,): each right-padded row's real tokens, which alone
-# SA permutes: batching never changes a score.
+# SA permutes: padding never changes a score (batch_size changes SA's draws).
 
 class OurLM:  # our GPT: a checkpoint or GPT-2
 

@@ -137,7 +137,7 @@ def _bwd_dkdv_inner(dk, dv, k, v, offs_n, Q, DO, LSE, RowDot, Pos, R, pos_stride
         q, do = _load(Q, offs_m, T, D, EDGE), _load(DO, offs_m, T, D, EDGE)
         lse = tl.load(LSE + offs_m, mask=offs_m < T, other=0.0)
         rowdot = tl.load(RowDot + offs_m, mask=offs_m < T, other=0.0)
-        sT = tl.dot(k, tl.trans(q), input_precision=PRECISION) * qk_scale  # (TILE_N, TILE_M)
+        sT = tl.dot(k, tl.trans(q), input_precision=PRECISION) * qk_scale  # (TILE_FIXED, TILE_M)
         sT = _mask(sT, Pos, R, pos_stride_t, offs_m[None, :], offs_n[:, None], left, right, width, T,
                    EDGE, HAS_POS, HAS_R)
         pT = tl.math.exp2(tl.minimum(sT - lse[None, :], 0.0))  # <= 1: at |s| ~ 1e9, s may exceed lse
@@ -218,7 +218,7 @@ class Tiling(NamedTuple):
     num_warps: int
     num_stages: int
     precision: str  # tl.dot input_precision for fp32
-    shared_kb: int  # KB the kernels need
+    shared_kb: int  # KB of shared memory asked of the GPU: the kernels' measured use and a reserve
 
 
 INTERPRETER = Target("cuda", 80, 163 * 1024)
@@ -250,7 +250,7 @@ def choose_tiling(dtype, D, target):
     if amd:  # D = 128: 32 moving rows spill
         config = config._replace(tile_loop=config.tile_loop if small else 16, num_warps=4, num_stages=2, shared_kb=64)
     if target.shared < config.shared_kb * 1024:
-        raise Unsupported(f"the kernel for {str(dtype)[6:]} at head dim {D} needs {config.shared_kb} KB of shared "
+        raise Unsupported(f"the kernel for {str(dtype)[6:]} at head dim {D} asks for {config.shared_kb} KB of shared "
                           f"memory, the GPU has {target.shared // 1024} KB")
     return config
 

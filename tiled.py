@@ -34,7 +34,8 @@ def value_spans(r, width, margin, tile):
 class Band:
     """Slot j is visible to slot i iff |i - j| < width (with r: |r[i] - r[j]| < width) and pos[j] <= pos[i]; pos (T,)
     or 3-dim, broadcastable to (B, H, T) (None: causal SWA), r of pos's shape, ascending. flat pads each head with
-    `left` zero slots before and `right` after, so that a tile of nq query slots sees the nk slots around it:
+    `left` zero slots before and `right` (and the last tile's rest) after, so that a tile of nq query slots sees the
+    nk slots around it:
 
         | pad |  0 ...         T-1 | pad |
         [left |  nq  | right]

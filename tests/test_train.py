@@ -315,7 +315,7 @@ def test_rerunning_the_main_job_loses_nothing(root, tmp_path):
     job = ["train.py", "config/quick.py", f"--data_root={root}", "--dataset=text", *TINY, f"--out_dir={tmp_path}"]
     for extra in (["--max_iters=0"], ["--eval_only=True"]):
         done = run(*job, *extra, "--eval_interval=2").stdout.strip().splitlines()[-1]
-        assert done.endswith("no iteration trained, no checkpoint saved") and "ckpt.pt" not in done
+        assert done.endswith("this run saved no checkpoint") and "ckpt.pt" not in done
         assert not (tmp_path / "ckpt.pt").exists()
     done = run(*job, "--max_iters=2", "--eval_interval=2").stdout.strip().splitlines()[-1]
     assert done.endswith(f"checkpoint {tmp_path / 'ckpt.pt'} (iteration 2)")
@@ -336,7 +336,7 @@ def test_overwrite_keeps_the_old_pair_until_its_first_checkpoint(trained, train_
     before = files(tmp_path)
     job = ["train.py", *train_args, f"--out_dir={tmp_path}", "--overwrite=True"]
     done = run(*job, "--max_iters=0").stdout.strip().splitlines()[-1]
-    assert done.endswith(f"no checkpoint saved; the old {tmp_path / 'ckpt.pt'} is kept")
+    assert done.endswith(f"saved no checkpoint; the old {tmp_path / 'ckpt.pt'} is kept")
     assert files(tmp_path) == before
     r = run(*job, "--max_iters=3", check=False, max_file_bytes=50_000)  # the log fits, the checkpoint does not
     assert_clean_error(r, f"cannot write {tmp_path / 'ckpt.pt'}")
