@@ -1060,7 +1060,7 @@ def test_finetunes_a_saved_gpt2_with_any_attention(root, tmp_path, tiny_gpt2, at
     import transformers
     args = [f"--data_root={root}", "--dataset=text", *TINY, f"--attn={attn}", "--eval_interval=2", "--lr_decay_iters=4",
             f"--out_dir={tmp_path}", "--block_size=32"]
-    r = run("train.py", *args, f"--init_from={tiny_gpt2}", "--max_iters=2")
+    run("train.py", *args, f"--init_from={tiny_gpt2}", "--max_iters=2")
     ckpt = load(tmp_path)
     assert ckpt["model_args"]["pos_emb"] == "learned" and ckpt["model_args"]["bias"] and \
         ckpt["model_args"]["block_size"] == 32 and ckpt["model_args"]["attn"] == attn
