@@ -782,3 +782,30 @@ def test_a_new_kind_is_a_function_and_a_row(monkeypatch):
     monkeypatch.delitem(M.KINDS, "half")
     with pytest.raises(ValueError, match="GPTConfig.attn='half' is invalid: must be one of"):
         GPTConfig(attn="half")
+
+
+def test_sa_value_hides_keys_at_exactly_delta():
+    """Pairs at exactly delta (r multiples of 1/32, delta = 1/8: exact in fp32): the rule's strict < hides them.
+    edge_pairs lands within ulps of delta but, at r's usual ulp, never on fp32(delta) itself."""
+    T, delta = 32, 0.125
+    r = random_perm((), T).float() / T
+    assert ((r[:, None] - r[None, :]).abs() == delta).any()
+    q, k, v = qkv(1, 2, T, 8)
+    assert_same(lambda q, k, v: A.stochastic_value_attention(q, k, v, delta, r), q, k, v,
+                lambda q, k, v: A.sa_value_reference(q, k, v, delta, r))
+
+
+def test_sa_swa_gates_weigh_each_path():
+    """Y = sigmoid(x W_sa) Y_sa + sigmoid(x W_swa) Y_swa, W_sa the gate's first n_head rows (results/reproduce.py
+    reads them so). Untrained gates are all sigmoid(0) = 0.5, which hides a swapped or repeated half: random ones."""
+    torch.manual_seed(0)
+    cfg = GPTConfig(attn="sa+swa", block_size=32, vocab_size=61, n_layer=1, n_head=2, n_embd=16, window=4)
+    attn = M.CausalSelfAttention(cfg)
+    torch.nn.init.normal_(attn.gate.weight)
+    (B, T, C), nh = (2, 20, 16), 2
+    x, perm = torch.randn(B, T, C), random_perm((), T)
+    with torch.no_grad():
+        q, k, v = [t.view(B, T, nh, C // nh).transpose(1, 2) for t in attn.c_attn(x).split(C, dim=2)]
+        g = torch.sigmoid(x @ attn.gate.weight.T).transpose(1, 2).unsqueeze(-1)  # (B, 2 * nh, T, 1)
+        y = g[:, :nh] * A.stochastic_attention(q, k, v, 4, perm) + g[:, nh:] * A.sliding_window_attention(q, k, v, 4)
+        torch.testing.assert_close(attn(x, perm), attn.c_proj(y.transpose(1, 2).reshape(B, T, C)))

@@ -315,3 +315,30 @@ def test_sample_mqar_prints_no_padding_ids(tmp_path):
                "--dtype=float16")
     ids = [int(t) for t in r.stdout.split("---------------")[0].split()]
     assert ids[:3] == [1, 2, 3] and max(ids) < 10 and len(ids) < 43
+
+
+def rounding_pairs(n, delta=0.125, seed=0):
+    """r (2n,) of n pairs (b, a), b first: b - a = delta - 2**-25 < delta (the rule shows b to a), yet fp32's
+    a + delta rounds (half to even) down to b itself, so a search to a + delta without a margin misses b."""
+    g = torch.Generator().manual_seed(seed)
+    b = 0.5 + torch.randperm(2**17, generator=g)[:n].double() * 2**-23  # in [0.5, 0.516), b * 2**24 even
+    a = b - delta + 2**-25  # in [0.375, 0.391): exact in fp32
+    return torch.stack([b, a], 1).flatten().float()
+
+
+@pytest.mark.parametrize("draw", ["exact", "rounding"])
+def test_value_sa_cache_at_the_edge_of_delta(draw):
+    """The cache's step keeps exactly the keys the value rule keeps: pairs at exactly delta (hidden) and pairs whose
+    fp32 sum q_r + delta rounds onto the key's r (shown)."""
+    T = 32
+    model, idx = tiny("sa", sa_rule="value", block_size=64, window=8), tokens(2, T)  # delta = 8 / 64 = 1/8
+    r = torch.randperm(T, generator=torch.Generator().manual_seed(0)).float() / T if draw == "exact" \
+        else rounding_pairs(T // 2)
+    assert model.config.sa_delta == 0.125 and r.unique().numel() == T
+    draws = [r] * model.config.n_layer
+    with torch.no_grad():
+        cache = KVCache(model.config)
+        got = [model(idx[:, :4], cache=cache, draws=[d[:4] for d in draws])[0]]
+        got += [model(idx[:, t:t + 1], cache=cache, draws=[d[t:t + 1] for d in draws])[0] for t in range(4, T)]
+        want, _ = model(idx, draws=draws)
+    assert (torch.cat(got, 1) - want).abs().max().item() <= 1e-5

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 import attention as A
 import tiled
 from test_attention import (assert_a_bad_value_reaches_only_its_queries, assert_same, attention_kinds, out_and_grads,
-                            qkv, random_perm)
+                            edge_pairs, qkv, random_perm)
 
 triton = pytest.importorskip("triton", reason="triton is not installed: the Triton kernel tests need it")
 import kernel  # noqa: E402  (after the skip)
@@ -576,3 +576,28 @@ def test_a_failed_dtype_leaves_the_other_alone(monkeypatch, bf16_dot, faulty):
         line = A.impl_line("cpu", dtype, 16, ["swa"])
         failed = f"attention: the torch path for swa on the CPU interpreter {str(dtype)[6:]}: Unsupported: the Triton"
         assert line.startswith(failed + " kernel failed" if dtype == faulty else "attention: Triton kernel"), line
+
+
+def test_triton_swa_two_sided_band_one_short_of_a_key_tile(small_blocks):
+    """A two-sided band (pos given) whose right edge, start + window - 1, ends one key before a key tile starts
+    (window 31, tiles of 16 and 32): the interior region, run without the band mask, must stop a tile short."""
+    q, k, v, pos = kernel_case(1, 2, 100, 16, torch.float32, "perm")
+    assert_same(lambda *x: kernel.triton_swa(*x, 31, pos), q, k, v, lambda *x: A.swa_reference(*x, 31, pos))
+
+
+def test_value_sa_through_triton_hides_keys_at_exactly_delta(small_blocks, monkeypatch):
+    """r multiples of 1/64, delta = 1/8: pairs at exactly delta in fp32, which the kernel's strict < hides."""
+    monkeypatch.setattr(A, "IMPL", "triton")
+    T, delta = 64, 0.125
+    r = random_perm((), T, device=KDEV).float() / T
+    q, k, v = qkv(1, 2, T, 16, device=KDEV)
+    assert_same(lambda *x: A.stochastic_value_attention(*x, delta, r), q, k, v,
+                lambda *x: A.sa_value_reference(*x, delta, r))
+
+
+def test_kernel_value_spans_equal_tiled_at_the_edge_of_delta():
+    """The copies agree where VALUE_MARGIN matters: keys within ulps of delta (random r almost never are)."""
+    for seed, tile in itertools.product(range(10), (16, 32, 64)):
+        r = edge_pairs(200, 0.1, seed).sort().values[None]  # (1, T)
+        spans = [module.value_spans(r, 0.1, A.VALUE_MARGIN, tile) for module in (kernel, tiled)]
+        assert all(torch.equal(got, want) for got, want in zip(*spans)), (seed, tile)
