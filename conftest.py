@@ -29,6 +29,8 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
+    # the longest test (--fast reproduction, ~5 min) first: under -n 2 the other worker runs the rest beside it
+    items.sort(key=lambda item: item.name != "test_reproduce_fast_writes_every_result")
     if not config.getoption("--slow"):
         for item in items:
             if "slow" in item.keywords:
