@@ -1,5 +1,6 @@
 """Tests for attention.py and model.py (kernel.py's are in tests/test_kernel.py). Run: python -m pytest -q"""
 import inspect
+import itertools
 import math
 import os
 
@@ -285,6 +286,23 @@ def test_moba_routes_in_fp32():
     idx32, ok32 = tiled.moba_select(q.float(), k.float(), 16, 4)
     assert torch.equal(ok16, ok32)
     assert torch.equal(idx16.sort(-1).values, idx32.sort(-1).values)
+
+
+def test_moba_mask_follows_its_rule_by_brute_force():
+    """moba_mask, row by row from the paper's rule: query i sees j <= i in its own chunk, and every key of the
+    top_k - 1 strictly-past chunks whose mean key scores highest against q_i (the reference and the fast path share
+    moba_select, so only this test states how many chunks it picks)."""
+    B, H, T, D, chunk, top_k = 1, 2, 45, 8, 4, 3
+    q, k = qkv(B, H, T, D)[:2]
+    got = A.moba_mask(q, k, chunk, top_k)  # (B, H, T, T)
+    want = torch.zeros(B, H, T, T, dtype=torch.bool)
+    for h, i in itertools.product(range(H), range(T)):
+        own = i // chunk
+        want[0, h, i, own * chunk:i + 1] = True
+        means = torch.stack([k[0, h, c * chunk:(c + 1) * chunk].mean(0) for c in range(own)]) if own else None
+        for c in (means @ q[0, h, i]).topk(min(top_k - 1, own)).indices.tolist() if own else []:
+            want[0, h, i, c * chunk:(c + 1) * chunk] = True
+    assert torch.equal(got, want)
 
 
 def attention_kinds(T, window=16, B=2, H=3):
