@@ -220,8 +220,8 @@ class RunDir:
         self.log_file.close()
         if self.new_log:
             os.remove(self.new_log)
-        return (f"checkpoint {self.ckpt_path} (iteration {self.kept})" if self.kept is not None else "this run "
-                "saved no checkpoint" + (f"; the old {self.ckpt_path} is kept" if self.new_log else ""))
+        return (f"checkpoint {self.ckpt_path} (iteration {self.kept})" if self.kept is not None else self.holds()
+                + (f"; the old {self.ckpt_path} is kept" if self.new_log else ""))
 
     def holds(self):  # what ckpt.pt holds, for a message
         return "this run saved no checkpoint" if self.kept is None else f"{self.ckpt_path} holds iteration {self.kept}"

@@ -299,9 +299,10 @@ def test_moba_mask_follows_its_rule_by_brute_force():
     for h, i in itertools.product(range(H), range(T)):
         own = i // chunk
         want[0, h, i, own * chunk:i + 1] = True
-        means = torch.stack([k[0, h, c * chunk:(c + 1) * chunk].mean(0) for c in range(own)]) if own else None
-        for c in (means @ q[0, h, i]).topk(min(top_k - 1, own)).indices.tolist() if own else []:
-            want[0, h, i, c * chunk:(c + 1) * chunk] = True
+        if own:
+            means = k[0, h, :own * chunk].view(own, chunk, D).mean(1)  # (own, D): each past chunk's mean key
+            for c in (means @ q[0, h, i]).topk(min(top_k - 1, own)).indices.tolist():
+                want[0, h, i, c * chunk:(c + 1) * chunk] = True
     assert torch.equal(got, want)
 
 

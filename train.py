@@ -160,7 +160,7 @@ if ckpt is not None:  # AdamW's, the GradScaler's and every RNG's states: where 
          "raise max_iters to train on")
 ckpt = None  # free up memory
 
-raw_model = model  # for checkpoints and SA's state; evals run the compiled model, training its DDP wrapper
+raw_model = model  # for checkpoints and SA's state; evals run model (compiled if set), training train_model
 if device_type == "cuda" if compile is None else compile:
     model = torch.compile(model)
 train_model = DDP(model, device_ids=[local_rank] if device_type == "cuda" else None,
