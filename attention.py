@@ -9,9 +9,10 @@ two-sided, causal on pos. SA, the rank rule (the paper's): slot s holds token pe
 with pos = perm, gather back: tokens a >= b interact iff their slots are < window apart. SA, the value rule: slot = an
 i.i.d. uniform r per token, width = delta, pos = the index: a >= b interact iff |r_a - r_b| < delta, by r_a and r_b
 alone, so a KV cache decodes it. MoBA: query i sees its own chunk (j <= i) and the top_k - 1 past chunks of largest
-q_i . mean(K_chunk). Every query sees itself; no query reads a key it may not see, not even a NaN in its k or v
-(eagerly; compiled, a NaN in v may reach other queries of its tile). Scores are fp32. Each function checks q, k, v at
-its door (guards.check_inputs) and takes them as SDPA does (under autocast, in autocast's dtype).
+q_i . mean(K_chunk). Every query sees itself; no query reads a key it may not see, not even a NaN in its k, nor, on the
+CPU eagerly, in its v (elsewhere a NaN in v may reach other queries of its tile: _exact). Scores are fp32. Each
+function checks q, k, v at its door (guards.check_inputs) and takes them as SDPA does (under autocast, in autocast's
+dtype).
 """
 import functools
 import importlib.util
@@ -27,10 +28,12 @@ import tiled
 from guards import InputError, check_count, check_delta, check_inputs
 
 # What runs SWA's and SA's band: "auto": the Triton kernel on CUDA (Triton in TRITON_VERSIONS, a head dim and dtype it
-# has), else "torch": tiled.py, O(T * window); "triton": the kernel (CPU: TRITON_INTERPRET=1); "reference": a dense
-# rule_mask in slot order. Full attention is always SDPA.
+# has, its checks passed), else "torch": tiled.py, O(T * window); "triton": the kernel (CPU: TRITON_INTERPRET=1; SWA
+# over a given pos, which SA's one launch replaces, runs on tiled.py); "reference": a dense rule_mask in slot order.
+# Full attention is always SDPA.
 IMPL = "auto"
 IMPLS = ("auto", "torch", "triton", "reference")
+KERNEL_DEVICES = ("cuda",)  # where "auto" may run the kernel (a test adds "cpu": the interpreter plays a GPU)
 TRITON_VERSIONS = ((3, 2), (3, 9))  # Triton minors tested: results/kernel_triton_versions.txt
 VALUE_MARGIN = 1e-6  # the value rule's key spans reach this far past delta: fp32 rounding of |r_i - r_j| (r < 1)
 
@@ -81,7 +84,10 @@ def sliding_window_attention(q, k, v, window, pos=None):
     """SWA by the rule above, pos (T,) or broadcastable to (B, H, T); without pos, FlashAttention's
     window_size=(window-1, 0). Equals swa_reference."""
     q, k, v = check_inputs(q, k, v, window=window, pos=pos)
-    return _engine(q)(q, k, v, pos, None, float(window), VALUE_MARGIN)
+    engine = _engine(q, "swa" if pos is None else None)
+    if engine == "triton":
+        return _exact(_kernel, q, k, v, float(window))
+    return _exact(BANDS[engine], q, k, v, pos, None, float(window), VALUE_MARGIN)
 
 
 def sa_mask(window, perm):
@@ -108,6 +114,8 @@ def stochastic_attention(q, k, v, window, perm):
     """SA by the rank rule, perm (T,) or broadcastable to (B, H, T): a query sees ~`window` keys; window >= T is full
     attention, the identity perm SWA. Equals sa_reference. The last three lines are README.md's recipe."""
     q, k, v = check_inputs(q, k, v, window=window, perm=perm)
+    if _engine(q, "sa rank") == "triton":  # the three lines below in one launch: rows read and written through perm
+        return _exact(_kernel, q, k, v, float(window), perm)
     qs, ks, vs = gather(q, perm), gather(k, perm), gather(v, perm)  # (B, H, T, D) each, in permuted (slot) order
     ys = sliding_window_attention(qs, ks, vs, window, pos=perm)     # SWA there, causal on original positions
     return gather(ys, perm.argsort(-1))                             # back to token order: gather by perm's inverse
@@ -135,10 +143,12 @@ def stochastic_value_attention(q, k, v, delta, r):
     """SA by the value rule, r (T,) or broadcastable to (B, H, T): delta = window / T connects a pair as often as the
     rank rule. Sorted by r, a tile of queries sees one contiguous key span. Equals sa_value_reference."""
     q, k, v = check_inputs(q, k, v, delta=delta, r=r)
-    perm = torch.argsort(r, dim=-1, stable=True)  # (T,) or (B, H, T): ascending r
-    r_sorted = r.gather(-1, perm).float()  # (T,) or (B, H, T): each slot's r
+    r_sorted, perm = torch.sort(r, dim=-1, stable=True)  # (T,) or (B, H, T): each slot's r, ascending, and its token
+    engine = _engine(q, "sa value")
+    if engine == "triton":  # one launch, as for the rank rule
+        return _exact(_kernel, q, k, v, float(delta), perm, r_sorted.float(), VALUE_MARGIN)
     qs, ks, vs = gather(q, perm), gather(k, perm), gather(v, perm)  # (B, H, T, D) each, sorted by r
-    ys = _engine(qs)(qs, ks, vs, perm, r_sorted, float(delta), VALUE_MARGIN)  # the band over r, causal on perm
+    ys = _exact(BANDS[engine], qs, ks, vs, perm, r_sorted.float(), float(delta), VALUE_MARGIN)  # the band over r
     return gather(ys, perm.argsort(-1))  # (B, H, T, D): back to token order
 
 
@@ -172,71 +182,22 @@ def moba_attention(q, k, v, moba_chunk, top_k):
 # Support, for a second reading: what runs the band, and _exact.
 
 def _exact(engine, q, k, v, *args):
-    """engine(q, k, v, *args), autocast off, exact where an engine alone is not: an empty B, H, T or D gives the empty
-    output on the autograd graph; a non-finite v[j, d], which p @ v spreads to other queries (0 * NaN = NaN), reaches
-    out[i, d] only if query i sees key j (found by the engine on q = k = 0 and v's bad entries: it weighs each visible
-    key >= 1/T, each hidden one 0)."""
+    """engine(q, k, v, *args), autocast off (the kernel runs no torch op that autocast casts); an empty B, H, T or D
+    gives the empty output on the autograd graph. On the CPU, eagerly, a non-finite v[j, d], which p @ v spreads to
+    other queries (0 * NaN = NaN), reaches out[i, d] only if query i sees key j (found by the engine on q = k = 0 and
+    v's bad entries: it weighs each visible key >= 1/T, each hidden one 0). Not on a GPU, where that check would wait
+    for it, nor in a compiled graph or the kernel."""
     if q.numel() == 0 or k.numel() == 0:
         return q.new_zeros(*q.shape[:3], v.shape[3]) + (q.sum() + k.sum() + v.sum())
+    if engine is _kernel:  # no autocast inside
+        return engine(q, k, v, *args)
     with torch.autocast(q.device.type, enabled=False):
-        if torch.compiler.is_compiling() or bool(v.sum().isfinite()):  # compiled: bool() would break the graph
+        if q.device.type != "cpu" or torch.compiler.is_compiling() or bool(v.sum().isfinite()):
             return engine(q, k, v, *args)
         bad = ~v.isfinite()  # (B, H, T, D)
         with torch.no_grad():
             seen = engine(torch.zeros_like(q), torch.zeros_like(k), bad.to(v.dtype), *args) > 0
         return engine(q, k, v.masked_fill(bad, 0), *args).masked_fill(seen, math.nan)  # (B, H, T, D)
-
-
-@torch.compiler.assume_constant_result  # a constant to torch.compile: torch 2.11's Dynamo breaks the graph at find_spec
-def _has_triton():
-    return importlib.util.find_spec("triton") is not None
-
-
-@torch.compiler.assume_constant_result  # no lru_cache: Dynamo would trace through it, and warn
-def _triton_supported():
-    """Whether "auto" may run the kernel: Triton installed, in TRITON_VERSIONS (else a warning, which Python's default
-    filter shows once)."""
-    if not _has_triton():
-        return False
-    import triton
-    if TRITON_VERSIONS[0] <= tuple(int(x) for x in triton.__version__.split(".")[:2]) <= TRITON_VERSIONS[1]:
-        return True
-    warnings.warn(f"Triton {triton.__version__} is outside the tested range {TRITON_VERSIONS}: using the torch path")
-    return False
-
-
-def _impl(q):
-    """The implementation IMPL picks for q's band: "triton", "torch" or "reference"."""
-    if IMPL not in IMPLS:
-        raise InputError(f"attention.IMPL must be one of {IMPLS}, got {IMPL!r}")
-    if IMPL == "triton" and not _has_triton():
-        raise InputError("attn_impl 'triton' needs the triton package (pip install triton); 'auto' or 'torch' runs "
-                         "without it")
-    if IMPL == "triton" and not q.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
-        raise InputError(f"attn_impl 'triton' runs the Triton kernel on a CUDA GPU, not on {q.device} (or on the "
-                         "CPU under TRITON_INTERPRET=1, slowly, for tests): use attn_impl 'auto' or 'torch'")
-    if IMPL == "auto" and q.is_cuda and _triton_supported():
-        import kernel
-        return "triton" if q.shape[-1] in kernel.HEAD_DIMS and q.dtype in kernel.SUPPORTED_DTYPES else "torch"
-    return "torch" if IMPL == "auto" else IMPL
-
-
-def _engine(q):
-    """_impl's band function, (q, k, v, pos, r, width, margin) -> out, within _exact."""
-    return functools.partial(_exact, {"torch": tiled.band_attention, "triton": _kernel, "reference": _dense}[_impl(q)])
-
-
-def _kernel(q, k, v, pos, r, width, margin):
-    """kernel.triton_swa (self-checked at each variant's first use); where it cannot run, tiled.py's band and a
-    warning, unless IMPL is "triton"."""
-    import kernel
-    try:
-        return kernel.triton_swa(q, k, v, width, pos, r, margin)
-    except kernel.CANNOT_RUN as e:
-        if IMPL == "triton":
-            raise
-        warnings.warn(f"the Triton kernel cannot run, using the torch path instead: {_why(e)}")
-    return tiled.band_attention(q, k, v, pos, r, width, margin)
 
 
 def _dense(q, k, v, pos, r, width, margin):
@@ -246,6 +207,78 @@ def _dense(q, k, v, pos, r, width, margin):
     return masked_attention(q, k, v, mask)
 
 
+BANDS = {"torch": tiled.band_attention, "reference": _dense}  # (q, k, v, pos, r, width, margin) in slot order
+
+
+def _kernel(q, k, v, *args):
+    import kernel
+    return kernel.triton_swa(q, k, v, *args)
+
+
+def _engine(q, rule):
+    """What runs q's band by IMPL: "triton" (the kernel, for rule "swa", "sa rank" or "sa value"; None: a band it has
+    no rule for), "torch" or "reference"."""
+    if IMPL not in IMPLS:
+        raise InputError(f"attention.IMPL must be one of {IMPLS}, got {IMPL!r}")
+    if IMPL == "triton" and rule:
+        if not _has_triton():
+            raise InputError("attn_impl 'triton' needs the triton package (pip install triton); 'auto' or 'torch' runs "
+                             "without it")
+        if not q.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
+            raise InputError(f"attn_impl 'triton' runs the Triton kernel on a CUDA GPU, not on {q.device} (or on the "
+                             "CPU under TRITON_INTERPRET=1, slowly, for tests): use attn_impl 'auto' or 'torch'")
+        return "triton"
+    if IMPL == "auto" and rule and _kernel_ok(q.device, q.dtype, q.shape[-1], rule):
+        return "triton"
+    return "reference" if IMPL == "reference" else "torch"
+
+
+@torch.compiler.assume_constant_result  # decided before tracing: a compiled graph never holds a kernel that refuses
+def _kernel_ok(device, dtype, D, rule):
+    """Whether "auto" runs the kernel here (_refusal); where it failed a check, one warning."""
+    why = _refusal(device, dtype, D, rule)
+    if why:
+        warnings.warn(f"the Triton kernel cannot run, using the torch path instead: {why}")
+    return why is None
+
+
+def _refusal(device, dtype, D, rule):
+    """None where "auto" runs the kernel: a GPU, Triton in TRITON_VERSIONS, a head dim and dtype the kernel has, and
+    kernel.check_once passed (the GPU's generation, then the self-check at the first use); else "" (not tried), or
+    why not."""
+    if device.type not in KERNEL_DEVICES or not _triton_supported():
+        return ""
+    import kernel
+    if D not in kernel.HEAD_DIMS or dtype not in kernel.SUPPORTED_DTYPES:
+        return ""
+    try:
+        kernel.check_once(device, dtype, D, rule, VALUE_MARGIN)
+    except kernel.CANNOT_RUN as e:
+        return _why(e)
+    return None
+
+
+@torch.compiler.assume_constant_result  # a constant to torch.compile: torch 2.11's Dynamo breaks the graph at find_spec
+def _has_triton():
+    return importlib.util.find_spec("triton") is not None
+
+
+_TRITON_OK = None  # _triton_supported's answer, found once
+
+
+def _triton_supported():
+    """Whether "auto" may run the kernel: Triton installed, in TRITON_VERSIONS (else one warning)."""
+    global _TRITON_OK
+    if _TRITON_OK is None:
+        import triton
+        version = tuple(int(x) for x in triton.__version__.split(".")[:2]) if _has_triton() else None
+        _TRITON_OK = version is not None and TRITON_VERSIONS[0] <= version <= TRITON_VERSIONS[1]
+        if version and not _TRITON_OK:
+            warnings.warn(f"Triton {triton.__version__} is outside the tested range {TRITON_VERSIONS}: using the torch "
+                          "path")
+    return _TRITON_OK
+
+
 def _why(e):
     """The exception's type and its message's first line."""
     return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"
@@ -253,27 +286,32 @@ def _why(e):
 
 def impl_line(device, dtype, head_dim, kinds, sa_rule="rank"):
     """The line train.py, sample.py and eval.py print: what runs the SWA and SA of kinds (a list, or one) in dtype on
-    device. On a GPU, each variant's kernel self-check runs now, before any training."""
+    device. On a GPU, the kernel's checks for each rule run now, before any training."""
     q = torch.empty(0, 0, 0, head_dim, device=device, dtype=dtype)
     kinds = {kinds} if isinstance(kinds, str) else set(kinds)
-    variants = [r for r, users in (("swa", {"swa", "sa+swa"}), ("sa " + sa_rule, {"sa", "sa+swa"})) if users & kinds]
-    impl = _impl(q)
-    if not variants or impl != "triton":
-        return f"attention: {'the ' + impl + ' path' if variants else 'no SWA or SA'} on {q.device}"
+    rules = [r for r, users in (("swa", {"swa", "sa+swa"}), ("sa " + sa_rule, {"sa", "sa+swa"})) if users & kinds]
+    if not rules:
+        return f"attention: no SWA or SA on {q.device}"
+    start, failed = time.perf_counter(), {}
+    if IMPL == "triton":
+        _engine(q, rules[0])  # its one-line refusals
+        import kernel
+        for rule in rules:
+            kernel.check_once(q.device, dtype, head_dim, rule, VALUE_MARGIN)  # raises where the kernel cannot run
+    elif IMPL == "auto":
+        why = {rule: _refusal(q.device, dtype, head_dim, rule) for rule in rules}
+        if "" in why.values():
+            return f"attention: the torch path on {q.device}"
+        failed = {rule: reason for rule, reason in why.items() if reason}
+    else:
+        return f"attention: the {_engine(q, None)} path on {q.device}"
     import kernel
-    failed, start, where = {}, time.perf_counter(), f"{kernel.where(q.device)} {str(dtype)[6:]}"
-    for variant in variants:
-        try:
-            kernel.check_once(q.device, dtype, head_dim, variant, VALUE_MARGIN)
-        except kernel.CANNOT_RUN as e:  # as at the first call: "triton" raises, "auto" takes the torch path
-            if IMPL == "triton":
-                raise
-            failed[variant] = _why(e)
+    where = f"{kernel.where(q.device)} {str(dtype)[6:]}"
     if failed:
         reasons = "; ".join(dict.fromkeys(failed.values()))  # each once, in order
         return f"attention: the torch path for {', '.join(failed)} on {where}: {reasons}"
     if not kernel.SELF_CHECK:
         return f"attention: Triton kernel on {where}, self-check off"
-    err = max(kernel.SELF_CHECKS[q.device, dtype, head_dim, variant] for variant in variants)
+    err = max(kernel.SELF_CHECKS[q.device, dtype, head_dim, rule] for rule in rules)
     return (f"attention: Triton kernel, self-check passed on {where} (max err {err:.1e}, "
             f"{time.perf_counter() - start:.1f} s)")

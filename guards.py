@@ -192,7 +192,7 @@ def check_delta(delta):
 def check_inputs(q, k, v, any_length=False, **args):
     """q, k, v (B, H, T, D) of one shape (any_length: keys of their own length), in autocast's dtype under it, as SDPA
     casts them; and by name window, moba_chunk, top_k, delta, mask, perm, r, pos. It runs in every attention call: it
-    calls no helper but shown(), for a message."""
+    reads no values but a perm's or r's not yet checked (checked), which on a GPU waits for it."""
     import torch
     if not all(isinstance(t, torch.Tensor) for t in (q, k, v)):
         raise InputError(f"q, k, v must be tensors, got {', '.join(type(t).__name__ for t in (q, k, v))}")
@@ -226,16 +226,32 @@ def check_inputs(q, k, v, any_length=False, **args):
                              f"broadcastable to (B, H, T)=({B}, {H}, {T}), got {shown(x)}")
         if x.device != q.device:
             raise InputError(f"{name} must be on q's device {q.device}, got {x.device}")
-        if torch.compiler.is_compiling() or name == "pos" or not x.numel():  # values unknown while tracing; pos: any
+        if name == "pos" or not x.numel() or _unchanged(x):  # pos: any values; a draw: valid where it was made
             continue
         rows = x.reshape(-1, T)  # (R, T)
-        if name == "r" and not bool(rows.isfinite().all()):
+        if name == "r" and not bool(rows.isfinite().all()):  # a sync on a GPU, once per tensor (checked)
             raise InputError("r must be finite, got NaN or inf")
         if name == "perm":
             hit = torch.zeros_like(rows, dtype=torch.bool).scatter_(1, rows.clamp(0, T - 1), True)  # (R, T): O(T)
             if not bool(hit.all() & (rows >= 0).all() & (rows < T).all()):
                 raise InputError(f"perm must be a permutation of range({T}) in every row")
+        checked(x)
     return q, k, v
+
+
+def checked(t):
+    """t, marked as checked until it changes in place: check_inputs then skips its values. GPT.draw_sa marks its draws
+    (valid as drawn); check_inputs marks what passed. Inference tensors keep no version: always checked."""
+    import torch
+    if not torch.compiler.is_compiling() and not t.is_inference():
+        t.checked_version = t._version
+    return t
+
+
+def _unchanged(t):
+    """Whether t was marked checked and has not changed since (values unknown while tracing: skipped too)."""
+    import torch
+    return torch.compiler.is_compiling() or not t.is_inference() and getattr(t, "checked_version", None) == t._version
 
 
 def check_tokens(idx, config, targets=None, lengths=None, cache=None, draws=None, sampling=None):
@@ -247,7 +263,8 @@ def check_tokens(idx, config, targets=None, lengths=None, cache=None, draws=None
                 or name == "targets" and t.shape != idx.shape:
             raise InputError(f"{name} must be a (B, T) tensor of token ids (int64 or int32) of idx's shape, with data "
                              f"(not on meta), got {shown(t)}")
-        if t.numel() and not torch.compiler.is_compiling() and not (least <= t.min() and t.max() < config.vocab_size):
+        if t.numel() and t.device.type == "cpu" and not torch.compiler.is_compiling() and not (
+                least <= t.numpy().min() and t.numpy().max() < config.vocab_size):  # no sync: a GPU's embedding asserts
             raise InputError(f"{name} holds token ids outside [{least}, vocab_size={config.vocab_size})")
     (B, T), ok = idx.shape, isinstance(lengths, torch.Tensor) and lengths.dtype in (torch.long, torch.int)
     if lengths is not None and not (ok and lengths.shape == (B,) and bool(((lengths >= 1) & (lengths <= T)).all())):

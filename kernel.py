@@ -1,9 +1,11 @@
-"""Support, which a first reading skips past _fwd_inner. Sliding-window attention in Triton, forward and backward:
-triton_swa(q, k, v, width, pos, r).
+"""Support, which a first reading skips past _fwd_inner. Sliding-window attention in Triton, forward and backward, with
+SA's permutation inside: triton_swa(q, k, v, width, perm, r).
 
-As in Triton's fused-attention tutorial, a forward program streams the key tiles its TILE_M query rows' band reaches,
-online softmax in fp32: O(T * w). No repo imports; the rule is attention.py's, and the op checks each variant against
-the dense rule at its first use on a device, dtype and head dim (check_once).
+As in Triton's fused-attention tutorial, a forward program streams the key tiles its TILE_M query slots' band reaches,
+online softmax in fp32: O(T * w). With perm, slot s holds token perm[s]: the programs read the rows of q, k, v and write
+those of the output (and of dq, dk, dv) through perm, so SA is one launch each way and never copies q, k, v into slot
+order. No repo imports; the rule is attention.py's, and each rule is checked against the dense rule at its first use
+on a device, dtype and head dim (check_once).
 """
 import functools
 import math
@@ -31,12 +33,28 @@ CANNOT_RUN = (Unsupported, triton.compiler.errors.CompilationError, triton.runti
 # Kernels
 
 @triton.jit
-def _span(start, TILE_FIXED: tl.constexpr, TILE_LOOP: tl.constexpr, before, after, T, Spans, HAS_R: tl.constexpr):
-    """Moving rows x < T meet fixed rows y iff y - before <= x <= y + after: [lo, hi) on the TILE_LOOP grid,
-    [mid_lo, mid_hi) in every y's band. With r: the host's span."""
+def _search(R, x, T):
+    """The first slot j with R[j] >= x (T if none), R ascending: torch.searchsorted's, by bisection."""
+    lo = tl.zeros([], dtype=tl.int32)
+    hi = lo + T
+    while lo < hi:
+        mid = (lo + hi) // 2
+        below = tl.load(R + mid) < x
+        lo = tl.where(below, mid + 1, lo)
+        hi = tl.where(below, hi, mid)
+    return lo
+
+
+@triton.jit
+def _span(start, TILE_FIXED: tl.constexpr, TILE_LOOP: tl.constexpr, before, after, T, R, width, margin,
+          HAS_R: tl.constexpr):
+    """Moving slots x < T meet fixed slots y in [start, start + TILE_FIXED) iff y - before <= x <= y + after: [lo, hi)
+    on the TILE_LOOP grid, [mid_lo, mid_hi) in every y's band. With r: iff |r_x - r_y| < width, within width + margin
+    (fp32 rounding) of the tile's least and greatest r, its own slots in."""
     if HAS_R:
-        lo = tl.load(Spans) // TILE_LOOP * TILE_LOOP
-        hi = tl.load(Spans + 1)
+        last = tl.minimum(start + TILE_FIXED, T) - 1
+        lo = _search(R, tl.load(R + start) - width - margin, T) // TILE_LOOP * TILE_LOOP
+        hi = tl.maximum(_search(R, tl.load(R + last) + width + margin, T), last + 1)
         mid_lo, mid_hi = hi, hi
     else:
         lo = tl.maximum(start - before, 0) // TILE_LOOP * TILE_LOOP
@@ -47,49 +65,50 @@ def _span(start, TILE_FIXED: tl.constexpr, TILE_LOOP: tl.constexpr, before, afte
 
 
 @triton.jit
-def _mask(s, Pos, R, pos_stride_t, qi, kj, left, right, width, T,
-          EDGE: tl.constexpr, HAS_POS: tl.constexpr, HAS_R: tl.constexpr):
-    if HAS_R:
-        r_q = tl.load(R + qi * pos_stride_t, mask=qi < T, other=0.0)
-        r_k = tl.load(R + kj * pos_stride_t, mask=kj < T, other=0.0)
-        s = tl.where((tl.abs(r_q - r_k) < width) & (kj < T), s, float("-inf"))
-    elif EDGE:
-        s = tl.where((qi - kj <= left) & (kj - qi <= right) & (kj < T), s, float("-inf"))
-    if HAS_POS:
-        pos_q = tl.load(Pos + qi * pos_stride_t, mask=qi < T, other=0)
-        pos_k = tl.load(Pos + kj * pos_stride_t, mask=kj < T, other=0)
-        s = tl.where(pos_k <= pos_q, s, float("-inf"))
-    return s
+def _tokens(Perm, slots, T, HAS_PERM: tl.constexpr):
+    """The token each slot holds, int32: perm[slot] (SA), else the slot itself (SWA)."""
+    if HAS_PERM:
+        return tl.load(Perm + slots, mask=slots < T, other=0).to(tl.int32)
+    return slots
 
 
 @triton.jit
-def _load(ptr, rows, T, D: tl.constexpr, EDGE: tl.constexpr):
-    ptrs = ptr + rows[:, None] * D + tl.arange(0, D)[None, :]
+def _rows(X, tokens, slots, stride, T, D: tl.constexpr, EDGE: tl.constexpr):
+    """X's rows (len(slots), D) of the tokens at these slots; slots past T (only at an edge) read as 0. Offsets within
+    a head are int32 (int64 spilled registers): triton_swa keeps T * stride below 2**31."""
+    ptrs = X + tokens[:, None] * stride + tl.arange(0, D)[None, :]
     if EDGE:
-        return tl.load(ptrs, mask=rows[:, None] < T, other=0.0)
+        return tl.load(ptrs, mask=slots[:, None] < T, other=0.0)
     return tl.load(ptrs)
 
 
 @triton.jit
-def _key_tile(q, offs_m, start_n, K, V, Pos, R, pos_stride_t, left, right, width, T, qk_scale,
-               D: tl.constexpr, TILE_N: tl.constexpr, EDGE: tl.constexpr, HAS_POS: tl.constexpr,
-               HAS_R: tl.constexpr, PRECISION: tl.constexpr):
-    """k, v at start_n and q's scores in log2 units, -inf where masked: a masked NaN score reaches no sum."""
-    offs_n = start_n + tl.arange(0, TILE_N)
-    k, v = _load(K, offs_n, T, D, EDGE), _load(V, offs_n, T, D, EDGE)
-    s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # (TILE_M, TILE_N)
-    return k, v, _mask(s, Pos, R, pos_stride_t, offs_m[:, None], offs_n[None, :], left, right, width, T,
-                       EDGE, HAS_POS, HAS_R)
+def _mask(s, qi, kj, tok_q, tok_k, r_q, r_k, left, right, width, T,
+          EDGE: tl.constexpr, HAS_PERM: tl.constexpr, HAS_R: tl.constexpr):
+    """s where key slot kj is visible to query slot qi, else -inf: qi - left <= kj <= qi + right (with r: |r_q - r_k|
+    < width), and token tok_k <= tok_q (SA: causal on the tokens). A masked NaN score reaches no sum."""
+    if HAS_R:
+        s = tl.where((tl.abs(r_q - r_k) < width) & (kj < T), s, float("-inf"))
+    elif EDGE:
+        s = tl.where((qi - kj <= left) & (kj - qi <= right) & (kj < T), s, float("-inf"))
+    if HAS_PERM:
+        s = tl.where(tok_k <= tok_q, s, float("-inf"))
+    return s
 
 
 @triton.jit
-def _fwd_inner(acc, l_i, m_i, q, offs_m, K, V, Pos, R, pos_stride_t, lo, hi, left, right, width, T, qk_scale,
-               D: tl.constexpr, TILE_N: tl.constexpr, EDGE: tl.constexpr, HAS_POS: tl.constexpr,
+def _fwd_inner(acc, l_i, m_i, q, offs_m, tok_m, r_m, K, V, Perm, R, sk_t, sv_t, lo, hi, left, right, width, T,
+               qk_scale, D: tl.constexpr, TILE_N: tl.constexpr, EDGE: tl.constexpr, HAS_PERM: tl.constexpr,
                HAS_R: tl.constexpr, PRECISION: tl.constexpr):
     """Online softmax over the key tiles in [lo, hi): acc / l_i is the output so far."""
     for start_n in range(lo, hi, TILE_N):
-        k, v, s = _key_tile(q, offs_m, start_n, K, V, Pos, R, pos_stride_t, left, right, width, T, qk_scale,
-                             D, TILE_N, EDGE, HAS_POS, HAS_R, PRECISION)
+        offs_n = start_n + tl.arange(0, TILE_N)  # key slots
+        tok_n = _tokens(Perm, offs_n, T, HAS_PERM)
+        k, v = _rows(K, tok_n, offs_n, sk_t, T, D, EDGE), _rows(V, tok_n, offs_n, sv_t, T, D, EDGE)
+        r_n = tl.load(R + offs_n, mask=offs_n < T, other=0.0) if HAS_R else r_m
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # (TILE_M, TILE_N), log2 units
+        s = _mask(s, offs_m[:, None], offs_n[None, :], tok_m[:, None], tok_n[None, :], r_m[:, None], r_n[None, :],
+                  left, right, width, T, EDGE, HAS_PERM, HAS_R)
         m_new = tl.maximum(m_i, tl.max(s, 1))  # 1. the new running max of each row
         m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)  # only masked keys so far: subtract 0, not -inf
         p = tl.math.exp2(s - m_sub[:, None])  # 2. unnormalised, <= 1; masked keys give 0
@@ -101,45 +120,64 @@ def _fwd_inner(acc, l_i, m_i, q, offs_m, K, V, Pos, R, pos_stride_t, lo, hi, lef
 
 
 @triton.jit
-def _attn_fwd(Q, K, V, O, LSE, Pos, R, Spans, pos_stride_b, pos_stride_h, pos_stride_t, span_stride, H, T,
-              left, right, width, qk_scale,
-              D: tl.constexpr, TILE_M: tl.constexpr, TILE_N: tl.constexpr, HAS_POS: tl.constexpr,
-              HAS_R: tl.constexpr, PRECISION: tl.constexpr):
-    start_m = tl.program_id(0) * TILE_M
-    bh = tl.program_id(1)
-    off = bh.to(tl.int64) * T * D
-    Q, K, V, O, LSE = Q + off, K + off, V + off, O + off, LSE + bh.to(tl.int64) * T
-    bh_off = (bh // H) * pos_stride_b + (bh % H) * pos_stride_h  # strides maybe 0
-    Pos, R = Pos + bh_off, R + bh_off
-    offs_m = start_m + tl.arange(0, TILE_M)
-    q = _load(Q, offs_m, T, D, True)
-    acc = tl.zeros([TILE_M, D], dtype=tl.float32)
-    l_i, m_i = tl.zeros([TILE_M], dtype=tl.float32), tl.zeros([TILE_M], dtype=tl.float32) + float("-inf")
-    Spans += bh * span_stride + tl.program_id(0) * 2
-    lo, mid_lo, mid_hi, hi = _span(start_m, TILE_M, TILE_N, left, right, T, Spans, HAS_R)
-    for region in tl.static_range(3):  # left edge, interior (no band mask or bounds checks), right edge
-        a = lo if region == 0 else mid_lo if region == 1 else mid_hi
-        b = mid_lo if region == 0 else mid_hi if region == 1 else hi
-        acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, offs_m, K, V, Pos, R, pos_stride_t, a, b, left, right, width,
-                                   T, qk_scale, D, TILE_N, region != 1, HAS_POS, HAS_R, PRECISION)
-    tl.store(LSE + offs_m, m_i + tl.math.log2(l_i), mask=offs_m < T)
-    tl.store(O + offs_m[:, None] * D + tl.arange(0, D)[None, :], (acc / l_i[:, None]).to(O.dtype.element_ty),
-             mask=offs_m[:, None] < T)
+def _head(X, b, h, stride_b, stride_h):
+    return X + b.to(tl.int64) * stride_b + h.to(tl.int64) * stride_h
 
 
 @triton.jit
-def _bwd_dkdv_inner(dk, dv, k, v, offs_n, Q, DO, LSE, RowDot, Pos, R, pos_stride_t, lo, hi, left, right, width, T,
-                    qk_scale, D: tl.constexpr, TILE_M: tl.constexpr, EDGE: tl.constexpr, HAS_POS: tl.constexpr,
-                    HAS_R: tl.constexpr, PRECISION: tl.constexpr):
+def _attn_fwd(Q, K, V, O, LSE, Perm, R, sq_b, sq_h, sq_t, sk_b, sk_h, sk_t, sv_b, sv_h, sv_t, so_b, so_h, so_t,
+              sp_b, sp_h, H, T, left, right, width, margin, qk_scale,
+              D: tl.constexpr, TILE_M: tl.constexpr, TILE_N: tl.constexpr, HAS_PERM: tl.constexpr,
+              HAS_R: tl.constexpr, PRECISION: tl.constexpr):
+    """Program (i, bh): the output of query slots [i * TILE_M, (i + 1) * TILE_M) of head bh."""
+    start_m, b, h = tl.program_id(0) * TILE_M, tl.program_id(1) // H, tl.program_id(1) % H
+    Q, K, V = _head(Q, b, h, sq_b, sq_h), _head(K, b, h, sk_b, sk_h), _head(V, b, h, sv_b, sv_h)
+    O = _head(O, b, h, so_b, so_h)
+    Perm, R, LSE = _head(Perm, b, h, sp_b, sp_h), _head(R, b, h, sp_b, sp_h), LSE + tl.program_id(1).to(tl.int64) * T
+    offs_m = start_m + tl.arange(0, TILE_M)  # query slots
+    tok_m = _tokens(Perm, offs_m, T, HAS_PERM)  # their tokens: rows read and written, causal positions
+    q = _rows(Q, tok_m, offs_m, sq_t, T, D, True)
+    r_m = tl.load(R + offs_m, mask=offs_m < T, other=0.0) if HAS_R else tl.zeros([TILE_M], dtype=tl.float32)
+    acc = tl.zeros([TILE_M, D], dtype=tl.float32)
+    l_i, m_i = tl.zeros([TILE_M], dtype=tl.float32), tl.zeros([TILE_M], dtype=tl.float32) + float("-inf")
+    lo, mid_lo, mid_hi, hi = _span(start_m, TILE_M, TILE_N, left, right, T, R, width, margin, HAS_R)
+    for region in tl.static_range(3):  # left edge, interior (no band mask or bounds checks), right edge
+        first = lo if region == 0 else mid_lo if region == 1 else mid_hi
+        end = mid_lo if region == 0 else mid_hi if region == 1 else hi
+        acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, offs_m, tok_m, r_m, K, V, Perm, R, sk_t, sv_t, first, end,
+                                   left, right, width, T, qk_scale, D, TILE_N, region != 1, HAS_PERM, HAS_R, PRECISION)
+    tl.store(LSE + offs_m, m_i + tl.math.log2(l_i), mask=offs_m < T)  # log2-sum-exp2 per slot
+    tl.store(O + tok_m[:, None] * so_t + tl.arange(0, D)[None, :],
+             (acc / l_i[:, None]).to(O.dtype.element_ty), mask=offs_m[:, None] < T)
+
+
+@triton.jit
+def _rowdot(O, DO, RowDot, Perm, so_b, so_h, so_t, sp_b, sp_h, H, T,
+            D: tl.constexpr, TILE: tl.constexpr, HAS_PERM: tl.constexpr):
+    """The backward's first step: rowsum(dO * O) of each slot's row, fp32 (FlashAttention's D_i)."""
+    slots, b, h = tl.program_id(0) * TILE + tl.arange(0, TILE), tl.program_id(1) // H, tl.program_id(1) % H
+    O, DO, Perm = _head(O, b, h, so_b, so_h), _head(DO, b, h, so_b, so_h), _head(Perm, b, h, sp_b, sp_h)
+    tok = _tokens(Perm, slots, T, HAS_PERM)
+    o, do = _rows(O, tok, slots, so_t, T, D, True), _rows(DO, tok, slots, so_t, T, D, True)
+    tl.store(RowDot + tl.program_id(1).to(tl.int64) * T + slots, tl.sum(o.to(tl.float32) * do.to(tl.float32), 1),
+             mask=slots < T)
+
+
+@triton.jit
+def _bwd_dkdv_inner(dk, dv, k, v, offs_n, tok_n, r_n, Q, DO, LSE, RowDot, Perm, R, sq_t, so_t, lo, hi, left, right,
+                    width, T, qk_scale, D: tl.constexpr, TILE_M: tl.constexpr, EDGE: tl.constexpr,
+                    HAS_PERM: tl.constexpr, HAS_R: tl.constexpr, PRECISION: tl.constexpr):
     """Fixed key tile, moving query tiles; keys along rows."""
     for start_m in range(lo, hi, TILE_M):
-        offs_m = start_m + tl.arange(0, TILE_M)
-        q, do = _load(Q, offs_m, T, D, EDGE), _load(DO, offs_m, T, D, EDGE)
+        offs_m = start_m + tl.arange(0, TILE_M)  # query slots
+        tok_m = _tokens(Perm, offs_m, T, HAS_PERM)
+        q, do = _rows(Q, tok_m, offs_m, sq_t, T, D, EDGE), _rows(DO, tok_m, offs_m, so_t, T, D, EDGE)
         lse = tl.load(LSE + offs_m, mask=offs_m < T, other=0.0)
         rowdot = tl.load(RowDot + offs_m, mask=offs_m < T, other=0.0)
+        r_m = tl.load(R + offs_m, mask=offs_m < T, other=0.0) if HAS_R else r_n
         sT = tl.dot(k, tl.trans(q), input_precision=PRECISION) * qk_scale  # (TILE_FIXED, TILE_M)
-        sT = _mask(sT, Pos, R, pos_stride_t, offs_m[None, :], offs_n[:, None], left, right, width, T,
-                   EDGE, HAS_POS, HAS_R)
+        sT = _mask(sT, offs_m[None, :], offs_n[:, None], tok_m[None, :], tok_n[:, None], r_m[None, :], r_n[:, None],
+                   left, right, width, T, EDGE, HAS_PERM, HAS_R)
         pT = tl.math.exp2(tl.minimum(sT - lse[None, :], 0.0))  # <= 1: at |s| ~ 1e9, s may exceed lse
         dv += tl.dot(pT.to(do.dtype), do, input_precision=PRECISION)
         dpT = tl.dot(v, tl.trans(do), input_precision=PRECISION)
@@ -149,12 +187,17 @@ def _bwd_dkdv_inner(dk, dv, k, v, offs_n, Q, DO, LSE, RowDot, Pos, R, pos_stride
 
 
 @triton.jit
-def _bwd_dq_inner(dq, q, do, lse, rowdot, offs_m, K, V, Pos, R, pos_stride_t, lo, hi, left, right, width, T,
-                  qk_scale, D: tl.constexpr, TILE_N: tl.constexpr, EDGE: tl.constexpr, HAS_POS: tl.constexpr,
+def _bwd_dq_inner(dq, q, do, lse, rowdot, offs_m, tok_m, r_m, K, V, Perm, R, sk_t, sv_t, lo, hi, left, right, width,
+                  T, qk_scale, D: tl.constexpr, TILE_N: tl.constexpr, EDGE: tl.constexpr, HAS_PERM: tl.constexpr,
                   HAS_R: tl.constexpr, PRECISION: tl.constexpr):
     for start_n in range(lo, hi, TILE_N):
-        k, v, s = _key_tile(q, offs_m, start_n, K, V, Pos, R, pos_stride_t, left, right, width, T, qk_scale,
-                             D, TILE_N, EDGE, HAS_POS, HAS_R, PRECISION)
+        offs_n = start_n + tl.arange(0, TILE_N)
+        tok_n = _tokens(Perm, offs_n, T, HAS_PERM)
+        k, v = _rows(K, tok_n, offs_n, sk_t, T, D, EDGE), _rows(V, tok_n, offs_n, sv_t, T, D, EDGE)
+        r_n = tl.load(R + offs_n, mask=offs_n < T, other=0.0) if HAS_R else r_m
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
+        s = _mask(s, offs_m[:, None], offs_n[None, :], tok_m[:, None], tok_n[None, :], r_m[:, None], r_n[None, :],
+                  left, right, width, T, EDGE, HAS_PERM, HAS_R)
         p = tl.math.exp2(tl.minimum(s - lse[:, None], 0.0))
         dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
         ds = p * (dp - rowdot[:, None])
@@ -163,51 +206,55 @@ def _bwd_dq_inner(dq, q, do, lse, rowdot, offs_m, K, V, Pos, R, pos_stride_t, lo
 
 
 @triton.jit
-def _attn_bwd(Q, K, V, DO, DQ, DK, DV, LSE, RowDot, Pos, R, Spans, pos_stride_b, pos_stride_h, pos_stride_t,
-              span_stride, H, T, left, right, width, qk_scale, sm_scale,
-              D: tl.constexpr, TILE_FIXED: tl.constexpr, TILE_LOOP: tl.constexpr, HAS_POS: tl.constexpr,
+def _attn_bwd(Q, K, V, DO, DQ, DK, DV, LSE, RowDot, Perm, R, sq_b, sq_h, sq_t, sk_b, sk_h, sk_t, sv_b, sv_h, sv_t,
+              so_b, so_h, so_t, sp_b, sp_h, H, T, left, right, width, margin, qk_scale, sm_scale,
+              D: tl.constexpr, TILE_FIXED: tl.constexpr, TILE_LOOP: tl.constexpr, HAS_PERM: tl.constexpr,
               HAS_R: tl.constexpr, PRECISION: tl.constexpr):
-    """Program (i, bh): dK, dV of key tile i, then dQ of query tile i."""
-    start = tl.program_id(0) * TILE_FIXED
-    bh = tl.program_id(1)
-    off = bh.to(tl.int64) * T * D
-    Q, K, V, DO, DQ, DK, DV = Q + off, K + off, V + off, DO + off, DQ + off, DK + off, DV + off
-    LSE, RowDot = LSE + bh.to(tl.int64) * T, RowDot + bh.to(tl.int64) * T
-    bh_off = (bh // H) * pos_stride_b + (bh % H) * pos_stride_h
-    Pos, R = Pos + bh_off, R + bh_off
-    Spans += bh * span_stride + tl.program_id(0) * 2
-    rows = start + tl.arange(0, TILE_FIXED)
-    at = rows[:, None] * D + tl.arange(0, D)[None, :]  # (TILE_FIXED, D)
+    """Program (i, bh): dK, dV of key slots [i * TILE_FIXED, (i + 1) * TILE_FIXED), then dQ of the same query slots.
+    DO, DQ, DK, DV share O's strides."""
+    start, b, h = tl.program_id(0) * TILE_FIXED, tl.program_id(1) // H, tl.program_id(1) % H
+    Q, K, V = _head(Q, b, h, sq_b, sq_h), _head(K, b, h, sk_b, sk_h), _head(V, b, h, sv_b, sv_h)
+    DO, DQ = _head(DO, b, h, so_b, so_h), _head(DQ, b, h, so_b, so_h)
+    DK, DV = _head(DK, b, h, so_b, so_h), _head(DV, b, h, so_b, so_h)
+    LSE, RowDot = LSE + tl.program_id(1).to(tl.int64) * T, RowDot + tl.program_id(1).to(tl.int64) * T
+    Perm, R = _head(Perm, b, h, sp_b, sp_h), _head(R, b, h, sp_b, sp_h)
+    slots = start + tl.arange(0, TILE_FIXED)
+    tok = _tokens(Perm, slots, T, HAS_PERM)
+    r = tl.load(R + slots, mask=slots < T, other=0.0) if HAS_R else tl.zeros([TILE_FIXED], dtype=tl.float32)
 
-    # dK, dV: query i reaches key j iff j - right <= i <= j + left
-    k, v = _load(K, rows, T, D, True), _load(V, rows, T, D, True)
+    # dK, dV: query x reaches key y iff y - right <= x <= y + left
+    k, v = _rows(K, tok, slots, sk_t, T, D, True), _rows(V, tok, slots, sv_t, T, D, True)
     dk, dv = tl.zeros([TILE_FIXED, D], dtype=tl.float32), tl.zeros([TILE_FIXED, D], dtype=tl.float32)
-    lo, mid_lo, mid_hi, hi = _span(start, TILE_FIXED, TILE_LOOP, right, left, T, Spans, HAS_R)  # r: symmetric
+    lo, mid_lo, mid_hi, hi = _span(start, TILE_FIXED, TILE_LOOP, right, left, T, R, width, margin, HAS_R)
     for region in tl.static_range(3):
-        a = lo if region == 0 else mid_lo if region == 1 else mid_hi
-        b = mid_lo if region == 0 else mid_hi if region == 1 else hi
-        dk, dv = _bwd_dkdv_inner(dk, dv, k, v, rows, Q, DO, LSE, RowDot, Pos, R, pos_stride_t, a, b, left, right,
-                                 width, T, qk_scale, D, TILE_LOOP, region != 1, HAS_POS, HAS_R, PRECISION)
-    tl.store(DK + at, (dk * sm_scale).to(DK.dtype.element_ty), mask=rows[:, None] < T)
-    tl.store(DV + at, dv.to(DV.dtype.element_ty), mask=rows[:, None] < T)
-    q, do = _load(Q, rows, T, D, True), _load(DO, rows, T, D, True)
-    lse, rowdot = tl.load(LSE + rows, mask=rows < T, other=0.0), tl.load(RowDot + rows, mask=rows < T, other=0.0)
+        first = lo if region == 0 else mid_lo if region == 1 else mid_hi
+        end = mid_lo if region == 0 else mid_hi if region == 1 else hi
+        dk, dv = _bwd_dkdv_inner(dk, dv, k, v, slots, tok, r, Q, DO, LSE, RowDot, Perm, R, sq_t, so_t, first, end, left,
+                                 right, width, T, qk_scale, D, TILE_LOOP, region != 1, HAS_PERM, HAS_R, PRECISION)
+    at = tok[:, None] * so_t + tl.arange(0, D)[None, :]  # (TILE_FIXED, D): their rows in DK, DV, DQ
+    tl.store(DK + at, (dk * sm_scale).to(DK.dtype.element_ty), mask=slots[:, None] < T)
+    tl.store(DV + at, dv.to(DV.dtype.element_ty), mask=slots[:, None] < T)
+
+    # dQ of the same slots as queries
+    q, do = _rows(Q, tok, slots, sq_t, T, D, True), _rows(DO, tok, slots, so_t, T, D, True)
+    lse, rowdot = tl.load(LSE + slots, mask=slots < T, other=0.0), tl.load(RowDot + slots, mask=slots < T, other=0.0)
     dq = tl.zeros([TILE_FIXED, D], dtype=tl.float32)
-    lo, mid_lo, mid_hi, hi = _span(start, TILE_FIXED, TILE_LOOP, left, right, T, Spans, HAS_R)
+    lo, mid_lo, mid_hi, hi = _span(start, TILE_FIXED, TILE_LOOP, left, right, T, R, width, margin, HAS_R)
     for region in tl.static_range(3):
-        a = lo if region == 0 else mid_lo if region == 1 else mid_hi
-        b = mid_lo if region == 0 else mid_hi if region == 1 else hi
-        dq = _bwd_dq_inner(dq, q, do, lse, rowdot, rows, K, V, Pos, R, pos_stride_t, a, b, left, right, width,
-                           T, qk_scale, D, TILE_LOOP, region != 1, HAS_POS, HAS_R, PRECISION)
-    tl.store(DQ + at, (dq * sm_scale).to(DQ.dtype.element_ty), mask=rows[:, None] < T)
+        first = lo if region == 0 else mid_lo if region == 1 else mid_hi
+        end = mid_lo if region == 0 else mid_hi if region == 1 else hi
+        dq = _bwd_dq_inner(dq, q, do, lse, rowdot, slots, tok, r, K, V, Perm, R, sk_t, sv_t, first, end, left, right,
+                           width, T, qk_scale, D, TILE_LOOP, region != 1, HAS_PERM, HAS_R, PRECISION)
+    at = tok[:, None] * so_t + tl.arange(0, D)[None, :]
+    tl.store(DQ + at, (dq * sm_scale).to(DQ.dtype.element_ty), mask=slots[:, None] < T)
 
 
 # Host
 
 class Target(NamedTuple):
-    backend: str  # "cuda" or "hip" (ROCm)
+    platform: str  # "cuda" or "hip" (ROCm)
     arch: object  # 80 for sm_80, or "gfx942"
-    shared: int  # bytes
+    max_shared: int  # bytes of shared memory a block may opt into
 
 
 class Tiling(NamedTuple):
@@ -218,7 +265,7 @@ class Tiling(NamedTuple):
     num_warps: int
     num_stages: int
     precision: str  # tl.dot input_precision for fp32
-    shared_kb: int  # KB of shared memory asked of the GPU: the kernels' measured use and a reserve
+    min_shared_kb: int  # the GPU must offer this much shared memory (KB): the kernels' measured use and a reserve
 
 
 INTERPRETER = Target("cuda", 80, 163 * 1024)
@@ -236,109 +283,127 @@ def _cuda_target(device):
     return Target(target.backend, target.arch, props["max_shared_mem"])
 
 
+@functools.lru_cache
 def choose_tiling(dtype, D, target):
-    """The largest tiles found to compile without fp16/bf16 spills on sm_80 to sm_90, within shared_kb."""
-    if target.backend == "cuda" and target.arch < 80:
+    """The largest tiles found to compile without fp16/bf16 spills on sm_80 to sm_90, within min_shared_kb."""
+    if target.platform == "cuda" and target.arch < 80:
         raise Unsupported(f"sm_{target.arch}: Triton {triton.__version__} has no tensor-core dot below sm_80: the "
                           "kernel would spill registers")
-    amd, small = target.backend == "hip", D <= 64  # gfx942: 64 KB LDS, 64-thread warps
+    amd, small = target.platform == "hip", D <= 64  # gfx942: 64 KB LDS, 64-thread warps
     if dtype == torch.float32:  # 2x bytes, tf32x3's 3 passes: small tiles
-        config = Tiling(*(32, 32, 32, 32) if small else (16, 32, 16, 32), 4, 2, "ieee" if amd else "tf32x3",
+        tiling = Tiling(*(32, 32, 32, 32) if small else (16, 32, 16, 32), 4, 2, "ieee" if amd else "tf32x3",
                         64 if small else 80)
     else:
-        config = Tiling(*(128, 64, 128, 32) if small else (128, 32, 64, 32), 8, 3, None, 72 if small else 96)
+        tiling = Tiling(*(128, 64, 128, 32) if small else (128, 32, 64, 32), 8, 3, None, 72 if small else 96)
     if amd:  # D = 128: 32 moving rows spill
-        config = config._replace(tile_loop=config.tile_loop if small else 16, num_warps=4, num_stages=2, shared_kb=64)
-    if target.shared < config.shared_kb * 1024:
-        raise Unsupported(f"the kernel for {str(dtype)[6:]} at head dim {D} asks for {config.shared_kb} KB of shared "
-                          f"memory, the GPU has {target.shared // 1024} KB")
-    return config
+        tiling = tiling._replace(tile_loop=tiling.tile_loop if small else 16, num_warps=4, num_stages=2,
+                                 min_shared_kb=64)
+    if target.max_shared < tiling.min_shared_kb * 1024:
+        raise Unsupported(f"the kernel for {str(dtype)[6:]} at head dim {D} needs {tiling.min_shared_kb} KB of shared "
+                          f"memory, the GPU offers {target.max_shared // 1024} KB")
+    return tiling
 
 
-# copies of tiled.py's (test_kernel.py holds them equal)
-def band_edges(window, T, two_sided):
+def band_edges(window, T, two_sided):  # a copy of tiled.py's (test_kernel.py holds them equal)
     left = min(int(window), T) - 1
     return left, left if two_sided else 0
 
 
-def value_spans(r, width, margin, tile):
-    first = torch.arange(0, r.shape[-1], tile, device=r.device)  # (ntiles,)
-    last = (first + tile).clamp(max=r.shape[-1]) - 1
-    hi = torch.searchsorted(r, r[:, last] + width + margin).maximum(last + 1)  # (n, ntiles), own slots in
-    return torch.searchsorted(r, r[:, first] - width - margin), hi
+def _perm_strides(perm):
+    """perm's (and r's) strides along B and H, 0 where it broadcasts."""
+    return [perm.stride(i) if perm.shape[i] > 1 else 0 for i in (0, 1)] if perm is not None and perm.dim() == 3 \
+        else [0, 0]
 
 
-def _launch_args(q, pos, r, width, margin, tiling, tile):
-    """The kernels' arguments Pos .. width, and options."""
-    B, H, T, D = q.shape
-    Pos = q if pos is None else pos.expand(B, H, T)  # no copy; q: a dummy
-    R = q if r is None else r.expand(B, H, T)
-    if r is None:  # the band [i - left, i + right]
-        (left, right), width, spans, span_stride = band_edges(width, T, pos is not None), 0.0, q, 0
-    else:  # |r_i - r_j| < width over each tile's span
-        rows = R.reshape(B * H, T) if r.dim() > 1 else r[None]  # (n, T), n = 1 or BH
-        spans = torch.stack(value_spans(rows, width, margin, tile), -1).to(torch.int32)  # (n, ntiles, 2)
-        left, right, span_stride = 0, 0, 0 if len(rows) == 1 else spans[0].numel()
-    options = dict(D=D, HAS_POS=pos is not None, HAS_R=r is not None, PRECISION=tiling.precision,
+def _launch(q, k, v, o, perm, r, width, margin):
+    """The kernels' arguments Perm .. margin (after the tensors), their options, the tiling; o: O's, dO's .. strides."""
+    (B, H, T, D), tiling = q.shape, choose_tiling(q.dtype, q.shape[-1], device_target(q.device))
+    left, right = band_edges(width, T, perm is not None) if r is None else (0, 0)
+    options = dict(D=D, HAS_PERM=perm is not None, HAS_R=r is not None, PRECISION=tiling.precision,
                    num_warps=tiling.num_warps, num_stages=tiling.num_stages)
-    return (Pos, R, spans, *(Pos.stride() if pos is not None else (0, 0, 0)), span_stride, H, T, left, right,
-            width), options
+    return (q if perm is None else perm, q if r is None else r, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
+            *o.stride()[:3], *_perm_strides(perm), H, T, left, right, width, margin), options, tiling
 
 
-@torch.library.custom_op("sa::triton_swa", mutates_args=())  # opaque to torch.compile
-def _forward(q: Tensor, k: Tensor, v: Tensor, pos: Optional[Tensor], r: Optional[Tensor], width: float,
-             margin: float, check: bool) -> tuple[Tensor, Tensor]:
-    """out (B, H, T, D) and each row's log2-sum-exp2 (B, H, T) fp32; check: check_once first (False in
+def _token_major(q):
+    """An empty tensor of q's shape (B, H, T, D) laid out as (B, T, H, D), so that y.transpose(1, 2).view(B, T, C) is
+    free, where int32 row offsets reach it (else as (B, H, T, D))."""
+    B, H, T, D = q.shape
+    strides = (T * H * D, D, H * D, 1) if T * H * D < 2**31 else (T * H * D, T * D, D, 1)
+    return torch.empty_strided(q.shape, strides, dtype=q.dtype, device=q.device)
+
+
+def _fwd(q: Tensor, k: Tensor, v: Tensor, perm: Optional[Tensor], r: Optional[Tensor], width: float, margin: float,
+         check: bool) -> tuple[Tensor, Tensor]:
+    """out (B, H, T, D), token-major, and each slot's log2-sum-exp2 (B, H, T) fp32; check: check_once first (False in
     self_check's own calls)."""
-    (B, H, T, D), target = q.shape, device_target(q.device)
+    B, H, T, D = q.shape
     if check:
-        check_once(q.device, q.dtype, D, VARIANTS[(pos is not None) + (r is not None)], margin)
-    tiling = choose_tiling(q.dtype, D, target)
-    q, k, v = map(Tensor.contiguous, (q, k, v))
-    o, lse = torch.empty_like(q), q.new_empty((B, H, T), dtype=torch.float32)
+        check_once(q.device, q.dtype, D, RULES[(perm is not None) + (r is not None)], margin)
+    o, lse = _token_major(q), q.new_empty((B, H, T), dtype=torch.float32)
+    args, options, tiling = _launch(q, k, v, o, perm, r, width, margin)
     with torch.cuda.device(q.device if q.is_cuda else -1):  # q's GPU, not the current one
-        args, options = _launch_args(q, pos, r, width, margin, tiling, tiling.tile_m)
         _attn_fwd[(triton.cdiv(T, tiling.tile_m), B * H)](
             q, k, v, o, lse, *args, LOG2E / math.sqrt(D), TILE_M=tiling.tile_m, TILE_N=tiling.tile_n, **options)
-        if q.is_cuda and torch.is_grad_enabled():  # compile the backward now: "auto" can fall back
-            bwd = _attn_bwd.warmup(q, k, v, o, q, k, v, lse, lse, *args, 0.0, 0.0, grid=(1,),
-                                   TILE_FIXED=tiling.tile_fixed, TILE_LOOP=tiling.tile_loop, **options)
-            if bwd is not None and bwd.metadata.shared > target.shared:  # None: a compile hook took it
-                raise Unsupported(f"the backward kernel needs {bwd.metadata.shared // 1024} KB of shared memory, "
-                                  f"the GPU has {target.shared // 1024} KB")
     return o, lse
 
 
-@torch.library.custom_op("sa::triton_swa_backward", mutates_args=())
-def _backward(dout: Tensor, out: Tensor, lse: Tensor, q: Tensor, k: Tensor, v: Tensor, pos: Optional[Tensor],
-              r: Optional[Tensor], width: float, margin: float, check: bool) -> tuple[Tensor, Tensor, Tensor]:
+def _bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, perm: Optional[Tensor],
+         r: Optional[Tensor], width: float, margin: float) -> tuple[Tensor, Tensor, Tensor]:
     B, H, T, D = q.shape
-    tiling = choose_tiling(q.dtype, D, device_target(q.device))
-    q, k, v, dout = map(Tensor.contiguous, (q, k, v, dout))
+    if dout.stride() != out.stride():  # the kernels read dO with O's strides
+        dout = torch.empty_like(out).copy_(dout)
+    dq, dk, dv = (torch.empty_like(out) for _ in range(3))  # token-major, as out
+    rowdot = torch.empty_like(lse)
+    args, options, tiling = _launch(q, k, v, out, perm, r, width, margin)
+    grid = (triton.cdiv(T, tiling.tile_fixed), B * H)
     with torch.cuda.device(q.device if q.is_cuda else -1):
-        args, options = _launch_args(q, pos, r, width, margin, tiling, tiling.tile_fixed)
-        rowdot = (out.float() * dout.float()).sum(-1)  # (B, H, T)
-        dq, dk, dv = map(torch.empty_like, (q, k, v))
-        _attn_bwd[(triton.cdiv(T, tiling.tile_fixed), B * H)](
-            q, k, v, dout, dq, dk, dv, lse, rowdot, *args, LOG2E / math.sqrt(D), 1 / math.sqrt(D),
-            TILE_FIXED=tiling.tile_fixed, TILE_LOOP=tiling.tile_loop, **options)
+        _rowdot[grid](out, dout, rowdot, args[0], *out.stride()[:3], *_perm_strides(perm), H, T, D=D,
+                      TILE=tiling.tile_fixed, HAS_PERM=perm is not None)
+        _attn_bwd[grid](q, k, v, dout, dq, dk, dv, lse, rowdot, *args, LOG2E / math.sqrt(D), 1 / math.sqrt(D),
+                        TILE_FIXED=tiling.tile_fixed, TILE_LOOP=tiling.tile_loop, **options)
     return dq, dk, dv
 
 
+class _Band(torch.autograd.Function):
+    """Eager autograd: 5 us of host time a forward, where the op below takes 36 (a 2-core EPYC)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, perm, r, width, margin):
+        out, lse = _fwd(q, k, v, perm, r, width, margin, True)
+        ctx.save_for_backward(q, k, v, out, lse, perm, r)
+        ctx.scalars = width, margin
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        return *_bwd(dout, *ctx.saved_tensors, *ctx.scalars), None, None, None, None
+
+
+# torch.compile: the same functions as ops it cannot look into
+_fwd_op = torch.library.custom_op("sa::triton_swa", _fwd, mutates_args=())
+_bwd_op = torch.library.custom_op("sa::triton_swa_backward", _bwd, mutates_args=())
+_fwd_op.register_fake(lambda q, *_: (_token_major(q), q.new_empty(q.shape[:3], dtype=torch.float32)))
+_bwd_op.register_fake(lambda dout, q, k, v, out, *_: tuple(torch.empty_like(out) for _ in range(3)))
+
+
 def _save(ctx, inputs, output):
-    ctx.save_for_backward(*output, *inputs[:5])  # _backward's out .. r
-    ctx.scalars = inputs[5:]
+    ctx.save_for_backward(*inputs[:3], *output, *inputs[3:5])  # _bwd's q .. r
+    ctx.scalars = inputs[5:7]
 
 
-_forward.register_fake(lambda q, *_: (q.new_empty(q.shape), q.new_empty(q.shape[:3], dtype=torch.float32)))
-_backward.register_fake(lambda dout, out, lse, *qkv: tuple(t.new_empty(t.shape) for t in qkv[:3]))
-_forward.register_autograd(lambda ctx, dout, _: (*_backward(dout, *ctx.saved_tensors, *ctx.scalars),
-                                                 *[None] * (2 + len(ctx.scalars))), setup_context=_save)
+_fwd_op.register_autograd(lambda ctx, dout, _: (*_bwd_op(dout, *ctx.saved_tensors, *ctx.scalars), *[None] * 5),
+                          setup_context=_save)
+
+RULES = ("swa", "sa rank", "sa value")  # no perm (causal SWA); perm; perm and r
 
 
-def triton_swa(q, k, v, width, pos=None, r=None, margin=0.0):
-    """(B, H, T, D) -> (B, H, T, D): key j is visible to query i iff |i - j| < width (an int >= 1), with r (fp32,
-    pos's shape, ascending) iff |r[i] - r[j]| < width, and pos[j] <= pos[i]; spans reach `margin` further."""
+def triton_swa(q, k, v, width, perm=None, r=None, margin=0.0):
+    """(B, H, T, D) -> (B, H, T, D), laid out as (B, T, H, D). Without perm: key j is visible to query i iff
+    i - width < j <= i (an int width >= 1). With perm (T,) or (b, h, T) broadcastable to (B, H, T): slot s holds token
+    perm[s], and token perm[t] is visible to token perm[s] iff |s - t| < width and perm[t] <= perm[s]; with r too,
+    fp32 of perm's shape, r[s] the value of slot s, iff |r[s] - r[t]| < width and perm[t] <= perm[s], with key spans
+    `margin` wider. perm must be a permutation and r ascending (attention.py checks or makes them: no sync here)."""
     B, H, T, D = q.shape
     if D not in HEAD_DIMS or q.dtype not in SUPPORTED_DTYPES:
         raise Unsupported(f"triton_swa supports head dims {HEAD_DIMS} in {SUPPORTED_DTYPES}, got {D} in {q.dtype}; "
@@ -346,30 +411,35 @@ def triton_swa(q, k, v, width, pos=None, r=None, margin=0.0):
     if any((t.shape, t.dtype, t.device) != (q.shape, q.dtype, q.device) for t in (k, v)):
         raise ValueError(f"q, k, v must share one shape, device and dtype, got "
                          f"{[(tuple(t.shape), t.dtype, str(t.device)) for t in (q, k, v)]}")
-    if pos is not None and not (pos.dtype == torch.long and pos.device == q.device and 1 <= pos.dim() <= 3
-                                and all(a in (1, b) for a, b in zip(reversed(pos.shape), (T, H, B)))):
-        raise ValueError(f"pos must be a LongTensor on {q.device} broadcastable to (B, H, T)=({B}, {H}, {T}), "
-                         f"got {pos.dtype} {tuple(pos.shape)} on {pos.device}")
-    if r is not None and (pos is None or (r.dtype, r.shape, r.device) != (torch.float32, pos.shape, q.device)
-                          or not width > 0 or not (torch.compiler.is_compiling() or bool((r.diff() >= 0).all()))):
-        raise ValueError(f"r must be fp32 with pos's shape, ascending along T, and the width > 0; got {r.dtype} "
-                         f"{tuple(r.shape)}, pos {None if pos is None else tuple(pos.shape)}, width {width!r}")
-    pos, r = (pos, r) if r is None else (pos.contiguous(), r.contiguous())  # one set of strides
-    return _forward(q, k, v, pos, r, width, margin, True)[0]
+    if perm is not None and not (perm.dtype == torch.long and perm.device == q.device and perm.dim() in (1, 3)
+                                 and perm.shape[-1] == T and all(a in (1, b) for a, b in zip(perm.shape[:-1], (B, H)))):
+        raise ValueError(f"perm must be a LongTensor on {q.device} of shape (T,) or broadcastable to (B, H, T)=({B}, "
+                         f"{H}, {T}), got {perm.dtype} {tuple(perm.shape)} on {perm.device}")
+    if r is not None and (perm is None or (r.dtype, r.shape, r.device) != (torch.float32, perm.shape, q.device)
+                          or not width > 0):
+        raise ValueError(f"r must be fp32 with perm's shape, and the width > 0; got {r.dtype} {tuple(r.shape)}, perm "
+                         f"{None if perm is None else tuple(perm.shape)}, width {width!r}")
+    if T * D >= 2**31:
+        raise Unsupported(f"triton_swa's int32 row offsets reach T * D < 2**31, got T={T}, D={D}")
+    q, k, v = (t if t.stride(-1) == 1 and T * t.stride(2) < 2**31 else t.contiguous() for t in (q, k, v))
+    perm, r = (t if t is None or t.stride(-1) == 1 else t.contiguous() for t in (perm, r))
+    if torch.compiler.is_compiling():  # an op torch.compile keeps whole
+        return _fwd_op(q, k, v, perm, r, float(width), float(margin), True)[0]
+    return _Band.apply(q, k, v, perm, r, float(width), float(margin))
 
 
 # The self-check
 
-VARIANTS = ("swa", "sa rank", "sa value")  # no pos (causal SWA); pos; pos and r
 TOLERANCE = {torch.bfloat16: 5e-2, torch.float16: 5e-2, torch.float32: 1e-3}
-SELF_CHECKS = {}  # (device, dtype, D, variant) -> max error
+SELF_CHECKS = {}  # (device, dtype, D, rule) -> max error
 
 
-def dense(q, k, v, width, pos=None, r=None, dout=None):
-    """triton_swa's rule, dense, fp32: out, and with dout dq, dk, dv (no autograd in an op)."""
+def dense(q, k, v, width, perm=None, r=None, dout=None):
+    """triton_swa's rule in token order, dense, fp32: out, and with dout dq, dk, dv (no autograd in an op)."""
     idx = torch.arange(q.shape[2], device=q.device)
-    slot, pos = idx if r is None else r, idx if pos is None else pos
-    mask = ((slot[..., :, None] - slot[..., None, :]).abs() < width) & (pos[..., None, :] <= pos[..., :, None])
+    slot = idx if perm is None else perm.argsort(-1)  # each token's slot
+    at = slot if r is None else r.gather(-1, slot)  # each token's place in the band: its slot, or its r
+    mask = ((at[..., :, None] - at[..., None, :]).abs() < width) & (idx[None, :] <= idx[:, None])
     q, k, v, scale = q.float(), k.float(), v.float(), q.shape[-1] ** -0.5
     p = torch.softmax((q @ k.mT * scale).masked_fill(~mask, float("-inf")), -1)  # (B, H, T, T)
     out = p @ v  # (B, H, T, D)
@@ -380,31 +450,41 @@ def dense(q, k, v, width, pos=None, r=None, dout=None):
     return out, ds @ k * scale, ds.mT @ q * scale, p.mT @ do
 
 
-def self_check(device, dtype, D, variant, T=300, window=100, B=1, H=2, margin=0.0, seed=0):
-    """Max |error| of the kernel's out, dq, dk, dv / max(1, |dense's|) on random input; NaN counts as inf."""
+def self_check(device, dtype, D, rule, T=300, window=100, B=1, H=2, margin=0.0, seed=0):
+    """Max |error| of the kernel's out, dq, dk, dv / max(1, |dense's|) on random input, SA's rules with one perm
+    shared by the heads and with one per head; NaN counts as inf."""
     g = torch.Generator().manual_seed(seed)
     q, k, v, do = (torch.randn(B, H, T, D, generator=g).to(device, dtype) for _ in range(4))
-    perm = (r := torch.rand(T, generator=g).to(device)).argsort()  # r[perm]: value-rule slots
-    width, pos, r = {"swa": (window, None, None), "sa rank": (window, perm, None),
-                     "sa value": (window / T, perm, r[perm])}[variant]
-    out, lse = _forward(q, k, v, pos, r, width, margin, False)
-    got = [out, *_backward(do, out, lse, q, k, v, pos, r, width, margin, False)]
-    return max(((a.float() - b).abs().nan_to_num(math.inf).max() / b.abs().max().clamp(min=1)).item()
-               for a, b in zip(got, dense(q, k, v, width, pos, r, do)))
+    errors = []
+    for shape in [(T,)] + [(B, H, T)] * (rule != "swa"):
+        r, perm = torch.rand(shape, generator=g).to(device).sort(-1)  # the value rule's slots by r; the rank's perm
+        width, perm, r = {"swa": (window, None, None), "sa rank": (window, perm, None),
+                          "sa value": (window / T, perm, r)}[rule]
+        out, lse = _fwd(q, k, v, perm, r, width, margin, False)
+        got = [out, *_bwd(do, q, k, v, out, lse, perm, r, width, margin)]
+        errors += [((a.float() - b).abs().nan_to_num(math.inf).max() / b.abs().max().clamp(min=1)).item()
+                   for a, b in zip(got, dense(q, k, v, width, perm, r, do))]
+    return max(errors)
 
 
 def where(device):
     return torch.cuda.get_device_name(device) if device.type == "cuda" else "the CPU interpreter"
 
 
-def check_once(device, dtype, D, variant, margin=0.0):
-    """self_check at a key's first use (in _forward, the op compiled graphs call); failed: Unsupported from then on."""
-    key = (device, dtype, D, variant)
+def check_once(device, dtype, D, rule, margin=0.0):
+    """Unsupported where the kernel cannot run this (device, dtype, D, rule), or its self-check, run at the first use,
+    failed; else nothing, in a dict lookup."""
+    key = (device, dtype, D, rule)
+    if key in SELF_CHECKS and SELF_CHECKS[key] <= TOLERANCE[dtype]:
+        return
+    if D not in HEAD_DIMS or dtype not in SUPPORTED_DTYPES:
+        raise Unsupported(f"triton_swa supports head dims {HEAD_DIMS} in {SUPPORTED_DTYPES}, got {D} in {dtype}")
+    choose_tiling(dtype, D, device_target(device))
     if SELF_CHECK and key not in SELF_CHECKS:
         with torch.autocast(device.type, enabled=False):
             SELF_CHECKS[key] = self_check(*key, margin=margin)
     if not SELF_CHECKS.get(key, 0.0) <= TOLERANCE[dtype]:  # NaN fails too; SELF_CHECK off: no entry
-        raise Unsupported(f"the Triton kernel failed its self-check on {where(device)} {str(dtype)[6:]} for {variant} "
+        raise Unsupported(f"the Triton kernel failed its self-check on {where(device)} {str(dtype)[6:]} for {rule} "
                           f"(head dim {D}): max error {SELF_CHECKS[key]:.1e} against the dense fp32 reference")
 
 
@@ -424,10 +504,10 @@ if __name__ == "__main__":
     print(f"B={B} H={H} D={D} on {where(device)}: max |error| of out, dq, dk, dv / max(1, |dense fp32|)")
     dtypes = (torch.bfloat16, torch.float32)[not cuda:]  # interpreter: bf16 tl.dot wrong (triton-lang/triton#11584)
     Ts, windows = (map(int, x.split(",")) for x in (check_T, check_windows))
-    for dtype, T, window, variant in itertools.product(dtypes, Ts, windows, VARIANTS):
-        err, tol = self_check(device, dtype, D, variant, T, window, B, H, seed=T + window), TOLERANCE[dtype]
+    for dtype, T, window, rule in itertools.product(dtypes, Ts, windows, RULES):
+        err, tol = self_check(device, dtype, D, rule, T, window, B, H, seed=T + window), TOLERANCE[dtype]
         failed += not (ok := err <= tol)
-        print(f"{variant:>8} {str(dtype)[6:]:>8} T={T:<6} window={window:<5} max err {err:.1e} (tol {tol:.0e}) "
+        print(f"{rule:>8} {str(dtype)[6:]:>8} T={T:<6} window={window:<5} max err {err:.1e} (tol {tol:.0e}) "
               f"{'PASS' if ok else 'FAIL'}")
     if failed:
         raise SystemExit(f"{failed} checks FAILED: report them with this output")

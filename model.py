@@ -16,7 +16,7 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 import attention
-from guards import InputError, check_tokens, need, setting_problem
+from guards import InputError, check_tokens, checked, need, setting_problem
 from kv_cache import KVCache, use_kv_cache
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -237,7 +237,8 @@ class GPT(nn.Module):
             if type(n) is not int or n < 0:
                 raise InputError(f"{name} must be an integer >= 0, got {n!r}")
         heads = 1 if c.sa_perm == "shared" else c.n_head
-        return list(sa_draws(self.sa_state, c.n_layer, B, heads, T, c.sa_rule == "value", lengths).to(device))
+        draws = sa_draws(self.sa_state, c.n_layer, B, heads, T, c.sa_rule == "value", lengths, torch.device(device))
+        return [checked(d) for d in draws]  # valid as drawn: check_inputs skips their values
 
     def seed_sa(self, seed):
         """Restart SA's draws from seed (64 bits)."""
@@ -327,11 +328,12 @@ def apply_rope(x, cos, sin):
 
 
 @torch.library.custom_op("sa::draws", mutates_args=("state",))
-def sa_draws(state: torch.Tensor, n: int, B: int, heads: int, T: int, value: bool,
-             lengths: Optional[torch.Tensor]) -> torch.Tensor:
-    """GPT.draw_sa's draws of n layers, stacked, from a CPU generator's state, advanced in place. With lengths, each
-    layer draws from a seed: the rank rule by attention.row_perms, the value rule's r of token t and head h as the
-    seed's (t * heads + h)-th number. A registered op, so that torch.compile keeps these draws."""
+def sa_draws(state: torch.Tensor, n: int, B: int, heads: int, T: int, value: bool, lengths: Optional[torch.Tensor],
+             device: torch.device) -> torch.Tensor:
+    """GPT.draw_sa's draws of n layers, stacked, from a CPU generator's state, advanced in place, on device (copied from
+    pinned memory: the CPU does not wait for the GPU). With lengths, each layer draws from a seed: the rank rule by
+    attention.row_perms, the value rule's r of token t and head h as the seed's (t * heads + h)-th number. A registered
+    op, so that torch.compile keeps these draws."""
     g = torch.Generator().set_state(state)
     if lengths is not None:
         seeds = torch.randint(2**62, (n,), generator=g).tolist()
@@ -342,13 +344,14 @@ def sa_draws(state: torch.Tensor, n: int, B: int, heads: int, T: int, value: boo
         draws = [torch.rand(shape, generator=g) if value else torch.randperm(T, generator=g) if heads == 1 else
                  torch.rand(shape, generator=g).argsort(-1) for _ in range(n)]
     state.copy_(g.get_state())
-    return torch.stack(draws)
+    draws = torch.stack(draws)
+    return (draws.pin_memory() if device.type == "cuda" else draws).to(device, non_blocking=True)
 
 
 @sa_draws.register_fake
-def _(state, n, B, heads, T, value, lengths):
+def _(state, n, B, heads, T, value, lengths, device):
     shape = (n, T) if heads == 1 and lengths is None else (n, 1 if value and lengths is not None else B, heads, T)
-    return state.new_empty(shape, dtype=torch.float if value else torch.long)
+    return torch.empty(shape, dtype=torch.float if value else torch.long, device=device)
 
 
 def swapped(config, **changes):

@@ -309,7 +309,7 @@ def test_moba_mask_follows_its_rule_by_brute_force():
 def attention_kinds(T, window=16, B=2, H=3):
     """Every kind as a function of (q, k, v), with its dense reference: {name: (fast, reference)}."""
     perm, perm_bht = random_perm((), T), random_perm((B, H), T)
-    r = torch.rand(T, generator=torch.Generator().manual_seed(4))
+    r, r_bht = (torch.rand(*shape, T, generator=torch.Generator().manual_seed(4)) for shape in ((), (B, H)))
     return {"full": (A.full_attention, lambda q, k, v: A.masked_attention(q, k, v, A.swa_mask(T, max(T, 1)))),
             "swa": (lambda q, k, v: A.sliding_window_attention(q, k, v, window),
                     lambda q, k, v: A.swa_reference(q, k, v, window)),
@@ -319,6 +319,8 @@ def attention_kinds(T, window=16, B=2, H=3):
                        lambda q, k, v: A.sa_reference(q, k, v, window, perm_bht)),
             "sa-value": (lambda q, k, v: A.stochastic_value_attention(q, k, v, window / max(T, 1), r),
                          lambda q, k, v: A.sa_value_reference(q, k, v, window / max(T, 1), r)),
+            "sa-value-bht": (lambda q, k, v: A.stochastic_value_attention(q, k, v, window / max(T, 1), r_bht),
+                             lambda q, k, v: A.sa_value_reference(q, k, v, window / max(T, 1), r_bht)),
             "moba": (lambda q, k, v: A.moba_attention(q, k, v, 16, 3),
                      lambda q, k, v: A.moba_reference(q, k, v, 16, 3))}
 

@@ -9,7 +9,10 @@ and forward+backward, with peak memory. Prints one table; ratios within one run 
 
 On the CPU each measurement runs in a fresh process, so that its peak resident memory can be read
 (with THP_MEM_ALLOC_ENABLE=thp: huge pages, so fewer page faults on fresh buffers, for every kind);
-on a GPU all run in this process, with the peak of torch.cuda's allocator.
+on a GPU all run in this process, with the peak of torch.cuda's allocator. Two times per call: "wall ms", each
+call waited for (the host's work and launches included, as a step that syncs pays them), and on a GPU "device
+ms", CUDA events around `reps` calls made back to back (the GPU's time, as a step that never syncs pays it:
+the host runs ahead). full/this is by device ms on a GPU.
 The FlexAttention peers are what a Flex user writes: compiled flex_attention with a BlockMask built
 from block indices (never a T x T mask) that lists only the key blocks the band reaches. flex-sa
 gathers q, k, v into SA's slot order, runs the band |s - t| < window with mask_mod
@@ -26,7 +29,8 @@ import time
 import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)  # the repo's modules
+MODULES = next((a[len("--modules="):] for a in sys.argv if a.startswith("--modules=")), "") or ROOT
+sys.path.insert(0, MODULES)  # the attention.py (and its modules) timed: this repo's, or another checkout's
 import attention as A  # noqa: E402
 from guards import need  # noqa: E402
 
@@ -47,6 +51,7 @@ device = "cpu"             # cpu or cuda
 dtype = "float32"          # float32, bfloat16 or float16: the dtype of q, k, v
 attn_impl = "torch"        # attention.IMPL: "auto" runs the Triton kernel on a GPU
 json_out = ""              # also write the rows and the table here
+modules = ""               # another checkout whose attention.py to time (a change's base: gpu_check.py --base)
 case = ""                  # internal: "kind,mode,T" measures one case in this process
 generation = False         # time GPT.generate instead, with and without the KV cache (benchmark_generation)
 # -----------------------------------------------------------------------------
@@ -107,8 +112,8 @@ def attention_fn(kind, T):
 
 
 def measure(kind, mode, T):
-    """(median seconds, peak MiB above the inputs) of one case, in this process: peak RSS on the
-    CPU (so run each case in a fresh process there), torch.cuda's peak allocation on a GPU."""
+    """(median wall seconds, device seconds or None, peak MiB above the inputs) of one case, in this process: peak RSS
+    on the CPU (so run each case in a fresh process there), torch.cuda's peak allocation on a GPU."""
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     A.IMPL = attn_impl
@@ -121,19 +126,30 @@ def measure(kind, mode, T):
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated() if cuda else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    times = []
-    for _ in range(reps + 1):
-        t0 = time.perf_counter()
+    def call():
         if mode == "fwd":
             with torch.no_grad():
                 fn(q, k, v)
         else:
             torch.autograd.grad(fn(q, k, v), (q, k, v), dout)
+    times = []
+    for _ in range(reps + 1):  # wall: each call waited for
+        t0 = time.perf_counter()
+        call()
         if cuda:
             torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
     peak = torch.cuda.max_memory_allocated() if cuda else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    return statistics.median(times[1:]), (peak - base) / 2**20
+    device_s = None
+    if cuda:  # device: reps calls back to back between two events
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(reps):
+            call()
+        end.record()
+        end.synchronize()
+        device_s = start.elapsed_time(end) / 1000 / reps
+    return statistics.median(times[1:]), device_s, (peak - base) / 2**20
 
 
 def check_settings():
@@ -191,7 +207,8 @@ if __name__ == "__main__":
         sys.exit(f"bench.py: {e}")
     if case:
         kind, mode, T = case.split(",")
-        print(*measure(kind, mode, int(T)))
+        s, _, mib = measure(kind, mode, int(T))
+        print(s, mib)
         sys.exit()
     if generation:
         benchmark_generation()
@@ -201,9 +218,10 @@ if __name__ == "__main__":
              if cuda else f"{threads} threads on {os.cpu_count()} CPUs ({os.uname().machine}), peak RSS above "
              f"the inputs, each case in a fresh process with THP_MEM_ALLOC_ENABLE={thp}")
     head = (f"B={batch} H={heads} D={head_dim} {dtype}, window {window}, MoBA chunk {moba_chunk} top_k "
-            f"{moba_topk}, Flex block {flex_block}, attention.IMPL={attn_impl}; torch {torch.__version__}; median "
-            f"of {reps} after a warm-up; {where}")
-    lines = [head, f"{'mode':>8} {'T':>6} {'kind':>10} {'ms':>9} {'peak MiB':>9} {'full/this':>10}"]
+            f"{moba_topk}, Flex block {flex_block}, attention.IMPL={attn_impl} of {MODULES}; torch "
+            f"{torch.__version__}; median of {reps} after a warm-up; {where}")
+    lines = [head, f"{'mode':>8} {'T':>6} {'kind':>10} {'wall ms':>9} {'device ms':>9} {'peak MiB':>9} "
+             f"{'full/this':>10}"]
     print("\n".join(lines), flush=True)
     torch._dynamo.config.cache_size_limit = 64  # in one process, Flex recompiles for every T, mask and mode
     rows = []
@@ -213,9 +231,10 @@ if __name__ == "__main__":
             for kind in kinds.split(","):
                 if kind.startswith("flex") and mode != "fwd" and not cuda:
                     continue  # FlexAttention has no CPU backward
+                dev = None
                 if cuda:
                     try:
-                        s, mib = measure(kind, mode, T)
+                        s, dev, mib = measure(kind, mode, T)
                         error = None
                     except Exception as e:  # e.g. out of memory: the row says so, the others still run
                         error = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
@@ -230,10 +249,12 @@ if __name__ == "__main__":
                 if error:
                     line = f"{mode:>8} {T:>6} {kind:>10}  failed: {error[:100]}"
                 else:
-                    res[kind] = s
-                    rows.append(dict(mode=mode, T=T, kind=kind, ms=1000 * s, peak_mib=mib))
-                    ratio = f"{res['full'] / s:>9.2f}x" if "full" in res else ""
-                    line = f"{mode:>8} {T:>6} {kind:>10} {1000 * s:>9.{3 if cuda else 1}f} {mib:>9.0f} {ratio}"
+                    res[kind] = dev or s
+                    rows.append(dict(mode=mode, T=T, kind=kind, ms=1000 * s, device_ms=dev and 1000 * dev,
+                                     peak_mib=mib))
+                    ratio = f"{res['full'] / res[kind]:>9.2f}x" if "full" in res else ""
+                    device = f"{1000 * dev:>9.3f}" if dev else f"{'-':>9}"
+                    line = f"{mode:>8} {T:>6} {kind:>10} {1000 * s:>9.{3 if cuda else 1}f} {device} {mib:>9.0f} {ratio}"
                 lines.append(line)
                 print(line, flush=True)
             for a, b in (("sa", "swa"), ("sa", "flex-sa"), ("swa", "flex-swa")):

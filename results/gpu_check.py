@@ -1,17 +1,22 @@
 """
-The prepared GPU check: one command for a CUDA machine, at most about 8 minutes on an H100-class GPU
-(the stages' time limits: 100 + 150 + 2 x 110 s). Without a GPU it stops at once with one line.
+The prepared GPU check: one command for a CUDA machine, about 8 minutes on an H100-class GPU (the stages' time limits:
+60 + 45 + 90 + 120 + 4 x 75 s, less where a stage ends early). Without a GPU it stops at once with one line.
 
     python results/gpu_check.py                          # writes results/gpu_check.json
-    python results/gpu_check.py --train_iters=20 --out=/tmp/check.json
+    python results/gpu_check.py --stages=speed,train --out=/tmp/check.json
+    python results/gpu_check.py --base=../base           # also times another checkout's attention (a change's base)
 
-It runs four stages, each under its own time limit, so that a failing or timed-out stage is recorded with its
-output and the next one still runs: the kernel's self-check and a training micro-step's memory beside
-memory_estimate, in this process; kernel.py --check; bench.py's speed table on the GPU; and short train.py runs
-of the full and the SA+SWA model, compiled as train.py is on CUDA, for tok/s, MFU and the graph breaks Dynamo
-logs (TORCH_LOGS=graph_breaks). The results file names the GPU, torch and Triton, and sets
-our full/SA speed ratios beside the paper's A100 ones (1.5x at 2k, 6.6x at 8k, 28x at 32k tokens; the paper
-does not say whether they are forward or training).
+Its stages, each under its own time limit, so that a failing or timed-out stage is recorded with its output and the
+next one still runs:
+- "self-check and memory": the kernel's self-checks and a training micro-step's memory beside memory_estimate;
+- "kernel": kernel.py --check at one length no multiple of a tile;
+- "sweep": each candidate tiling (TILINGS) of the kernel timed on SWA and SA, forward and fwd+bwd, at sweep_T: the
+  figures that choose a tiling for this GPU; then a profiler table of SA's fwd+bwd with the tiling in use;
+- "speed": bench.py's table, wall and device times (--base: the base's too, by the same bench.py);
+- "train": train.py's GPT-2 small, full and SA+SWA, compiled as train.py is on CUDA, at block_size 2048 and 8192 with
+  the same tokens per iteration: tok/s, MFU and the graph breaks Dynamo logs (TORCH_LOGS=graph_breaks).
+The results file names the GPU, torch, Triton, the commit and the command, and sets our full/SA speed ratios beside the
+paper's A100 ones (1.5x at 2k, 6.6x at 8k, 28x at 32k tokens; the paper does not say whether forward or training).
 """
 import json
 import os
@@ -30,17 +35,27 @@ sys.path.insert(0, ROOT)  # the repo's modules
 
 # -----------------------------------------------------------------------------
 out = "results/gpu_check.json"   # the one results file
-check_timeout = 100              # seconds for stage 1
-bench_timeout = 150              # seconds for stage 2
-train_timeout = 110              # seconds for each run of stage 3
-sizes = "2048,8192,32768"        # stage 2: sequence lengths
-bench_args = "--batch=4 --heads=12 --head_dim=64 --window=256 --reps=10"  # stage 2: more bench.py settings
-train_iters = 50                 # stage 3: iterations per run
-# stage 3: 65k tokens per iteration, compiled as train.py is on CUDA (by hand on an H200: 40 iterations in 43 s)
-train_args = "--batch_size=8 --block_size=2048 --gradient_accumulation_steps=4"
+stages = "self-check,kernel,sweep,speed,train"  # which stages run, in this order
+base = ""                        # another checkout (e.g. `git worktree add ../base <commit>`): its speed stage too
+check_timeout = 45               # seconds for kernel.py --check
+sweep_timeout = 90               # seconds the sweep may take (it stops between tilings)
+bench_timeout = 120              # seconds for each speed stage
+train_timeout = 75               # seconds for each training run
+sizes = "2048,8192,32768"        # speed: sequence lengths
+bench_args = "--batch=4 --heads=12 --head_dim=64 --window=256 --reps=10"  # speed: more bench.py settings
+sweep_T = 8192                   # sweep: the sequence length (batch 4, 12 heads of 64, window 256, bf16)
+train_iters = 20                 # train: iterations per run (the first logged speed, with the compile, is dropped)
+# train: 65,536 tokens per iteration at each length, compiled as train.py is on CUDA (by hand on an H200: 40
+# iterations in 43 s at 2048)
+train_runs = "2048:8,8192:2"     # block_size:batch_size pairs
+train_args = "--gradient_accumulation_steps=4"
 # -----------------------------------------------------------------------------
 PAPER_FULL_OVER_SA = {2048: 1.5, 8192: 6.6, 32768: 28.0}  # the paper's A100 speed-ups of SA over full attention
 BF16_PEAK = {"A100": 312e12, "H100": 989e12, "H200": 989e12}  # dense bf16 FLOP/s (SXM); MFU against the GPU's own
+# the sweep's candidates (tile_m, tile_n, tile_fixed, tile_loop, num_warps, num_stages) for bf16 at head dim 64: the
+# tiling in use (choose_tiling's, first), the Triton tutorial's Hopper-like ones, and smaller ones
+TILINGS = [(128, 64, 128, 32, 8, 3), (128, 64, 128, 32, 4, 3), (128, 128, 128, 64, 8, 3), (128, 64, 64, 64, 4, 3),
+           (128, 32, 64, 32, 4, 4), (64, 64, 64, 32, 4, 3), (64, 32, 64, 16, 4, 2), (128, 64, 128, 32, 8, 4)]
 
 
 def memory_estimate(n_params, n_layer, n_embd, vocab_size, batch_size, T):
@@ -107,23 +122,84 @@ def run(cmd, timeout):
 
 
 def kernel_stage():
-    """`python kernel.py --check`: the Triton kernel against its own dense fp32 rule (kernel.dense), every variant at
-    lengths no multiple of a tile (T = 1000, 4099) and windows 1, 64, 300; a time-out after its "all checks PASS" line still passes."""
-    record = run([sys.executable, "kernel.py", "--check"], check_timeout)
+    """`python kernel.py --check`: the Triton kernel against its own dense fp32 rule (kernel.dense), every rule (SA's
+    with one permutation shared and one per head) at T = 4099, no multiple of a tile, windows 64 and 300; a time-out
+    after its "all checks PASS" line still passes."""
+    record = run([sys.executable, "kernel.py", "--check", "--check_T=4099", "--check_windows=64,300"], check_timeout)
     if record["status"] == "timeout" and "all checks PASS" in record["output"]:
         record["status"] = "pass"  # every check finished; only the exit was cut off
     return record
 
 
+def device_ms(fn, reps=10):
+    """fn's GPU time per call: CUDA events around reps calls made back to back, after one."""
+    fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / reps
+
+
+def sweep_stage(B=4, H=12, D=64, window=256, dtype=torch.bfloat16, device="cuda"):
+    """Each of TILINGS timed on the kernel's SWA and SA (rank rule), forward and fwd+bwd, at sweep_T, with its
+    largest difference from the tiling in use (a wrong tiling shows); until sweep_timeout. Then a profiler table of
+    SA's fwd+bwd with the tiling in use: the kernels and the ops around them."""
+    import attention
+    import kernel
+    from torch.profiler import ProfilerActivity, profile
+    start, T, rows = time.time(), sweep_T, []
+    attention.IMPL = "triton"
+    g = torch.Generator(device=device).manual_seed(0)
+    q, k, v, dout = (torch.randn(B, H, T, D, device=device, dtype=dtype, generator=g) for _ in range(4))
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    perm = torch.randperm(T, device=device, generator=g)
+    calls = {"swa": lambda: attention.sliding_window_attention(q, k, v, window),
+             "sa": lambda: attention.stochastic_attention(q, k, v, window, perm)}
+    default, choose = kernel.choose_tiling(dtype, D, kernel.device_target(q.device)), kernel.choose_tiling
+    want = {kind: call().float() for kind, call in calls.items()}
+    try:
+        for tiling in TILINGS:
+            if time.time() - start > sweep_timeout:
+                break
+            kernel.choose_tiling = lambda *_, t=tiling: default._replace(**dict(zip(default._fields, t)))
+            row = dict(tiling=tiling)
+            try:
+                for kind, call in calls.items():
+                    with torch.no_grad():
+                        row[f"{kind} diff"] = float((call().float() - want[kind]).abs().max())
+                        row[f"{kind} fwd ms"] = round(device_ms(call), 4)
+                    row[f"{kind} fwd+bwd ms"] = round(device_ms(lambda: torch.autograd.grad(call(), (q, k, v), dout)), 4)
+            except Exception as e:  # e.g. out of shared memory: the row says so
+                row["error"] = f"{type(e).__name__}: {str(e).strip()[:200]}"
+            rows.append(row)
+            print(row, flush=True)
+    finally:
+        kernel.choose_tiling = choose
+    cuda = q.is_cuda
+    with profile(activities=[ProfilerActivity.CPU] + [ProfilerActivity.CUDA] * cuda) as prof:
+        for _ in range(5):
+            torch.autograd.grad(calls["sa"](), (q, k, v), dout)
+        if cuda:
+            torch.cuda.synchronize()
+    table = prof.key_averages().table(sort_by="cuda_time_total" if cuda else "cpu_time_total", row_limit=15)
+    return dict(cmd="in process", status="pass" if rows and "error" not in rows[0] else "fail",
+                seconds=round(time.time() - start, 1), T=T, rows=rows, output=table)
+
+
 def bench_stage(device="cuda", extra=()):
     """bench.py's table (in __main__: bf16, SDPA's "full", the kernel's SWA and SA and the fair FlexAttention
     peers, forward and forward+backward), as rows read from its printed lines, so that a run cut off by the time
-    limit keeps the rows it measured; and full/sa, full/flex-sa per mode and T beside the paper's full/sa."""
+    limit keeps the rows it measured; and full/sa, full/flex-sa per mode and T beside the paper's full/sa, by device
+    time where there is one."""
     record = run([sys.executable, "results/bench.py", f"--device={device}", f"--sizes={sizes}", *bench_args.split(),
                   *extra], bench_timeout)
-    rows = [dict(mode=m[1], T=int(m[2]), kind=m[3], ms=float(m[4]), peak_mib=float(m[5])) for m in
-            re.finditer(r"^ *(fwd|fwd\+bwd) +(\d+) +(\S+) +([\d.]+) +(\d+)", record["output"], re.M)]
-    ms = {(r["mode"], r["T"], r["kind"]): r["ms"] for r in rows}
+    rows = [dict(mode=m[1], T=int(m[2]), kind=m[3], ms=float(m[4]), device_ms=None if m[5] == "-" else float(m[5]),
+                 peak_mib=float(m[6])) for m in
+            re.finditer(r"^ *(fwd|fwd\+bwd) +(\d+) +(\S+) +([\d.]+) +([\d.]+|-) +(\d+)", record["output"], re.M)]
+    ms = {(r["mode"], r["T"], r["kind"]): r["device_ms"] or r["ms"] for r in rows}
     record["rows"] = rows
     record["full_over"] = [dict(mode=m, T=T, kind=kind, ratio=round(ms[m, T, "full"] / t, 2),
                                 paper_sa=PAPER_FULL_OVER_SA.get(T))
@@ -168,14 +244,16 @@ def train_stage(attn, gpu, iters=None, extra=()):
 
 if __name__ == "__main__":
     exec(open(os.path.join(ROOT, "configurator.py")).read())
-    out = os.path.abspath(out)
+    from guards import need
+    from provenance import provenance
+    out, base = os.path.abspath(out), base and os.path.abspath(base)
     os.chdir(ROOT)  # kernel.py, results/bench.py and train.py run from the repo root
     if not torch.cuda.is_available():
         sys.exit("gpu_check.py needs a CUDA GPU, and torch sees none here (the CPU checks: python -m pytest -q)")
     import triton
     gpu = torch.cuda.get_device_name()
     result = dict(gpu=gpu, torch=torch.__version__, triton=triton.__version__, cuda=torch.version.cuda,
-                  started=time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), stages={})
+                  started=time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), **provenance(), stages={})
 
     def save(name, record):
         result["stages"][name] = record
@@ -184,23 +262,40 @@ if __name__ == "__main__":
             json.dump(result, f, indent=1)
         os.replace(out + ".tmp", out)
 
+    def in_process(stage):  # a failure is recorded, and the stages after it still run
+        try:
+            return stage()
+        except Exception as e:
+            return dict(cmd="in process", status="fail", seconds=0, output=f"{type(e).__name__}: {e}")
+
     print(f"gpu_check on {gpu}: torch {torch.__version__}, Triton {triton.__version__}", flush=True)
-    try:  # in this process: a failure is recorded, and the stages after it still run
-        stage = self_check_and_memory_stage()
-    except Exception as e:
-        stage = dict(cmd="in process", status="fail", seconds=0, output=f"{type(e).__name__}: {e}")
-    save("self-check and memory", stage)
-    print(result["stages"]["self-check and memory"]["output"])
-    save("kernel", kernel_stage())
-    speed = bench_stage(extra=["--dtype=bfloat16", "--attn_impl=triton", "--kinds=full,swa,sa,flex-swa,flex-sa"])
-    save("speed", speed)
-    print(speed["output"][-3000:])
-    for attn in ("full", "sa+swa"):
-        save(f"train {attn}", train_stage(attn, gpu))
-    for r in speed["full_over"]:
-        print(f"full/{r['kind']:<7} {r['mode']:>7} T={r['T']:<6} {r['ratio']:6.2f}x   (paper, A100: {r['paper_sa']}x)")
-    for attn in ("full", "sa+swa"):
-        r = result["stages"][f"train {attn}"]
-        print(f"train {attn:<6}: {r.get('tok_per_s', 0):,.0f} tok/s, MFU {r.get('mfu')}, graph breaks "
-              f"{r['graph_breaks']} ({r['status']})")
+    todo = stages.split(",")
+    need(set(todo) <= {"self-check", "kernel", "sweep", "speed", "train"}, f"stages={stages!r}: use some of "
+         "self-check,kernel,sweep,speed,train")
+    need(not base or os.path.isfile(os.path.join(base, "attention.py")), f"base={base!r} holds no attention.py")
+    if "self-check" in todo:
+        save("self-check and memory", in_process(self_check_and_memory_stage))
+        print(result["stages"]["self-check and memory"]["output"])
+    if "kernel" in todo:
+        save("kernel", kernel_stage())
+    if "sweep" in todo:
+        save("sweep", in_process(sweep_stage))
+        print(result["stages"]["sweep"]["output"])
+    kinds = ["--dtype=bfloat16", "--attn_impl=triton", "--kinds=full,swa,sa,flex-swa,flex-sa"]
+    for name, where in (("speed", []), ("speed of the base", [f"--modules={base}"]) if base else ()):
+        if "speed" in todo:
+            save(name, bench_stage(extra=kinds + where))
+            print(result["stages"][name]["output"][-3000:])
+    for pair in train_runs.split(",") if "train" in todo else ():
+        T, batch = pair.split(":")
+        for attn in ("full", "sa+swa"):
+            save(f"train {attn} T={T}", train_stage(attn, gpu, extra=[f"--block_size={T}", f"--batch_size={batch}"]))
+    for name in ("speed", "speed of the base"):
+        for r in result["stages"].get(name, {}).get("full_over", []):
+            print(f"{name}: full/{r['kind']:<7} {r['mode']:>7} T={r['T']:<6} {r['ratio']:6.2f}x   (paper, A100: "
+                  f"{r['paper_sa']}x)")
+    for name, r in result["stages"].items():
+        if name.startswith("train"):
+            print(f"{name:<20}: {r.get('tok_per_s', 0):,.0f} tok/s, MFU {r.get('mfu')}, graph breaks "
+                  f"{r['graph_breaks']} ({r['status']})")
     print(f"wrote {out}")
