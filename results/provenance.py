@@ -38,9 +38,9 @@ def result_rows(doc):
 
 
 def stamp(row, known):
-    """row, given in place the commit and command of the row of known (committed rows) with the same content, or else
-    this run's provenance(); a row copied from the committed JSON keeps its own. A table rebuilt from the same numbers
-    keeps where they came from."""
+    """Gives row (in place, and returns it) the commit and command of the row of known (committed rows) with the same
+    content, or else this run's provenance(); a row that has a commit keeps it. So a table rebuilt from the same
+    numbers keeps where they came from, and a row with new numbers says it is new."""
     if "commit" in row:
         return row
     content = lambda r: json.dumps({k: v for k, v in r.items() if k not in FIELDS}, sort_keys=True)  # noqa: E731
