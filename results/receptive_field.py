@@ -23,6 +23,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # the repo's modules
 from guards import path_problem  # noqa: E402
 from prepare_data import pyplot  # noqa: E402
+from provenance import provenance  # noqa: E402
 
 # -----------------------------------------------------------------------------
 n = 4096                # sequence length
@@ -263,6 +264,7 @@ def ints(name, text):
 
 
 def main():
+    provenance()  # the commit and command each row records, fixed before the run
     try:
         if grid:
             specs = [r.partition(":") for r in grid_runs.split(",")]  # (setting, ":", kind)
@@ -297,8 +299,7 @@ def main():
                 os.makedirs(os.path.dirname(path), exist_ok=True)
         if json_out:
             with open(json_out, "w") as f:
-                command = "python results/receptive_field.py " + " ".join(sys.argv[1:])
-                json.dump(dict(command=command, results=results), f)
+                json.dump(dict(results=[dict(r, **provenance()) for r in results]), f)
         if plot:
             make_plot(results, plot)
     except OSError as e:  # a full disk

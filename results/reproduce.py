@@ -27,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from prepare_data import pyplot  # noqa: E402 (the repo's modules, after the path)
+from provenance import provenance, result_rows, stamp  # noqa: E402
 
 # -----------------------------------------------------------------------------
 fast = False            # tiny sizes everywhere: checks the pipeline, not the claims
@@ -127,6 +128,10 @@ def evals(out_dir):
 
 
 def save(name, obj):
+    """Writes out/NAME, each row with the commit and command it comes from (provenance.stamp)."""
+    obj, known = json.loads(json.dumps(obj)), list(result_rows(committed(name)))
+    for row in result_rows(obj):
+        stamp(row, known)
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, name), "w") as f:
         json.dump(obj, f, indent=1)
@@ -919,6 +924,17 @@ def copy_reading(verdict, R, R_prime):
     return None
 
 
+def cost_reading(v, seeds):
+    """": " and v's pre-registered reading, naming the seeds that pay its cost in local modelling (SA+SWA's first half
+    above SWA's by more than the rule's 0.02), or "" where v has no reading."""
+    if not v.get("reading"):
+        return ""
+    paying = [str(s) for s, gap in zip(seeds, v["first_gap"]) if gap > 0.02]
+    who = "every seed" if len(paying) == len(seeds) else \
+        f"seed{'s' * (len(paying) > 1)} {' and '.join(paying)} only" if paying else "no seed"
+    return f": {v['reading']} (a cost in {who})"
+
+
 def long_answer(sa_first, sa_copied, swa_first, gain):
     """Issue 45's pre-registered answer for one seed: SA+SWA's halves at 12,000, SWA's first half, and the copy
     advantage's gain over the same seed's committed 4,000-iteration runs."""
@@ -970,8 +986,9 @@ def long_verdict(rows, long_rows):
                 reading=end.get("reading"))
 
 
-def long_lines(v):
-    """summary.md's issue-45 tables: the question, the rule at 12,000, and iterations 4,000 and 8,000 beside it."""
+def long_lines(v, rows, long_rows):
+    """summary.md's issue-45 tables: the question, the rule at 12,000, and iterations 4,000 and 8,000 beside it; SWA's
+    halves from its 4,000- to its 12,000-iteration runs, and full attention's copied half to 4 places (issue 56)."""
     if "answers" not in v:
         return ["", f"12,000-iteration runs (issue 45): {v['verdict']}"]
     f = lambda xs: ", ".join(f"{x:.3f}" for x in xs)  # noqa: E731
@@ -986,14 +1003,22 @@ def long_lines(v):
         lines.append(f"| {it:,} | {f(a['copied'])} | {f(a['first'])} | {f(swa_copied)} | {f(a['swa_first'])} | "
                      f"{f(a['advantage'])} | "
                      f"{', '.join(f'{x:.2f}' for x in a['R'])} | {', '.join(f'{x:.2f}' for x in a['R_prime'])} | "
-                     f"{a['verdict']}{': ' + a['reading'] if 'reading' in a else ''} |")
+                     f"{a['verdict']}{cost_reading(a, v['seeds'])} |")
     gains = [a - b for a, b in zip(v["at"][v["iters"]]["advantage"], v["advantage_4k_committed"])]
     lines += ["", f"copy advantage of the committed 4,000-iteration runs: {f(v['advantage_4k_committed'])}; at "
               f"{v['iters']:,}: {f(v['at'][v['iters']]['advantage'])}; gain {', '.join(f'{g:+.3f}' for g in gains)}",
               f"SA+SWA's first half minus SWA's at {v['iters']:,}: {', '.join(f'{g:+.3f}' for g in v['first_gap'])}",
               f"the question, per seed: {', '.join(v['answers'])}; over all seeds: **{v['answer']}**",
-              f"the rule at {v['iters']:,}: **{v['verdict']}**" + (f": {v['reading']}" if v.get("reading") else "")]
-    return lines
+              f"the rule at {v['iters']:,}: **{v['verdict']}**{cost_reading(v, v['seeds'])}"]
+    run = {(r["attn"], r["window"], r["seed"], r["iters"]): r for r in rows + long_rows
+           if r["task"] == "copy" and r.get("sa_perm", "head") == "head"}
+    swa = [(run["swa", v["window"], s, v["iters"]], run["swa", v["window"], s, LM1024["copy_iters"]])
+           for s in v["seeds"]]
+    full = [run["full", LM1024["window"], s, LM1024["copy_iters"]]["second"] for s in v["seeds"]]
+    return lines + [f"SWA's copied / first half, {v['iters']:,} minus its 4,000-iteration runs: " + ", ".join(
+        f"{b['second'] - a['second']:+.3f} / {b['first'] - a['first']:+.3f}" for b, a in swa),
+        f"full attention's copied half (L2(full)): {', '.join(f'{x:.4f}' for x in full)}; SA+SWA's at "
+        f"{v['iters']:,} is {', '.join(f'{c / x:.0f}' for c, x in zip(v['at'][v['iters']]['copied'], full))} times it"]
 
 
 def long_plot(p, rows, long_rows, T):
@@ -1238,7 +1263,7 @@ def lm1024():
     parts["far_unseen"] = parts["far"] & unseen_in_train(x.numpy(), y.numpy())
     # a run finished here is read from its log; one finished on a machine whose checkpoints are gone keeps its
     # committed row (committed: True)
-    old = {r["name"]: r for r in committed("lm1024.json").get("runs", [])}
+    old = {r["name"]: r for key in ("runs", "long_runs") for r in committed("lm1024.json").get(key, [])}
     rows, long_rows = [], []  # issue 45's runs (-i<iters>) kept apart, so that the rule above reads only its own runs
     for name, r in old.items():
         if name not in done:
@@ -1257,7 +1282,8 @@ def lm1024():
                        curve=[(r["iter"], r["val_loss"]) for r in log])
         if old.get(name, {}).get("committed"):  # retrained where its checkpoint was lost: it should log the same
             same = [list(p) for p in row["curve"]] == [list(p) for p in old[name]["curve"]]  # evals; if not, the
-            row = row if same else dict(old[name], committed=True, retrain=row)  # committed numbers stay (pre-registered)
+            row = row if same else dict(old[name], committed=True,  # committed numbers stay (pre-registered), the
+                                        retrain=stamp(row, [old[name].get("retrain", {})]))  # retrain beside them
             row["reproduces_committed"] = same
         (long_rows if long else rows).append(row)
     rows.sort(key=lambda r: list(runs).index(r["name"]) if r["name"] in runs else len(runs))
@@ -1388,7 +1414,7 @@ def lm1024():
                                                             for i in range(0, c["copy_iters"] + 1, c["copy_iters"] // 4)) + " |")
     lines += ["", "| window (w/T) | verdict (claim 5's mechanism) | R per seed | R' per seed | SA+SWA's first half − SWA's "
               "(the rule's bound: 0.02) |", "|---|---|---|---|---|"]
-    lines += [f"| {w} (1/{T // w}) | **{v['verdict']}**{': ' + v['reading'] if 'reading' in v else ''} | "
+    lines += [f"| {w} (1/{T // w}) | **{v['verdict']}**{cost_reading(v, c['seeds'])} | "
               + " | ".join(", ".join(f"{x:.2f}" for x in v[k]) or "-" for k in ("R", "R_prime")) + " | "
               + (", ".join(f"{x:+.3f}" for x in v["first_gap"]) or "-") + " |" for w, v in verdicts.items()]
     for r in (r for r in rows if "reproduces_committed" in r):  # retrained for the split where checkpoints were lost
@@ -1400,7 +1426,7 @@ def lm1024():
             lines += ["", f"retrained {r['name']}: its evals differ from the committed run's, by "
                       f"{max(abs(a - b) for a, b in zip(c0, n0)):.1e} at iteration 0; final first / copied half "
                       f"{c1[0]:.3f} / {c1[1]:.3f} committed (kept for the rule), {n1[0]:.3f} / {n1[1]:.3f} retrained"]
-    lines += long_lines(long_verdict(rows, long_rows))
+    lines += long_lines(long_verdict(rows, long_rows), rows, long_rows)
     lines += ["", f"full attention ignores the window: {check['iters']} iterations at w = {check['windows'][0]} and "
               f"{check['windows'][1]} log {'identical' if check['identical'] else 'DIFFERENT'} training losses"]
     if paths:
@@ -1518,6 +1544,7 @@ if __name__ == "__main__":
     unknown = set(chosen) - steps.keys()
     if unknown:
         sys.exit(f"--only: unknown experiment(s) {sorted(unknown)}; choose from {list(steps)}")
+    provenance()  # the commit and command each row records, fixed before this run writes anything
     os.makedirs(out, exist_ok=True)
     path = os.path.join(out, "summary.md")
     sections = {}  # summary.md keeps the sections of experiments not rerun now

@@ -119,6 +119,8 @@ def test_cli_grid_writes_table_json_and_plot(tmp_path):
     assert p.stdout.count("| causal | sa+swa |") == 4 and "| bidirectional | sa |" in p.stdout
     res = json.loads(out.read_text())["results"]
     assert len(res) == 16 and all(len(r["covered"]) == (1 if r["kind"] == "swa" else 2) for r in res)
+    assert all(r["command"].startswith("python results/receptive_field.py --grid=True --grid_n=64,128") and r["commit"]
+               for r in res)  # issue 56: each row says where it comes from
     assert (tmp_path / "cov.png").stat().st_size > 0
 
 

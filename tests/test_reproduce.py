@@ -4,6 +4,7 @@ import importlib.util
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -11,6 +12,7 @@ import numpy as np
 import pytest
 
 from prepare_data import mqar_batch
+from provenance import provenance, result_rows, stamp
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -256,6 +258,10 @@ def test_reproduce_fast_writes_every_result(tmp_path):
     demo = json.loads((out / "demo.json").read_text())  # issue 46: the class demo's three kinds, its reach
     assert {r["attn"] for r in demo["runs"]} == {"swa", "sa+swa", "full"} and demo["swa_reach"] < demo["min_gap"]
     assert all(0 <= r["val_acc"] <= 1 and r["wall_s"] > 0 for r in demo["runs"])
+    for path in out.glob("*.json"):  # issue 56: each row records the commit and the command that wrote it
+        if path.name != "speed_cpu.json":  # bench.py's rows: the lead wires bench.py to provenance()
+            assert all(re.fullmatch(r"[0-9a-f]{7,40}(-dirty)?", r["commit"]) and r["command"].startswith(
+                "python results/") for r in result_rows(json.loads(path.read_text()))), path.name
     summary = (out / "summary.md").read_text()
     for section in ("figure", "lm", "swap", "mqar_search", "mqar", "mqar_decisive", "recall_swap", "coverage", "speed",
                     "sa_rules", "lm1024", "demo"):
@@ -304,3 +310,42 @@ def test_the_far_copy_write_up_quotes_the_summary():
     assert numbers(issue38) and numbers(row)
     assert [x for x in numbers(issue38 + issue45 + row) if x not in quoted] == []
 
+
+def test_every_committed_result_row_records_its_commit():
+    """Issue 56: no number in results/*.json needs the git log: each row names the commit it came from (rows before
+    issue 56: the commit that first held their numbers). gpu_check.json is the lead's, wired separately."""
+    for name in sorted(os.listdir(os.path.join(REPO, "results"))):
+        if name.endswith(".json") and name != "gpu_check.json":
+            with open(os.path.join(REPO, "results", name)) as f:
+                rows = list(result_rows(json.load(f)))
+            assert rows and all(re.fullmatch(r"[0-9a-f]{7,40}(-dirty)?", r.get("commit", "")) for r in rows), name
+
+
+def test_a_rebuilt_row_keeps_its_commit_only_with_its_numbers():
+    known = [dict(attn="sa", loss=1.5, commit="abc1234"), dict(attn="swa", loss=1.2, commit="def5678", command="c")]
+    assert stamp(dict(attn="swa", loss=1.2), known) == known[1] and stamp(dict(attn="sa", loss=1.5), known) == known[0]
+    assert stamp(dict(attn="sa", loss=1.4), known) == dict(attn="sa", loss=1.4, **provenance())
+    assert provenance()["command"].startswith("python ")
+
+
+def test_lm1024_rebuilds_its_committed_tables(tmp_path):
+    """Issue 56: `--only=lm1024 --train=False` where no run's checkpoint is (any machine but the one that trained them)
+    writes back the committed lm1024.json, the 12,000-iteration runs and every row's commit included, and summary.md's
+    lm1024 section as committed. Not compared: the counts of the plain LM's val tokens, which follow Python's own
+    standard library (pystdlib)."""
+    out = tmp_path / "results"
+    out.mkdir()
+    shutil.copy(os.path.join(REPO, "results", "lm1024.json"), out)
+    r = subprocess.run([sys.executable, "results/reproduce.py", "--only=lm1024", "--train=False", f"--out={out}",
+                        f"--work={tmp_path / 'work'}"], cwd=REPO, capture_output=True, text=True, timeout=600,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    with open(os.path.join(REPO, "results", "lm1024.json")) as f:
+        committed = json.load(f)
+    assert dict(json.loads((out / "lm1024.json").read_text()), split_tokens=0) == dict(committed, split_tokens=0)
+
+    def section(text):  # summary.md's lm1024 section, without its run time and its token counts
+        return [line for line in text.split("\n## lm1024 (")[1].split("\n## ")[0].splitlines()[1:]
+                if not line.startswith("tokens: ")]
+    with open(os.path.join(REPO, "results", "summary.md")) as f:
+        assert section((out / "summary.md").read_text()) == section(f.read())
