@@ -192,7 +192,7 @@ def check_delta(delta):
 def check_inputs(q, k, v, any_length=False, **args):
     """q, k, v (B, H, T, D) of one shape (any_length: keys of their own length), in autocast's dtype under it, as SDPA
     casts them; and by name window, moba_chunk, top_k, delta, mask, perm, r, pos. It runs in every attention call: it
-    calls no helper but shown(), for a message."""
+    calls no helper but check_count(), for the counts, and shown(), for a message."""
     import torch
     if not all(isinstance(t, torch.Tensor) for t in (q, k, v)):
         raise InputError(f"q, k, v must be tensors, got {', '.join(type(t).__name__ for t in (q, k, v))}")
@@ -211,9 +211,8 @@ def check_inputs(q, k, v, any_length=False, **args):
     for name, x in args.items():
         if name == "delta" and not (isinstance(x, numbers.Real) and not isinstance(x, bool) and x >= FP32_TINY):  # NaN
             raise InputError(f"delta must be a number >= {FP32_TINY:.2g} (fp32's smallest normal), got {x!r}")
-        if name in ("window", "moba_chunk", "top_k") and (
-                isinstance(x, bool) or not hasattr(x, "__index__") or operator.index(x) < 1):
-            raise InputError(f"{name} must be an integer >= 1, got {x!r}")
+        if name in ("window", "moba_chunk", "top_k"):
+            check_count(x, name)
         if name == "mask" and not (isinstance(x, torch.Tensor) and x.dtype == torch.bool and x.dim() <= 4 and all(
                 n in (1, m) for n, m in zip(x.shape[::-1], (k.shape[2], T, H, B)))):
             raise InputError(f"mask must be a bool tensor broadcastable to (B, H, T, S)=({B}, {H}, {T}, {k.shape[2]}), "
