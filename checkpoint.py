@@ -13,7 +13,7 @@ import zipfile
 import numpy as np
 import torch
 
-from guards import InputError, check_schema, count, device_problem, memory, need, schema_problem
+from guards import InputError, check_schema, count, device_problem, file_problem, memory, need, schema_problem
 from model import GPT, GPTConfig
 from prepare_data import META
 
@@ -70,7 +70,7 @@ def load_checkpoint(path, device="cpu", require=(), resume=None):
     resume=(settings, meta): all entries, and check_resume."""
     if resume is not None:
         require = ("optimizer", "scaler", "iter_num", "best_val_loss", "settings", "meta", "rng")
-    need(os.path.isfile(path), f"checkpoint {path} not found: train one with train.py")
+    need(not (p := file_problem(path)), f"checkpoint {path} {p}: train one with train.py")
     need(not (bad := device_problem(str(device))), f"device={device!r}: {bad}")
     try:
         with zipfile.ZipFile(path) as z:  # torch.load skips the zip's CRCs: a flipped byte would load

@@ -54,6 +54,11 @@ def nearest_dir(path):
     return d
 
 
+def file_problem(path):
+    """Why path is no file to read ("not found", or a directory), or None."""
+    return None if os.path.isfile(path) else "is a directory, not a file" if os.path.isdir(path) else "not found"
+
+
 def path_problem(path, is_file=False):
     """Why path cannot be written as a directory (is_file: a file), or None."""
     if os.path.isdir(path) if is_file else os.path.isfile(path):

@@ -20,7 +20,7 @@ import sysconfig
 
 import numpy as np
 
-from guards import InputError, check_schema, count, memory, need, nearest_dir, schema_problem, shown
+from guards import InputError, check_schema, count, file_problem, memory, need, nearest_dir, schema_problem, shown
 
 # -----------------------------------------------------------------------------
 dataset = ""  # DATASETS, or any name with --input_file or --adopt ("": input_file's stem, else pystdlib)
@@ -124,7 +124,7 @@ def load_tokens(data_dir, split, meta, least=1):
     """A read-only np.memmap of a split of at least `least` tokens, checked against meta."""
     path, fix = os.path.join(data_dir, f"{split}.bin"), f"re-run {prepare_command(data_dir)}"
     need(split in meta["tokens"], f"{data_dir} has no {split!r} split (it has {', '.join(meta['tokens'])})")
-    need(os.path.isfile(path), f"{path} is missing: {fix}")
+    need(not (p := file_problem(path)), f"{path} {p}: {fix}")
     dtype, n, V = np.dtype(meta["dtype"]), meta["tokens"][split], meta["vocab_size"]
     need(os.path.getsize(path) == n * dtype.itemsize, f"{path} holds {os.path.getsize(path)} bytes, not meta.json's "
          f"{n} {dtype} tokens: truncated or corrupt; {fix}")
@@ -365,7 +365,7 @@ def write_text(data_dir, text, tokenizer_name, frac, source):
 # Datasets
 
 def prepare_text(data_dir, path, tokenizer_name, frac):
-    need(os.path.isfile(path), f"--input_file={path}: no such file")
+    need(not (p := file_problem(path)), f"--input_file={path} {p}")
     raw = pathlib.Path(path).read_bytes()
     try:
         text = raw if tokenizer_name == "bytes" else raw.decode("utf-8")  # bytes stay exact

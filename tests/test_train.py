@@ -673,7 +673,10 @@ def test_data_errors(root, tmp_path):
     (tmp_path / "cut" / "train.bin").write_bytes((root / "text" / "train.bin").read_bytes()[:-2])
     with pytest.raises(ValueError, match="truncated or corrupt"):
         P.load_tokens(tmp_path / "cut", "train", meta)
-    with pytest.raises(ValueError, match="val.bin is missing"):
+    with pytest.raises(ValueError, match="val.bin not found"):
+        P.load_tokens(tmp_path / "cut", "val", meta)
+    (tmp_path / "cut" / "val.bin").mkdir()
+    with pytest.raises(ValueError, match="val.bin is a directory, not a file: re-run"):  # was "is missing"
         P.load_tokens(tmp_path / "cut", "val", meta)
     with pytest.raises(ValueError, match="holds token id [0-9]+ at token [0-9]+, but vocab_size is 10"):
         P.load_tokens(root / "text", "train", {**meta, "vocab_size": 10})
@@ -755,6 +758,10 @@ def test_load_checkpoint_errors(trained, tmp_path):
     path = str(tmp_path / "ckpt.pt")
     with pytest.raises(ValueError, match="not found"):
         load_checkpoint(path)
+    os.mkdir(path)
+    with pytest.raises(ValueError, match="ckpt.pt is a directory, not a file"):  # was "not found"
+        load_checkpoint(path)
+    os.rmdir(path)
     raw = open(os.path.join(trained, "ckpt.pt"), "rb").read()
     cases = [(raw[:len(raw) // 2], "unreadable"), (b"garbage", "unreadable"),
              ({"model": {}, "model_args": {"n_layer": 2, "n_embd": 32}}, "'model_args' is .*, not GPTConfig's fields"),
@@ -871,6 +878,7 @@ def test_prepare_errors_are_one_line(tmp_path):
     for args, message in [(["--mqar_seq_len=ten"], "mqar_seq_len must be of type int"),
                           (["--dataset=nope"], "unknown dataset 'nope'"),
                           ([f"--input_file={tmp_path / 'empty.txt'}"], "empty.txt is empty"),
+                          ([f"--input_file={tmp_path}"], "is a directory, not a file"),  # was "no such file"
                           ([short], "short.txt is too short to split into train and val"),
                           ([short, "--val_fraction=0"], "val_fraction=0.0: it must lie"),
                           ([readme, "--tokenizer=bogus"], "unknown tokenizer 'bogus': use bytes, chars"),
