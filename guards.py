@@ -132,8 +132,9 @@ def check_memory(device, n_layer, n_embd, vocab_size, batch_size, T):
     n_params, have = n_layer * 12 * n_embd ** 2 + vocab_size * n_embd, memory(device)  # the blocks, the embedding
     states, logits = 16 * n_params, 8 * batch_size * T * vocab_size  # fp32 logits and their gradient
     has = f"{device} has {have / 2**30:,.0f} GiB"
-    need(states <= have, f"n_layer={n_layer}, n_embd={n_embd}: {n_params / 1e9:,.1f}B parameters need "
-         f"{states / 2**30:,.0f} GiB for weights, gradients and AdamW's moments; {has}: make it smaller")
+    need(states <= have, f"n_layer={n_layer}, n_embd={n_embd}, vocab_size={vocab_size}: {n_params / 1e9:,.1f}B "
+         f"parameters need {states / 2**30:,.0f} GiB for weights, gradients and AdamW's moments; {has}: make them "
+         "smaller")
     need(states + logits <= have, f"batch_size={batch_size}: {batch_size} sequences of {T} tokens need "
          f"{logits / 2**30:,.0f} GiB for their logits alone; {has}: use fewer")
 

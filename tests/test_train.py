@@ -489,7 +489,9 @@ def test_mqar_config_without_data_names_its_prepare_line(tmp_path):
     (["--attn=dense"], "GPTConfig.attn='dense' is invalid"),
     (["--learning_rate=1e999"], "learning_rate=inf: use a finite number"),
     (["--beta2=-1e999"], "beta2=-inf: use a finite number"),
-    (["--n_layer=1000000", "--n_embd=768"], "n_layer=1000000, n_embd=768: 7,077.9B parameters need 105,469 GiB"),
+    (["--n_layer=1000000", "--n_embd=768"], "n_layer=1000000, n_embd=768, vocab_size=256: 7,077.9B parameters need "
+     "105,469 GiB"),
+    (["--vocab_size=1000000000"], "vocab_size=1000000000: 32.0B parameters need"),  # spoke of n_layer and n_embd only
     (["--out_dir="], "out_dir='': name a directory"),
 ])
 def test_train_errors(root, tmp_path, monkeypatch, args, message):
