@@ -259,7 +259,7 @@ def check_tokens(idx, config, targets=None, lengths=None, cache=None, draws=None
         raise InputError(f"lengths must be a (B,)=({B},) integer tensor of real tokens per row, 1 <= lengths <= "
                          f"T={T}, got {' '.join(str(lengths).split())[:80]}")
     start = 0 if cache is None else cache.start
-    if start + T > config.block_size:
+    if start + T > config.block_size and sampling is None:  # generate crops to the last block_size tokens
         raise InputError(f"sequence length {start + T} exceeds block_size {config.block_size}")
     if cache is not None and (lengths is not None or start and T > 1):
         raise InputError(f"a KV cache takes no lengths, and one token at a time after the prompt; got {T} at {start}")

@@ -317,6 +317,17 @@ def test_sample_mqar_prints_no_padding_ids(tmp_path):
     assert ids[:3] == [1, 2, 3] and max(ids) < 10 and len(ids) < 43
 
 
+def test_a_prompt_longer_than_block_size_is_read_from_its_last_block_size_tokens(tmp_path):
+    """generate reads the last block_size tokens, as nanoGPT's does, with or without a cache; its door refused a longer
+    prompt ("sequence length 40 exceeds block_size 16"), and so did sample.py."""
+    model, idx = tiny("swa", block_size=16), tokens(2, 40)
+    for use_cache in (True, False):
+        long, short = (model.generate(x, 8, temperature=0, use_cache=use_cache) for x in (idx, idx[:, -16:]))
+        assert torch.equal(long[:, :40], idx) and torch.equal(long[:, 40:], short[:, 16:])
+    out = checkpoint(tmp_path, {"tokenizer": "bytes", "vocab_size": 256}, attn="swa", vocab_size=256)  # block_size 96
+    assert sample(out, "--start=" + "ab" * 60, "--num_samples=1", "--max_new_tokens=4").stdout.startswith("ab" * 60)
+
+
 def rounding_pairs(n, delta=0.125, seed=0):
     """r (2n,) of n pairs (b, a), b first: b - a = delta - 2**-25 < delta (the rule shows b to a), yet fp32's
     a + delta rounds (half to even) down to b itself, so a search to a + delta without a margin misses b."""
