@@ -8,9 +8,9 @@ import pytest
 import torch
 
 import attention
-from kv_cache import KVCache
+from kv_cache import KVCache, use_kv_cache
 from checkpoint import save_checkpoint
-from model import GPT, GPTConfig
+from model import GPT, KINDS, GPTConfig
 from test_attention import MaxNumel
 
 # lengths that are no multiple of the window (7) or the MoBA block (8)
@@ -155,6 +155,17 @@ def test_value_sa_decode_reads_o_window_keys(attn, monkeypatch):
             assert min(read) >= 2000
         else:
             assert max(read) <= 8 * 8, f"a decode step read {max(read)} keys with window 8 at T=2000"
+
+
+def test_the_cache_message_names_what_keeps_a_kind_from_a_cache(monkeypatch, capsys):
+    """A kind whose KINDS row has no cache rule: the messages spoke of its sa_rule, which has nothing to do with it."""
+    monkeypatch.setitem(KINDS, "dilated", KINDS["swa"]._replace(cache=lambda c: None))
+    for attn, named in (("dilated", "attn='dilated'"), ("sa", "attn='sa' with sa_rule='rank'")):
+        config = tiny(attn).config
+        assert use_kv_cache(config, True) is False
+        assert capsys.readouterr().err.startswith(f"{named} cannot be decoded from a KV cache")
+        with pytest.raises(ValueError, match=f"a KV cache takes a cacheable model, not {named}$"):
+            KVCache(config)
 
 
 @pytest.mark.parametrize("attn", ["sa", "sa+swa"])
