@@ -81,9 +81,11 @@ def _mqar(m, meta):
 
 
 TOKEN_BITS = {"uint8": 8, "uint16": 16, "uint32": 32}  # a .bin's token id types
+VOCAB = {"bytes": 256, "gpt2": 50257, "r50k_base": 50257, "p50k_base": 50281, "p50k_edit": 50284, "cl100k_base": 100277,
+         "o200k_base": 200019, "o200k_harmony": 201088}  # fixed vocabularies (tiktoken's n_vocab), known offline
 META = {  # meta.json's entries: {entry: (test, what it must be)}
-    "vocab_size": (lambda V, m: count(V) and 1 <= V <= 2**32 and (m.get("tokenizer") != "bytes" or V == 256
-                                                                   or f"is {V}, not the 256 ids of bytes"),
+    "vocab_size": (lambda V, m: count(V) and 1 <= V <= 2**32 and (V == (n := VOCAB.get(str(m.get("tokenizer")), V))
+                                                                   or f"is {V}, not the {n} ids of {m['tokenizer']}"),
                    "an integer from 1 to 2**32"),
     "tokenizer": (lambda x, m: isinstance(x, str) and x != "" and (x != "chars" or "chars" in m or "is 'chars', "
                   f"without chars, the {m['vocab_size']} distinct characters of its tokens"), "a tokenizer's name"),

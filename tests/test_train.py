@@ -171,6 +171,7 @@ def test_downloadable_datasets_offline(tmp_path, monkeypatch, eot, dtype):
     """shakespeare_char, fineweb-edu and wikitext-103 through their real code, with the
     network calls and GPT-2's encoding replaced by local stand-ins."""
     monkeypatch.setattr(tiktoken, "get_encoding", lambda name: tiny_encoding(eot))
+    monkeypatch.setitem(P.VOCAB, "gpt2", eot + 1)  # the stand-in's vocabulary, as meta.json's check knows gpt2's
     play = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n" * 5
     docs = [f"doc {i}: the thing is in the string" for i in range(12)]
     monkeypatch.setattr(P, "download_text", lambda url: play)
@@ -660,7 +661,7 @@ def test_a_tokenizer_that_cannot_load_is_one_line_naming_the_checkpoint(trained,
     def offline(name):
         raise ConnectionError("no network")
     monkeypatch.setattr(tiktoken, "get_encoding", offline)
-    torch.save({**good, "meta": {**good["meta"], "tokenizer": "r50k_base"}}, tmp_path / "ckpt.pt")
+    torch.save({**good, "meta": {**good["meta"], "tokenizer": "r50k_base", "vocab_size": 50257}}, tmp_path / "ckpt.pt")
     message = one_line_error(monkeypatch, "sample.py", f"--out_dir={tmp_path}")
     assert message.startswith(f"{tmp_path / 'ckpt.pt'}: tiktoken could not load the 'r50k_base' encoding"), message
 
@@ -710,6 +711,7 @@ def test_data_errors(root, tmp_path):
     ("text", dict(eot=256), "'eot' is 256, not a token id below vocab_size 256"),
     ("text", dict(source=3), "'source' is 3, not a text"),
     ("text", dict(tokenizer="foo"), "has tokenizer='foo', which this repo cannot load"),  # train.py trained on it
+    ("text", dict(tokenizer="gpt2"), "'vocab_size' is 256, not the 50257 ids of gpt2"),  # so did it on this
     ("chars", dict(chars=None), "'tokenizer' is 'chars', without chars, the 200 distinct characters of its tokens"),
     ("chars", dict(chars="abc"), "'chars' is 'abc', not the 200 distinct characters"),
     ("mqar", dict(mqar="x"), "'mqar' is 'x', not an MQAR layout"),
