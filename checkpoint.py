@@ -9,12 +9,13 @@ import socket
 import sys
 import urllib.parse
 import zipfile
+from dataclasses import replace
 
 import numpy as np
 import torch
 
 from guards import InputError, check_schema, count, device_problem, file_problem, memory, need, schema_problem
-from model import GPT, GPTConfig
+from model import GPT, SWAP_FIELDS, GPTConfig
 from prepare_data import META
 
 RNG_BYTES = torch.get_rng_state().numel()  # a CPU generator's state
@@ -67,7 +68,7 @@ def save_checkpoint(obj, path):
 def load_checkpoint(path, device="cpu", require=(), resume=None):
     """(model on device, ckpt on the CPU, where RNG states stay), loaded without running code; one InputError if the
     file is missing, damaged or not as train.py writes it. require: entries besides model, model_args;
-    resume=(settings, meta): all entries, and check_resume."""
+    resume=(settings, meta): all entries, check_resume, the run's dropout."""
     if resume is not None:
         require = ("optimizer", "scaler", "iter_num", "best_val_loss", "settings", "meta", "rng")
     need(not (p := file_problem(path)), f"checkpoint {path} {p}: train one with train.py")
@@ -98,9 +99,13 @@ def load_checkpoint(path, device="cpu", require=(), resume=None):
     nan = [k for k, v in saved.items() if v.is_floating_point() and not torch.isfinite(v).all()]
     need(not nan, f"{path}: {len(nan)} weights hold NaN or inf (e.g. {nan and nan[0]}): its run diverged; "
          "train again with a lower learning_rate")
+    was = ckpt.get("settings", {})  # fields train.py takes from its settings, GPT-2's init too
+    off = [k for k in (*SWAP_FIELDS, "block_size") if k in was and was[k] != getattr(shapes.config, k)]
+    need(not off, f"{path}: its model_args have {', '.join(f'{k}={getattr(shapes.config, k)!r}' for k in off)}, its "
+         f"settings {', '.join(f'{k}={was[k]!r}' for k in off)}: {edited}")
     if resume is not None:
         check_resume(path, ckpt, *resume)
-    model = GPT(shapes.config)
+    model = GPT(shapes.config if resume is None else replace(shapes.config, dropout=resume[0]["dropout"]))
     model.load_state_dict(saved)
     return model.to(device), ckpt
 

@@ -265,6 +265,16 @@ def test_resume_is_bitwise_exact(trained, train_args, tmp_path):
     assert "step 3: train loss" in r.stdout  # the resumed run re-evaluates where it left off
 
 
+def test_a_resume_trains_with_its_own_dropout(trained, train_args, tmp_path):
+    """check_resume lets a resume change dropout, as nanoGPT's does; the model kept the checkpoint's, silently, and the
+    next checkpoint said one dropout in its settings, another in its model_args."""
+    for name, content in files(trained).items():
+        (tmp_path / name).write_bytes(content)
+    run("train.py", *train_args, "--dropout=0.0", "--max_iters=7", f"--out_dir={tmp_path}", "--init_from=resume")
+    ckpt = load(tmp_path)
+    assert ckpt["iter_num"] == 7 and ckpt["model_args"]["dropout"] == ckpt["settings"]["dropout"] == 0.0
+
+
 def test_checkpoint_contents(trained, root):
     ckpt = load(trained)
     assert ckpt["settings"]["dataset"] == "text" and ckpt["settings"]["data_root"] == str(root)
@@ -818,6 +828,11 @@ def rng_with(**states):
      "its weights do not fit its model_args (2 mismatched entries"),
     (lambda good: {"model_args": {**good["model_args"], "block_size": 10**12}},  # RoPE's tables: no weights, 10**12 rows
      "its model_args make a model of "),
+    # edited in model_args only: trained the edited model, under a banner of the settings' values
+    (lambda good: {"model_args": {**good["model_args"], "window": 16}}, "its model_args have window=16, its settings "
+     "window=8: the file was edited"),
+    (lambda good: {"model_args": {**good["model_args"], "sa_rule": "value"}}, "its model_args have sa_rule='value', "
+     "its settings sa_rule='rank'"),
     (lambda good: {"rng": []}, "'rng' is [], not a list of each rank's RNG states"),
     (lambda good: {"rng": [1]}, "'rng' fails for rank 0: it is 1, not a dict of entries"),
     (rng_with(torch=torch.zeros(3, dtype=torch.uint8)), "'rng' fails for rank 0: 'torch' is a uint8 tensor of shape (3,), "
