@@ -163,14 +163,16 @@ def rng_states(sampler, model, ddp):
 
 class RunDir:
     """A train.py run's out_dir, for its master. A lock (freed even on SIGKILL) keeps out a second run. A resume from
-    iteration n cuts log.jsonl to before n's eval, which it repeats. A new run over an old ckpt.pt logs to log.jsonl.new
-    until its first checkpoint, the old pair whole. Ctrl-C waits out a checkpoint being written, then says how to
-    resume."""
+    iteration n cuts log.jsonl to before n's eval, and best_val_loss to the evals it keeps (no log: the checkpoint's),
+    as the run that never stopped has them: train.py evaluates n again only where that run did. A new run over an old
+    ckpt.pt logs to log.jsonl.new until its first checkpoint, the old pair whole. Ctrl-C waits out a checkpoint being
+    written, then says how to resume."""
 
-    def __init__(self, out_dir, resume_iter=None):
+    def __init__(self, out_dir, resume_iter=None, best_val_loss=float("inf")):
         resume, join = resume_iter is not None, os.path.join
         self.ckpt_path, self.log_path = join(out_dir, "ckpt.pt"), join(out_dir, "log.jsonl")
         self.kept, self.last_iter = resume_iter, resume_iter or 0  # kept: the iteration this run's ckpt.pt holds
+        self.best_val_loss = best_val_loss
         self.new_log = self.log_path + ".new" if not resume and os.path.exists(self.ckpt_path) else None
         try:
             os.makedirs(out_dir, exist_ok=True)
@@ -187,6 +189,8 @@ class RunDir:
         if resume and os.path.exists(self.log_path):
             kept = [r for r in read_log(self.log_path) if r["iter"] < resume_iter or r["iter"] == resume_iter
                     and "val_loss" not in r]
+            self.best_val_loss = min((r["val_loss"] for r in kept if isinstance(r.get("val_loss"), float)),
+                                     default=float("inf"))
             with open(self.log_path + ".tmp", "w") as f:
                 f.writelines(json.dumps(r) + "\n" for r in kept)
             os.replace(self.log_path + ".tmp", self.log_path)

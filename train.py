@@ -215,8 +215,9 @@ def stop_if_diverged(loss, what):
 # _acc on MQAR, _first and _second on the copy task) and, every log_interval, {iter, loss, lr, ms_per_iter, tok_per_s,
 # mfu (null off CUDA), elapsed_s}
 tokens_per_iter = gradient_accumulation_steps * world_size * batch_size * T
-run = RunDir(out_dir, iter_num if init_from == "resume" else None) if master else None
+run = RunDir(out_dir, iter_num if init_from == "resume" else None, best_val_loss) if master else None
 if master:
+    best_val_loss = run.best_val_loss  # a resume's: the best of the evals log.jsonl keeps (checkpoint.RunDir)
     print(f"{dataset}: {len(data['train']):,} train / {len(data['val']):,} val tokens; "
           f"{raw_model.get_num_params() / 1e6:.2f}M parameters, attn={attn}, window={window}; {tokens_per_iter:,} "
           f"tokens per iteration ({world_size} x {gradient_accumulation_steps} x {batch_size} x {T}) on {device}")

@@ -265,6 +265,20 @@ def test_resume_is_bitwise_exact(trained, train_args, tmp_path):
     assert "step 3: train loss" in r.stdout  # the resumed run re-evaluates where it left off
 
 
+def test_a_resume_past_an_eval_the_longer_run_skips_logs_and_keeps_what_it_does(trained, train_args, tmp_path):
+    """Issue 56's case, scaled: stop at 300 with eval_interval 250 (its last eval, at 300, is one a run to 600 never
+    makes), then resume to 600. Here 4 with eval_interval 3, then 6: the log and best_val_loss are those of the run of
+    6 that never stopped. The stopped checkpoint's best_val_loss is set to 0.0, as if its eval at 4, which the resume
+    deletes, had been the best (on this data the loss falls through 6): it used to survive the resume."""
+    run("train.py", *train_args, "--max_iters=4", f"--out_dir={tmp_path}")
+    assert [r["iter"] for r in read_log(tmp_path) if "val_loss" in r] == [0, 3, 4]
+    torch.save({**load(tmp_path), "best_val_loss": 0.0}, tmp_path / "ckpt.pt")
+    run("train.py", *train_args, "--max_iters=6", f"--out_dir={tmp_path}", "--init_from=resume")
+    assert read_log(tmp_path) == read_log(trained)
+    best = min(r["val_loss"] for r in read_log(trained) if "val_loss" in r)
+    assert load(tmp_path)["best_val_loss"] == load(trained)["best_val_loss"] == best
+
+
 def test_a_resume_trains_with_its_own_dropout(trained, train_args, tmp_path):
     """check_resume lets a resume change dropout, as nanoGPT's does; the model kept the checkpoint's, silently, and the
     next checkpoint said one dropout in its settings, another in its model_args."""
