@@ -41,7 +41,7 @@ import torch.nn.functional as F
 import eval as ev
 import prepare_data as P
 
-from checkpoint import load_checkpoint, save_checkpoint
+from checkpoint import from_gpt2, load_checkpoint, save_checkpoint
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}  # tiny models; one thread each is fastest on a shared CPU
@@ -1135,6 +1135,37 @@ def test_gpt2_fine_tuning_errors_are_one_line(root, tmp_path, tiny_gpt2, monkeyp
     assert f"--init_from={tmp_path}: cannot load it" in one_line_error(monkeypatch, "train.py", *base,
                                                                        f"--init_from={tmp_path}")
     assert not (tmp_path / "out").exists()
+
+
+def test_samples_a_saved_gpt2_with_any_attention_swapped_in(tiny_gpt2, tmp_path, monkeypatch, capsys):
+    """sample.py --init_from=<a GPT-2's directory> --attn=... --window=...: the paper's training-free swap as one
+    command, its text through GPT-2's BPE (tiktoken's gpt2; here a tiny stand-in), its tokens those of from_gpt2 and
+    swap_attention. sa+swa, whose gates need training, is refused in one line."""
+    import transformers
+    gpt2 = transformers.GPT2LMHeadModel.from_pretrained(tiny_gpt2)
+    with torch.no_grad():  # at init every kind gives near-uniform logits: weights that make attention matter
+        for p in gpt2.parameters():
+            p.add_(0.5 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
+    gpt2.save_pretrained(tmp_path)
+    monkeypatch.setattr(tiktoken, "get_encoding", lambda name: tiny_encoding(50256))
+    monkeypatch.chdir(REPO)
+    monkeypatch.setattr(sys, "excepthook", sys.excepthook)  # configurator.py sets the script's own
+    enc, samples = tiny_encoding(50256), set()
+    for attn in ("full", "swa", "sa", "moba"):
+        args = [f"--init_from={tmp_path}", f"--attn={attn}", "--window=4", "--start=ab", "--num_samples=1",
+                "--max_new_tokens=20", "--temperature=1.0", "--seed=3", "--device=cpu", "--dtype=float32"]
+        monkeypatch.setattr(sys, "argv", ["sample.py", *args])
+        runpy.run_path(os.path.join(REPO, "sample.py"), run_name="__main__")
+        got = capsys.readouterr().out
+        model = from_gpt2(str(tmp_path)).swap_attention(attn=attn, window=4).eval()
+        torch.manual_seed(3)
+        model.seed_sa(3)
+        want = model.generate(torch.tensor([enc.encode("ab")]), 20, temperature=1.0, top_k=200)
+        assert got == enc.decode(want[0].tolist()) + "\n---------------\n"
+        samples.add(got)
+    assert len(samples) == 3  # the swap happened: moba's one chunk of 64 keys here is full attention, the others differ
+    message = one_line_error(monkeypatch, "sample.py", f"--init_from={tmp_path}", "--attn=sa+swa")
+    assert "cannot swap attn='full' -> 'sa+swa' without training" in message
 
 
 def test_a_flipped_byte_in_a_checkpoint_is_refused(trained, tmp_path, train_args, monkeypatch):
