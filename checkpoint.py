@@ -9,12 +9,13 @@ import socket
 import sys
 import urllib.parse
 import zipfile
+from dataclasses import replace
 
 import numpy as np
 import torch
 
-from guards import InputError, check_schema, count, device_problem, memory, need, schema_problem
-from model import GPT, GPTConfig
+from guards import InputError, check_schema, count, device_problem, file_problem, memory, need, schema_problem
+from model import GPT, SWAP_FIELDS, GPTConfig
 from prepare_data import META
 
 RNG_BYTES = torch.get_rng_state().numel()  # a CPU generator's state
@@ -67,10 +68,10 @@ def save_checkpoint(obj, path):
 def load_checkpoint(path, device="cpu", require=(), resume=None):
     """(model on device, ckpt on the CPU, where RNG states stay), loaded without running code; one InputError if the
     file is missing, damaged or not as train.py writes it. require: entries besides model, model_args;
-    resume=(settings, meta): all entries, and check_resume."""
+    resume=(settings, meta): all entries, check_resume, the run's dropout."""
     if resume is not None:
         require = ("optimizer", "scaler", "iter_num", "best_val_loss", "settings", "meta", "rng")
-    need(os.path.isfile(path), f"checkpoint {path} not found: train one with train.py")
+    need(not (p := file_problem(path)), f"checkpoint {path} {p}: train one with train.py")
     need(not (bad := device_problem(str(device))), f"device={device!r}: {bad}")
     try:
         with zipfile.ZipFile(path) as z:  # torch.load skips the zip's CRCs: a flipped byte would load
@@ -98,9 +99,13 @@ def load_checkpoint(path, device="cpu", require=(), resume=None):
     nan = [k for k, v in saved.items() if v.is_floating_point() and not torch.isfinite(v).all()]
     need(not nan, f"{path}: {len(nan)} weights hold NaN or inf (e.g. {nan and nan[0]}): its run diverged; "
          "train again with a lower learning_rate")
+    was = ckpt.get("settings", {})  # fields train.py takes from its settings, GPT-2's init too
+    off = [k for k in (*SWAP_FIELDS, "block_size") if k in was and was[k] != getattr(shapes.config, k)]
+    need(not off, f"{path}: its model_args have {', '.join(f'{k}={getattr(shapes.config, k)!r}' for k in off)}, its "
+         f"settings {', '.join(f'{k}={was[k]!r}' for k in off)}: {edited}")
     if resume is not None:
         check_resume(path, ckpt, *resume)
-    model = GPT(shapes.config)
+    model = GPT(shapes.config if resume is None else replace(shapes.config, dropout=resume[0]["dropout"]))
     model.load_state_dict(saved)
     return model.to(device), ckpt
 
@@ -158,14 +163,16 @@ def rng_states(sampler, model, ddp):
 
 class RunDir:
     """A train.py run's out_dir, for its master. A lock (freed even on SIGKILL) keeps out a second run. A resume from
-    iteration n cuts log.jsonl to before n's eval, which it repeats. A new run over an old ckpt.pt logs to log.jsonl.new
-    until its first checkpoint, the old pair whole. Ctrl-C waits out a checkpoint being written, then says how to
-    resume."""
+    iteration n cuts log.jsonl to before n's eval, and best_val_loss to the evals it keeps (no log: the checkpoint's),
+    as the run that never stopped has them: train.py evaluates n again only where that run did. A new run over an old
+    ckpt.pt logs to log.jsonl.new until its first checkpoint, the old pair whole. Ctrl-C waits out a checkpoint being
+    written, then says how to resume."""
 
-    def __init__(self, out_dir, resume_iter=None):
+    def __init__(self, out_dir, resume_iter=None, best_val_loss=float("inf")):
         resume, join = resume_iter is not None, os.path.join
         self.ckpt_path, self.log_path = join(out_dir, "ckpt.pt"), join(out_dir, "log.jsonl")
         self.kept, self.last_iter = resume_iter, resume_iter or 0  # kept: the iteration this run's ckpt.pt holds
+        self.best_val_loss = best_val_loss
         self.new_log = self.log_path + ".new" if not resume and os.path.exists(self.ckpt_path) else None
         try:
             os.makedirs(out_dir, exist_ok=True)
@@ -182,6 +189,8 @@ class RunDir:
         if resume and os.path.exists(self.log_path):
             kept = [r for r in read_log(self.log_path) if r["iter"] < resume_iter or r["iter"] == resume_iter
                     and "val_loss" not in r]
+            self.best_val_loss = min((r["val_loss"] for r in kept if isinstance(r.get("val_loss"), float)),
+                                     default=float("inf"))
             with open(self.log_path + ".tmp", "w") as f:
                 f.writelines(json.dumps(r) + "\n" for r in kept)
             os.replace(self.log_path + ".tmp", self.log_path)
@@ -259,6 +268,7 @@ def read_log(path):
 
 
 GPT2_SIZES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
+GPT2_META = {"tokenizer": "gpt2", "vocab_size": 50257, "eot": 50256}  # GPT-2 BPE, as fineweb-edu's meta.json has it
 WEIGHT_FIELDS = ("vocab_size", "n_layer", "n_head", "n_embd", "bias", "pos_emb", "block_size")
 
 

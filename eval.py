@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch.nn.utils.rnn import pad_sequence
 
 import attention
-from checkpoint import GPT2_SIZES, from_gpt2, hub_offline, load_checkpoint
+from checkpoint import GPT2_META, GPT2_SIZES, from_gpt2, hub_offline, load_checkpoint
 from guards import InputError, count, need, path_problem, setting_problem
 from hf import HFLM
 from model import DTYPES, KINDS, autocast, swapped
@@ -51,7 +51,6 @@ json_out = ""  # also write the results to this JSON file
 plot = "sweep.png"  # a sweep's plot; a bare name goes into --json_out's directory if any, else out_dir ("" = none)
 # -----------------------------------------------------------------------------
 DEFAULTS = {k: v for k, v in globals().items() if k[:1].islower() and isinstance(v, (int, float, str, type(None)))}
-GPT2_META = {"tokenizer": "gpt2", "vocab_size": 50257, "eot": 50256}  # GPT-2 BPE, as fineweb-edu's meta.json has it
 
 
 def run(settings):

@@ -54,6 +54,11 @@ def nearest_dir(path):
     return d
 
 
+def file_problem(path):
+    """Why path is no file to read ("not found", or a directory), or None."""
+    return None if os.path.isfile(path) else "is a directory, not a file" if os.path.isdir(path) else "not found"
+
+
 def path_problem(path, is_file=False):
     """Why path cannot be written as a directory (is_file: a file), or None."""
     if os.path.isdir(path) if is_file else os.path.isfile(path):
@@ -127,8 +132,9 @@ def check_memory(device, n_layer, n_embd, vocab_size, batch_size, T):
     n_params, have = n_layer * 12 * n_embd ** 2 + vocab_size * n_embd, memory(device)  # the blocks, the embedding
     states, logits = 16 * n_params, 8 * batch_size * T * vocab_size  # fp32 logits and their gradient
     has = f"{device} has {have / 2**30:,.0f} GiB"
-    need(states <= have, f"n_layer={n_layer}, n_embd={n_embd}: {n_params / 1e9:,.1f}B parameters need "
-         f"{states / 2**30:,.0f} GiB for weights, gradients and AdamW's moments; {has}: make it smaller")
+    need(states <= have, f"n_layer={n_layer}, n_embd={n_embd}, vocab_size={vocab_size}: {n_params / 1e9:,.1f}B "
+         f"parameters need {states / 2**30:,.0f} GiB for weights, gradients and AdamW's moments; {has}: make them "
+         "smaller")
     need(states + logits <= have, f"batch_size={batch_size}: {batch_size} sequences of {T} tokens need "
          f"{logits / 2**30:,.0f} GiB for their logits alone; {has}: use fewer")
 
@@ -211,9 +217,8 @@ def check_inputs(q, k, v, any_length=False, **args):
     for name, x in args.items():
         if name == "delta" and not (isinstance(x, numbers.Real) and not isinstance(x, bool) and x >= FP32_TINY):  # NaN
             raise InputError(f"delta must be a number >= {FP32_TINY:.2g} (fp32's smallest normal), got {x!r}")
-        if name in ("window", "moba_chunk", "top_k") and (
-                isinstance(x, bool) or not hasattr(x, "__index__") or operator.index(x) < 1):
-            raise InputError(f"{name} must be an integer >= 1, got {x!r}")
+        if name in ("window", "moba_chunk", "top_k"):
+            check_count(x, name)
         if name == "mask" and not (isinstance(x, torch.Tensor) and x.dtype == torch.bool and x.dim() <= 4 and all(
                 n in (1, m) for n, m in zip(x.shape[::-1], (k.shape[2], T, H, B)))):
             raise InputError(f"mask must be a bool tensor broadcastable to (B, H, T, S)=({B}, {H}, {T}, {k.shape[2]}), "
@@ -271,7 +276,7 @@ def check_tokens(idx, config, targets=None, lengths=None, cache=None, draws=None
         raise InputError(f"lengths must be a (B,)=({B},) integer tensor of real tokens per row, 1 <= lengths <= "
                          f"T={T}, got {' '.join(str(lengths).split())[:80]}")
     start = 0 if cache is None else cache.start
-    if start + T > config.block_size:
+    if start + T > config.block_size and sampling is None:  # generate crops to the last block_size tokens
         raise InputError(f"sequence length {start + T} exceeds block_size {config.block_size}")
     if cache is not None and (lengths is not None or start and T > 1):
         raise InputError(f"a KV cache takes no lengths, and one token at a time after the prompt; got {T} at {start}")

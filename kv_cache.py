@@ -11,6 +11,7 @@ None (rank-rule SA, GPTConfig.cacheable): no cache; generate recomputes the pref
 """
 import math
 import sys
+from dataclasses import replace
 
 import torch
 
@@ -22,17 +23,21 @@ from guards import check_inputs, need
 def use_kv_cache(config, use_cache):
     """use_cache if config.cacheable, else False (said on stderr if use_cache)."""
     if use_cache and not config.cacheable:
-        print(f"attn={config.attn!r} (sa_rule={config.sa_rule!r}) cannot be decoded from a KV cache: each token "
-              "recomputes the prefix", file=sys.stderr)
+        print(f"{uncached(config)} cannot be decoded from a KV cache: each token recomputes the prefix",
+              file=sys.stderr)
     return use_cache and config.cacheable
+
+
+def uncached(config):
+    """What keeps config from a KV cache, for a message: its kind, and its sa_rule if the value rule's decodes."""
+    return f"attn={config.attn!r}" + f" with sa_rule={config.sa_rule!r}" * replace(config, sa_rule="value").cacheable
 
 
 class KVCache:
 
     def __init__(self, config):
         need(hasattr(config, "cacheable"), f"a KV cache takes a model's GPTConfig, got {type(config).__name__}")
-        need(config.cacheable, f"a KV cache takes a cacheable model, not attn={config.attn!r} with "
-             f"sa_rule={config.sa_rule!r}")
+        need(config.cacheable, f"a KV cache takes a cacheable model, not {uncached(config)}")
         self.config, self.layers = config, [{} for _ in range(config.n_layer)]
         self.keeps = config.cache_rule()
         self.start = 0  # tokens seen: the next one's position

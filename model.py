@@ -117,7 +117,7 @@ class GPTConfig:
     dropout: float = 0.0  # residual and embedding dropout
     bias: bool = False  # biases in Linears and LayerNorms (GPT-2 has them)
     attn: str = "sa+swa"  # a kind of KINDS
-    window: int = 256  # SWA/SA keys per query, itself included
+    window: int = 256  # SWA/SA keys per query, itself included (value-rule SA: at T = block_size)
     moba_chunk: int = 64  # MoBA's key chunk (its paper's "block")
     moba_topk: int = 4  # MoBA's chunks per query, its own included
     sa_perm: str = "shared"  # "shared": one permutation per layer (the paper); "head": one per row and head
@@ -148,7 +148,8 @@ class GPTConfig:
 
     @property
     def sa_delta(self):
-        """The value rule's width: a pair meets with probability ~2 * delta, as by the rank rule at block_size."""
+        """The value rule's width, fixed by block_size: a pair meets with probability ~2 * delta, as by the rank rule
+        at T = block_size; at shorter T fewer, 1 + (T - 1) * (delta - delta**2 / 2) keys per query on average."""
         return self.window / self.block_size
 
     @property
@@ -255,7 +256,8 @@ class GPT(nn.Module):
 
     # nanoGPT's GPT.from_pretrained is checkpoint.from_gpt2
     def crop_block_size(self, block_size):
-        """nanoGPT's: a loaded model's context (e.g. GPT-2's 1024) cut to block_size."""
+        """nanoGPT's: a loaded model's context (e.g. GPT-2's 1024) cut to block_size, which scales value-rule SA's
+        sa_delta = window / block_size up by the same factor."""
         need(block_size <= self.config.block_size, f"block_size={block_size}: the model holds at most "
              f"{self.config.block_size} positions")
         self.config = replace(self.config, block_size=block_size)
@@ -275,7 +277,8 @@ class GPT(nn.Module):
         return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, **fused)
 
     def flops_per_token(self, T):
-        """Training FLOPs per token: 6N for the weights, plus 12 * L * C * (keys a query sees)."""
+        """Training FLOPs per token: 6N for the weights, plus 12 * L * C * (keys a query sees, as KINDS counts them:
+        SA's window, which value-rule SA reaches only at T = block_size; below it, this overstates)."""
         c = self.config
         return 6 * self.get_num_params() + 12 * c.n_layer * c.n_embd * KINDS[c.attn].keys(c, T)
 

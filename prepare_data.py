@@ -20,7 +20,7 @@ import sysconfig
 
 import numpy as np
 
-from guards import InputError, check_schema, count, memory, need, nearest_dir, schema_problem, shown
+from guards import InputError, check_schema, count, file_problem, memory, need, nearest_dir, schema_problem, shown
 
 # -----------------------------------------------------------------------------
 dataset = ""  # DATASETS, or any name with --input_file or --adopt ("": input_file's stem, else pystdlib)
@@ -81,9 +81,11 @@ def _mqar(m, meta):
 
 
 TOKEN_BITS = {"uint8": 8, "uint16": 16, "uint32": 32}  # a .bin's token id types
+VOCAB = {"bytes": 256, "gpt2": 50257, "r50k_base": 50257, "p50k_base": 50281, "p50k_edit": 50284, "cl100k_base": 100277,
+         "o200k_base": 200019, "o200k_harmony": 201088}  # fixed vocabularies (tiktoken's n_vocab), known offline
 META = {  # meta.json's entries: {entry: (test, what it must be)}
-    "vocab_size": (lambda V, m: count(V) and 1 <= V <= 2**32 and (m.get("tokenizer") != "bytes" or V == 256
-                                                                   or f"is {V}, not the 256 ids of bytes"),
+    "vocab_size": (lambda V, m: count(V) and 1 <= V <= 2**32 and (V == (n := VOCAB.get(str(m.get("tokenizer")), V))
+                                                                   or f"is {V}, not the {n} ids of {m['tokenizer']}"),
                    "an integer from 1 to 2**32"),
     "tokenizer": (lambda x, m: isinstance(x, str) and x != "" and (x != "chars" or "chars" in m or "is 'chars', "
                   f"without chars, the {m['vocab_size']} distinct characters of its tokens"), "a tokenizer's name"),
@@ -124,7 +126,7 @@ def load_tokens(data_dir, split, meta, least=1):
     """A read-only np.memmap of a split of at least `least` tokens, checked against meta."""
     path, fix = os.path.join(data_dir, f"{split}.bin"), f"re-run {prepare_command(data_dir)}"
     need(split in meta["tokens"], f"{data_dir} has no {split!r} split (it has {', '.join(meta['tokens'])})")
-    need(os.path.isfile(path), f"{path} is missing: {fix}")
+    need(not (p := file_problem(path)), f"{path} {p}: {fix}")
     dtype, n, V = np.dtype(meta["dtype"]), meta["tokens"][split], meta["vocab_size"]
     need(os.path.getsize(path) == n * dtype.itemsize, f"{path} holds {os.path.getsize(path)} bytes, not meta.json's "
          f"{n} {dtype} tokens: truncated or corrupt; {fix}")
@@ -365,7 +367,7 @@ def write_text(data_dir, text, tokenizer_name, frac, source):
 # Datasets
 
 def prepare_text(data_dir, path, tokenizer_name, frac):
-    need(os.path.isfile(path), f"--input_file={path}: no such file")
+    need(not (p := file_problem(path)), f"--input_file={path} {p}")
     raw = pathlib.Path(path).read_bytes()
     try:
         text = raw if tokenizer_name == "bytes" else raw.decode("utf-8")  # bytes stay exact

@@ -1,13 +1,16 @@
 """
-Read first. Sample from a checkpoint trained by train.py:
+Read first. Sample from a checkpoint trained by train.py or from GPT-2; --attn swaps in another kind, training-free
+(the paper's swap; not sa+swa, whose gates need training):
 
   python sample.py --out_dir=out-quick
   python sample.py --out_dir=out-quick --start="def main(" --num_samples=3 --max_new_tokens=300
   python sample.py --out_dir=out-quick --start=FILE:prompt.txt --temperature=0.8 --top_k=50 --seed=1
+  python sample.py --init_from=gpt2 --attn=sa --window=64 --start="The meaning of life is"
 
-Text goes through the training data's tokenizer, whose meta.json the checkpoint carries. SA draws fresh permutations
-at every forward pass: --seed fixes them and the sampling. Where GPTConfig.cacheable, tokens are decoded from a KV
-cache; otherwise every token recomputes the prefix (its last block_size tokens), which sample.py says once.
+Text goes through the training data's tokenizer, whose meta.json the checkpoint carries (GPT-2's: tiktoken's gpt2).
+SA draws fresh permutations at every forward pass: --seed fixes them and the sampling. Where GPTConfig.cacheable,
+tokens are decoded from a KV cache; otherwise every token recomputes the prefix (its last block_size tokens), which
+sample.py says once.
 `python results/bench.py --generation=True` measures the speed with and without the cache.
 """
 import os
@@ -16,14 +19,17 @@ import sys
 import torch
 
 from attention import impl_line
-from checkpoint import load_checkpoint
+from checkpoint import GPT2_META, from_gpt2, load_checkpoint
 from guards import need
 from kv_cache import use_kv_cache
 from model import DTYPES, autocast
 from prepare_data import get_tokenizer
 
 # -----------------------------------------------------------------------------
+init_from = "resume"     # "resume" (out_dir/ckpt.pt), "gpt2" ... "gpt2-xl", or a GPT2LMHeadModel's directory
 out_dir = "out"          # where train.py wrote ckpt.pt
+attn = ""                # a kind to swap in: full, swa, sa, moba ("": the model's own)
+window: int | None = None  # the swapped-in window (None: the model's own)
 start = "\n"             # the prompt, or "FILE:path" to read it (UTF-8 text) from a file
 num_samples = 2          # independent samples
 max_new_tokens = 500     # tokens generated per sample
@@ -37,9 +43,13 @@ dtype = "bfloat16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported
 exec(open("configurator.py").read())  # overrides from config files and --key=value
 # -----------------------------------------------------------------------------
 
-ckpt_path = os.path.join(out_dir, "ckpt.pt")
-model, ckpt = load_checkpoint(ckpt_path, device, require=("meta",))
-encode, decode = get_tokenizer(ckpt["meta"], ckpt_path)  # the training data's tokenizer
+if init_from == "resume":
+    model, ckpt = load_checkpoint(source := os.path.join(out_dir, "ckpt.pt"), device, require=("meta",))
+    meta = ckpt["meta"]  # the training data's
+else:  # GPT-2's weights (nanoGPT's from_pretrained) and BPE
+    model, meta, source = from_gpt2(init_from).to(device), GPT2_META, init_from
+model.swap_attention(**{k: v for k, v in dict(attn=attn, window=window).items() if v})
+encode, decode = get_tokenizer(meta, source)
 prompt = start
 if start.startswith("FILE:"):
     try:

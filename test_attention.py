@@ -757,6 +757,20 @@ def test_numpy_integers_are_windows_and_sizes():
         A.sliding_window_attention(q, k, v, np.float64(8))
 
 
+def test_a_window_tensor_is_a_window_only_if_an_integer():
+    """torch.tensor(8) is a window; torch.tensor(8.) and a tensor of two were a TypeError from operator.index in the
+    four functions that take a window (MoBA's chunk too): one line now."""
+    q, k, v = qkv(1, 2, 20, 8)
+    perm = random_perm((), 20)
+    torch.testing.assert_close(A.sliding_window_attention(q, k, v, torch.tensor(8)), A.swa_reference(q, k, v, 8))
+    for bad in (torch.tensor(8.0), torch.tensor([8, 8])):
+        for fn in (lambda w: A.sliding_window_attention(q, k, v, w), lambda w: A.swa_reference(q, k, v, w),
+                   lambda w: A.stochastic_attention(q, k, v, w, perm), lambda w: A.sa_reference(q, k, v, w, perm),
+                   lambda w: A.moba_attention(q, k, v, w, 2)):
+            with pytest.raises(ValueError, match="(window|moba_chunk) must be an integer >= 1, got tensor"):
+                fn(bad)
+
+
 def test_meta_tensors_are_refused_in_one_line():
     """Tensors on the meta device (shapes, no data) were internal errors in every attention function and in
     GPT.forward; they are refused at the door."""

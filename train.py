@@ -1,10 +1,11 @@
 """
 Read first. Train a GPT with full, SWA, SA, SA+SWA or MoBA attention, after nanoGPT's train.py.
 
-One process (a CPU or one GPU); a resume; GPT-2 fine-tuned with SA+SWA (the paper's swap, then training):
+One process (a CPU or one GPU); its resume after Ctrl-C or a crash; GPT-2 fine-tuned with SA+SWA (the paper's swap,
+then training):
   python prepare_data.py && python train.py config/quick.py
   python train.py config/quick.py --attn=swa --window=64 --out_dir=out-swa
-  python train.py config/quick.py --init_from=resume --max_iters=1000
+  python train.py config/quick.py --init_from=resume
   python train.py --init_from=gpt2 --dataset=wikitext-103 --block_size=1024 --learning_rate=3e-5 --min_lr=3e-6
 DDP, on one node of 8 GPUs, or two nodes:
   torchrun --standalone --nproc_per_node=8 train.py config/paper_360m.py
@@ -12,9 +13,10 @@ DDP, on one node of 8 GPUs, or two nodes:
 
 Every eval appends to out_dir/log.jsonl and, after iteration 0, saves out_dir/ckpt.pt (always_save_checkpoint;
 eval_only: never). It holds every rank's RNG states: a resume with the same settings is bitwise the run that never
-stopped; a larger max_iters trains on, the cosine still ending at lr_decay_iters. Nothing is lost (checkpoint.RunDir):
-a second run into the same out_dir is refused, a NaN or inf loss stops the run before anything of it is saved, and
-a new run replaces an old checkpoint only with --overwrite=True.
+stopped on the CPU (tests/test_train.py); on CUDA only where its kernels are deterministic, which train.py does not
+ask for, and SDPA's flash backward is not. A larger max_iters trains on, the cosine still ending at lr_decay_iters.
+Nothing is lost (checkpoint.RunDir): a second run into the same out_dir is refused, a NaN or inf loss stops the run
+before anything of it is saved, and a new run replaces an old checkpoint only with --overwrite=True.
 """
 import math
 import os
@@ -215,8 +217,9 @@ def stop_if_diverged(loss, what):
 # _acc on MQAR, _first and _second on the copy task) and, every log_interval, {iter, loss, lr, ms_per_iter, tok_per_s,
 # mfu (null off CUDA), elapsed_s}
 tokens_per_iter = gradient_accumulation_steps * world_size * batch_size * T
-run = RunDir(out_dir, iter_num if init_from == "resume" else None) if master else None
+run = RunDir(out_dir, iter_num if init_from == "resume" else None, best_val_loss) if master else None
 if master:
+    best_val_loss = run.best_val_loss  # a resume's: the best of the evals log.jsonl keeps (checkpoint.RunDir)
     print(f"{dataset}: {len(data['train']):,} train / {len(data['val']):,} val tokens; "
           f"{raw_model.get_num_params() / 1e6:.2f}M parameters, attn={attn}, window={window}; {tokens_per_iter:,} "
           f"tokens per iteration ({world_size} x {gradient_accumulation_steps} x {batch_size} x {T}) on {device}")

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 import attention
-from kv_cache import KVCache
+from kv_cache import KVCache, use_kv_cache
 from checkpoint import save_checkpoint
-from model import GPT, GPTConfig
+from model import GPT, KINDS, GPTConfig
 from test_attention import MaxNumel
 
 # lengths that are no multiple of the window (7) or the MoBA block (8)
@@ -155,6 +155,17 @@ def test_value_sa_decode_reads_o_window_keys(attn, monkeypatch):
             assert min(read) >= 2000
         else:
             assert max(read) <= 8 * 8, f"a decode step read {max(read)} keys with window 8 at T=2000"
+
+
+def test_the_cache_message_names_what_keeps_a_kind_from_a_cache(monkeypatch, capsys):
+    """A kind whose KINDS row has no cache rule: the messages spoke of its sa_rule, which has nothing to do with it."""
+    monkeypatch.setitem(KINDS, "dilated", KINDS["swa"]._replace(cache=lambda c: None))
+    for attn, named in (("dilated", "attn='dilated'"), ("sa", "attn='sa' with sa_rule='rank'")):
+        config = tiny(attn).config
+        assert use_kv_cache(config, True) is False
+        assert capsys.readouterr().err.startswith(f"{named} cannot be decoded from a KV cache")
+        with pytest.raises(ValueError, match=f"a KV cache takes a cacheable model, not {named}$"):
+            KVCache(config)
 
 
 @pytest.mark.parametrize("attn", ["sa", "sa+swa"])
@@ -315,6 +326,17 @@ def test_sample_mqar_prints_no_padding_ids(tmp_path):
                "--dtype=float16")
     ids = [int(t) for t in r.stdout.split("---------------")[0].split()]
     assert ids[:3] == [1, 2, 3] and max(ids) < 10 and len(ids) < 43
+
+
+def test_a_prompt_longer_than_block_size_is_read_from_its_last_block_size_tokens(tmp_path):
+    """generate reads the last block_size tokens, as nanoGPT's does, with or without a cache; its door refused a longer
+    prompt ("sequence length 40 exceeds block_size 16"), and so did sample.py."""
+    model, idx = tiny("swa", block_size=16), tokens(2, 40)
+    for use_cache in (True, False):
+        long, short = (model.generate(x, 8, temperature=0, use_cache=use_cache) for x in (idx, idx[:, -16:]))
+        assert torch.equal(long[:, :40], idx) and torch.equal(long[:, 40:], short[:, 16:])
+    out = checkpoint(tmp_path, {"tokenizer": "bytes", "vocab_size": 256}, attn="swa", vocab_size=256)  # block_size 96
+    assert sample(out, "--start=" + "ab" * 60, "--num_samples=1", "--max_new_tokens=4").stdout.startswith("ab" * 60)
 
 
 def rounding_pairs(n, delta=0.125, seed=0):

@@ -41,7 +41,7 @@ import torch.nn.functional as F
 import eval as ev
 import prepare_data as P
 
-from checkpoint import load_checkpoint, save_checkpoint
+from checkpoint import from_gpt2, load_checkpoint, save_checkpoint
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}  # tiny models; one thread each is fastest on a shared CPU
@@ -171,6 +171,7 @@ def test_downloadable_datasets_offline(tmp_path, monkeypatch, eot, dtype):
     """shakespeare_char, fineweb-edu and wikitext-103 through their real code, with the
     network calls and GPT-2's encoding replaced by local stand-ins."""
     monkeypatch.setattr(tiktoken, "get_encoding", lambda name: tiny_encoding(eot))
+    monkeypatch.setitem(P.VOCAB, "gpt2", eot + 1)  # the stand-in's vocabulary, as meta.json's check knows gpt2's
     play = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n" * 5
     docs = [f"doc {i}: the thing is in the string" for i in range(12)]
     monkeypatch.setattr(P, "download_text", lambda url: play)
@@ -262,6 +263,30 @@ def test_resume_is_bitwise_exact(trained, train_args, tmp_path):
     for key in ("torch", "sampler", "sa"):
         assert torch.equal(a["rng"][0][key], b["rng"][0][key])
     assert "step 3: train loss" in r.stdout  # the resumed run re-evaluates where it left off
+
+
+def test_a_resume_past_an_eval_the_longer_run_skips_logs_and_keeps_what_it_does(trained, train_args, tmp_path):
+    """Issue 56's case, scaled: stop at 300 with eval_interval 250 (its last eval, at 300, is one a run to 600 never
+    makes), then resume to 600. Here 4 with eval_interval 3, then 6: the log and best_val_loss are those of the run of
+    6 that never stopped. The stopped checkpoint's best_val_loss is set to 0.0, as if its eval at 4, which the resume
+    deletes, had been the best (on this data the loss falls through 6): it used to survive the resume."""
+    run("train.py", *train_args, "--max_iters=4", f"--out_dir={tmp_path}")
+    assert [r["iter"] for r in read_log(tmp_path) if "val_loss" in r] == [0, 3, 4]
+    torch.save({**load(tmp_path), "best_val_loss": 0.0}, tmp_path / "ckpt.pt")
+    run("train.py", *train_args, "--max_iters=6", f"--out_dir={tmp_path}", "--init_from=resume")
+    assert read_log(tmp_path) == read_log(trained)
+    best = min(r["val_loss"] for r in read_log(trained) if "val_loss" in r)
+    assert load(tmp_path)["best_val_loss"] == load(trained)["best_val_loss"] == best
+
+
+def test_a_resume_trains_with_its_own_dropout(trained, train_args, tmp_path):
+    """check_resume lets a resume change dropout, as nanoGPT's does; the model kept the checkpoint's, silently, and the
+    next checkpoint said one dropout in its settings, another in its model_args."""
+    for name, content in files(trained).items():
+        (tmp_path / name).write_bytes(content)
+    run("train.py", *train_args, "--dropout=0.0", "--max_iters=7", f"--out_dir={tmp_path}", "--init_from=resume")
+    ckpt = load(tmp_path)
+    assert ckpt["iter_num"] == 7 and ckpt["model_args"]["dropout"] == ckpt["settings"]["dropout"] == 0.0
 
 
 def test_checkpoint_contents(trained, root):
@@ -489,7 +514,9 @@ def test_mqar_config_without_data_names_its_prepare_line(tmp_path):
     (["--attn=dense"], "GPTConfig.attn='dense' is invalid"),
     (["--learning_rate=1e999"], "learning_rate=inf: use a finite number"),
     (["--beta2=-1e999"], "beta2=-inf: use a finite number"),
-    (["--n_layer=1000000", "--n_embd=768"], "n_layer=1000000, n_embd=768: 7,077.9B parameters need 105,469 GiB"),
+    (["--n_layer=1000000", "--n_embd=768"], "n_layer=1000000, n_embd=768, vocab_size=256: 7,077.9B parameters need "
+     "105,469 GiB"),
+    (["--vocab_size=1000000000"], "vocab_size=1000000000: 32.0B parameters need"),  # spoke of n_layer and n_embd only
     (["--out_dir="], "out_dir='': name a directory"),
 ])
 def test_train_errors(root, tmp_path, monkeypatch, args, message):
@@ -658,7 +685,7 @@ def test_a_tokenizer_that_cannot_load_is_one_line_naming_the_checkpoint(trained,
     def offline(name):
         raise ConnectionError("no network")
     monkeypatch.setattr(tiktoken, "get_encoding", offline)
-    torch.save({**good, "meta": {**good["meta"], "tokenizer": "r50k_base"}}, tmp_path / "ckpt.pt")
+    torch.save({**good, "meta": {**good["meta"], "tokenizer": "r50k_base", "vocab_size": 50257}}, tmp_path / "ckpt.pt")
     message = one_line_error(monkeypatch, "sample.py", f"--out_dir={tmp_path}")
     assert message.startswith(f"{tmp_path / 'ckpt.pt'}: tiktoken could not load the 'r50k_base' encoding"), message
 
@@ -673,7 +700,10 @@ def test_data_errors(root, tmp_path):
     (tmp_path / "cut" / "train.bin").write_bytes((root / "text" / "train.bin").read_bytes()[:-2])
     with pytest.raises(ValueError, match="truncated or corrupt"):
         P.load_tokens(tmp_path / "cut", "train", meta)
-    with pytest.raises(ValueError, match="val.bin is missing"):
+    with pytest.raises(ValueError, match="val.bin not found"):
+        P.load_tokens(tmp_path / "cut", "val", meta)
+    (tmp_path / "cut" / "val.bin").mkdir()
+    with pytest.raises(ValueError, match="val.bin is a directory, not a file: re-run"):  # was "is missing"
         P.load_tokens(tmp_path / "cut", "val", meta)
     with pytest.raises(ValueError, match="holds token id [0-9]+ at token [0-9]+, but vocab_size is 10"):
         P.load_tokens(root / "text", "train", {**meta, "vocab_size": 10})
@@ -705,6 +735,7 @@ def test_data_errors(root, tmp_path):
     ("text", dict(eot=256), "'eot' is 256, not a token id below vocab_size 256"),
     ("text", dict(source=3), "'source' is 3, not a text"),
     ("text", dict(tokenizer="foo"), "has tokenizer='foo', which this repo cannot load"),  # train.py trained on it
+    ("text", dict(tokenizer="gpt2"), "'vocab_size' is 256, not the 50257 ids of gpt2"),  # so did it on this
     ("chars", dict(chars=None), "'tokenizer' is 'chars', without chars, the 200 distinct characters of its tokens"),
     ("chars", dict(chars="abc"), "'chars' is 'abc', not the 200 distinct characters"),
     ("mqar", dict(mqar="x"), "'mqar' is 'x', not an MQAR layout"),
@@ -755,6 +786,10 @@ def test_load_checkpoint_errors(trained, tmp_path):
     path = str(tmp_path / "ckpt.pt")
     with pytest.raises(ValueError, match="not found"):
         load_checkpoint(path)
+    os.mkdir(path)
+    with pytest.raises(ValueError, match="ckpt.pt is a directory, not a file"):  # was "not found"
+        load_checkpoint(path)
+    os.rmdir(path)
     raw = open(os.path.join(trained, "ckpt.pt"), "rb").read()
     cases = [(raw[:len(raw) // 2], "unreadable"), (b"garbage", "unreadable"),
              ({"model": {}, "model_args": {"n_layer": 2, "n_embd": 32}}, "'model_args' is .*, not GPTConfig's fields"),
@@ -807,6 +842,11 @@ def rng_with(**states):
      "its weights do not fit its model_args (2 mismatched entries"),
     (lambda good: {"model_args": {**good["model_args"], "block_size": 10**12}},  # RoPE's tables: no weights, 10**12 rows
      "its model_args make a model of "),
+    # edited in model_args only: trained the edited model, under a banner of the settings' values
+    (lambda good: {"model_args": {**good["model_args"], "window": 16}}, "its model_args have window=16, its settings "
+     "window=8: the file was edited"),
+    (lambda good: {"model_args": {**good["model_args"], "sa_rule": "value"}}, "its model_args have sa_rule='value', "
+     "its settings sa_rule='rank'"),
     (lambda good: {"rng": []}, "'rng' is [], not a list of each rank's RNG states"),
     (lambda good: {"rng": [1]}, "'rng' fails for rank 0: it is 1, not a dict of entries"),
     (rng_with(torch=torch.zeros(3, dtype=torch.uint8)), "'rng' fails for rank 0: 'torch' is a uint8 tensor of shape (3,), "
@@ -871,6 +911,7 @@ def test_prepare_errors_are_one_line(tmp_path):
     for args, message in [(["--mqar_seq_len=ten"], "mqar_seq_len must be of type int"),
                           (["--dataset=nope"], "unknown dataset 'nope'"),
                           ([f"--input_file={tmp_path / 'empty.txt'}"], "empty.txt is empty"),
+                          ([f"--input_file={tmp_path}"], "is a directory, not a file"),  # was "no such file"
                           ([short], "short.txt is too short to split into train and val"),
                           ([short, "--val_fraction=0"], "val_fraction=0.0: it must lie"),
                           ([readme, "--tokenizer=bogus"], "unknown tokenizer 'bogus': use bytes, chars"),
@@ -1094,6 +1135,37 @@ def test_gpt2_fine_tuning_errors_are_one_line(root, tmp_path, tiny_gpt2, monkeyp
     assert f"--init_from={tmp_path}: cannot load it" in one_line_error(monkeypatch, "train.py", *base,
                                                                        f"--init_from={tmp_path}")
     assert not (tmp_path / "out").exists()
+
+
+def test_samples_a_saved_gpt2_with_any_attention_swapped_in(tiny_gpt2, tmp_path, monkeypatch, capsys):
+    """sample.py --init_from=<a GPT-2's directory> --attn=... --window=...: the paper's training-free swap as one
+    command, its text through GPT-2's BPE (tiktoken's gpt2; here a tiny stand-in), its tokens those of from_gpt2 and
+    swap_attention. sa+swa, whose gates need training, is refused in one line."""
+    import transformers
+    gpt2 = transformers.GPT2LMHeadModel.from_pretrained(tiny_gpt2)
+    with torch.no_grad():  # at init every kind gives near-uniform logits: weights that make attention matter
+        for p in gpt2.parameters():
+            p.add_(0.5 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
+    gpt2.save_pretrained(tmp_path)
+    monkeypatch.setattr(tiktoken, "get_encoding", lambda name: tiny_encoding(50256))
+    monkeypatch.chdir(REPO)
+    monkeypatch.setattr(sys, "excepthook", sys.excepthook)  # configurator.py sets the script's own
+    enc, samples = tiny_encoding(50256), set()
+    for attn in ("full", "swa", "sa", "moba"):
+        args = [f"--init_from={tmp_path}", f"--attn={attn}", "--window=4", "--start=ab", "--num_samples=1",
+                "--max_new_tokens=20", "--temperature=1.0", "--seed=3", "--device=cpu", "--dtype=float32"]
+        monkeypatch.setattr(sys, "argv", ["sample.py", *args])
+        runpy.run_path(os.path.join(REPO, "sample.py"), run_name="__main__")
+        got = capsys.readouterr().out
+        model = from_gpt2(str(tmp_path)).swap_attention(attn=attn, window=4).eval()
+        torch.manual_seed(3)
+        model.seed_sa(3)
+        want = model.generate(torch.tensor([enc.encode("ab")]), 20, temperature=1.0, top_k=200)
+        assert got == enc.decode(want[0].tolist()) + "\n---------------\n"
+        samples.add(got)
+    assert len(samples) == 3  # the swap happened: moba's one chunk of 64 keys here is full attention, the others differ
+    message = one_line_error(monkeypatch, "sample.py", f"--init_from={tmp_path}", "--attn=sa+swa")
+    assert "cannot swap attn='full' -> 'sa+swa' without training" in message
 
 
 def test_a_flipped_byte_in_a_checkpoint_is_refused(trained, tmp_path, train_args, monkeypatch):
