@@ -2,7 +2,7 @@
 Support, which a first reading skips. GPT.generate's exact KV cache: a step's output is the last row of a forward over
 the tokens it holds (all so far, until generate refills it); tests/test_generate.py checks each kind.
 
-Per layer: k, v (B, nh, S, hs), position p in slot p % S, and what the model's KINDS row names:
+Per layer: k, v (B, nh, S, hs), position p in slot p % S, and what the layout its KINDS row names keeps:
 "all" (full): S = block_size. "window" (SWA): S = min(window, block_size); a key is overwritten once no query sees it.
 "chunks" (MoBA): S = block_size in whole chunks, and each complete chunk's fp32 mean key.
 "sorted" (value-rule SA): S = block_size, and r sorted with positions: two binary searches find a step's keys
@@ -34,7 +34,7 @@ class KVCache:
         need(config.cacheable, f"a KV cache takes a cacheable model, not attn={config.attn!r} with "
              f"sa_rule={config.sa_rule!r}")
         self.config, self.layers = config, [{} for _ in range(config.n_layer)]
-        self.keeps = config.cache_rule()
+        self.layout = config.kv_layout()
         self.start = 0  # tokens seen: the next one's position
         self.chunk = min(config.moba_chunk, config.block_size)  # MoBA's
 
@@ -44,13 +44,13 @@ class KVCache:
         c, cache, start, chunk, (B, nh, T, hs) = self.config, self.layers[i], self.start, self.chunk, k.shape
         need(not cache or cache["k"].shape[0] == B, f"this KV cache holds {cache and cache['k'].shape[0]} rows, got "
              f"a batch of {B}: start a new cache")
-        if self.keeps == "sorted":
+        if self.layout == "sorted":
             check_inputs(k, k, v, r=draw)
         if not cache:
             S = {"window": min(c.window, c.block_size),
-                 "chunks": math.ceil(c.block_size / chunk) * chunk}.get(self.keeps, c.block_size)
+                 "chunks": math.ceil(c.block_size / chunk) * chunk}.get(self.layout, c.block_size)
             cache.update(k=k.new_zeros(B, nh, S, hs), v=v.new_zeros(B, nh, S, hs))
-            if self.keeps == "chunks":
+            if self.layout == "chunks":
                 cache["kmean"] = k.new_zeros(B, nh, S // chunk, hs, dtype=torch.float32)
         S = cache["k"].shape[2]
         n = min(T, S)  # the last S positions only
@@ -58,9 +58,9 @@ class KVCache:
         cache["k"][:, :, slots] = k[:, :, T - n:]  # (B, nh, n, hs)
         cache["v"][:, :, slots] = v[:, :, T - n:]
         lo, hi = start // chunk, (start + T) // chunk
-        if self.keeps == "chunks" and hi > lo:  # chunks completed, averaged as moba_select does
+        if self.layout == "chunks" and hi > lo:  # chunks completed, averaged as moba_select does
             cache["kmean"][:, :, lo:hi] = tiled.chunk_means(cache["k"][:, :, lo * chunk:hi * chunk], chunk)
-        if self.keeps == "sorted":
+        if self.layout == "sorted":
             r = draw.expand(B, nh, T).reshape(-1, T) if draw.dim() == 3 else draw[None]  # (R, T)
             cache["rq"] = r[:, -1:]  # (R, 1): the newest r, a step's query
             r, order = r.sort(-1)  # (R, T) ascending
@@ -74,12 +74,12 @@ class KVCache:
             cache["rs"], cache["ps"] = r, p
 
     def attend(self, i, q, kind):
-        """q (B, nh, 1, hs) of position start, stored, over layer i's cache by kind's rule."""
+        """q (B, nh, 1, hs) of position start, stored, over layer i's cache by kind's layout."""
         c, cache, start, chunk, (B, nh, _, hs) = self.config, self.layers[i], self.start, self.chunk, q.shape
         if q.numel() == 0:  # an empty batch or head
             return torch.zeros_like(q)
-        S, rule, nc = cache["k"].shape[2], c.cache_rule(kind), start // chunk  # nc: MoBA's complete chunks
-        if rule == "sorted":  # the run of rs within delta (plus a margin) of rq
+        S, layout, nc = cache["k"].shape[2], c.kv_layout(kind), start // chunk  # nc: MoBA's complete chunks
+        if layout == "sorted":  # the run of rs within delta (plus a margin) of rq
             delta, rs, rq = c.sa_delta, cache["rs"], cache["rq"]  # rs (R, m), rq (R, 1)
             reach = delta + attention.VALUE_MARGIN
             lo, hi = torch.searchsorted(rs, rq - reach), torch.searchsorted(rs, rq + reach)  # (R, 1) each
@@ -89,11 +89,11 @@ class KVCache:
             at = cache["ps"].gather(1, at).expand(B * nh, -1).view(B, nh, -1, 1).expand(-1, -1, -1, hs)  # positions
             keys, vals, mask = cache["k"].gather(2, at), cache["v"].gather(2, at), mask.view(B, nh, 1, -1)
         else:  # positions first..start: all, the last `window`, or MoBA's own chunk so far
-            first = {"all": 0, "window": max(0, start + 1 - c.window), "chunks": nc * chunk}[rule]
+            first = {"all": 0, "window": max(0, start + 1 - c.window), "chunks": nc * chunk}[layout]
             slots = torch.arange(first, start + 1, device=q.device) % S
             keys, vals = cache["k"][:, :, slots], cache["v"][:, :, slots]  # (B, nh, n, hs)
             mask = torch.ones_like(slots, dtype=torch.bool)
-        if rule == "chunks":  # and the top_k - 1 past chunks of largest q . kmean, if any
+        if layout == "chunks":  # and the top_k - 1 past chunks of largest q . kmean, if any
             # moba_select's row (fp32, own chunk at -inf), so topk breaks ties alike
             with torch.autocast(q.device.type, enabled=False):
                 scores = q.float() @ cache["kmean"][:, :, :nc + 1].transpose(-1, -2)  # (B, nh, 1, nc+1)

@@ -30,7 +30,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import attention
 from checkpoint import RunDir, from_gpt2, load_checkpoint, restore, rng_states
 from guards import check_memory, need
-from model import DTYPES, GPT, SWAP_FIELDS, GPTConfig, autocast
+from model import DTYPES, GPT, GPTConfig, autocast, swap_fields
 from prepare_data import dataset_dir, draw_batch, load_data, task_metrics
 
 # -----------------------------------------------------------------------------
@@ -143,7 +143,7 @@ elif init_from == "resume":  # the checkpoint's model settings and tokenizer mus
     model, ckpt = load_checkpoint(ckpt_path, resume=(settings, meta))
     iter_num, best_val_loss = ckpt["iter_num"], ckpt["best_val_loss"]
 else:  # GPT-2's weights with this run's attention (its swap), cropped to block_size, to fine-tune
-    model = from_gpt2(init_from, {k: settings[k] for k in (*SWAP_FIELDS, "dropout")})
+    model = from_gpt2(init_from, {k: settings[k] for k in (*swap_fields(), "dropout")})
     model.crop_block_size(block_size)
     need(meta["vocab_size"] <= model.config.vocab_size, f"init_from={init_from!r} reads {model.config.vocab_size} "
          f"token ids, fewer than {data_dir}'s {meta['vocab_size']}: prepare the data with its tokenizer (gpt2)")

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import attention
+import model as M
 from kv_cache import KVCache
 from checkpoint import save_checkpoint
 from model import GPT, GPTConfig
@@ -178,10 +179,10 @@ def test_sa_cannot_be_cached_says_so_and_recomputes(attn, capsys):
 # -----------------------------------------------------------------------------
 # mixed precision (issue 21 section 1): every kind, both SA rules and both sa_perm modes
 
-EVERY_KIND = [("full", {}), ("swa", {}), ("moba", {})] + [
-    (attn, dict(sa_rule=rule, sa_perm=perm))
-    for attn in ("sa", "sa+swa") for rule in ("rank", "value") for perm in ("shared", "head")]
-CACHEABLE = [(attn, kw) for attn, kw in EVERY_KIND if kw.get("sa_rule") != "rank"]
+EVERY_KIND = [(attn, {}) for attn, row in M.KINDS.items() if not row.draws] + [
+    (attn, dict(sa_rule=rule, sa_perm=perm)) for attn, row in M.KINDS.items() if row.draws
+    for rule in row.settings["sa_rule"] for perm in row.settings["sa_perm"]]
+CACHEABLE = [(attn, kw) for attn, kw in EVERY_KIND if GPTConfig(attn=attn, **kw).cacheable]
 
 
 def kind_id(case):
