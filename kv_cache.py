@@ -2,11 +2,13 @@
 Support, which a first reading skips. GPT.generate's exact KV cache: a step's output is the last row of a forward over
 the tokens it holds (all so far, until generate refills it); tests/test_generate.py checks each kind.
 
-Per layer: k, v (B, nh, S, hs), position p in slot p % S, and what the layout its KINDS row names keeps:
+Per layer: k, v (B, nh, S, hs), position p in slot p % S, and what the layout its KINDS row names keeps (LAYOUTS):
 "all" (full): S = block_size. "window" (SWA): S = min(window, block_size); a key is overwritten once no query sees it.
 "chunks" (MoBA): S = block_size in whole chunks, and each complete chunk's fp32 mean key.
 "sorted" (value-rule SA): S = block_size, and r sorted with positions: two binary searches find a step's keys
 (~2 * window at T = block_size).
+"prefix" (any kind without SA's draws): S = block_size; a step runs the kind's own function over the start + 1 keys
+held, all queries zero but the step's, the last: exact where output row i reads q_i and keys up to i alone.
 None (rank-rule SA, GPTConfig.cacheable): no cache; generate recomputes the prefix.
 """
 import math
@@ -17,6 +19,9 @@ import torch
 import attention
 import tiled
 from guards import check_inputs, need
+
+# Each layout and the kinds whose rule its step follows (GPTConfig.kv_layout checks a row's); None: any without draws
+LAYOUTS = {"all": ("full",), "window": ("swa",), "chunks": ("moba",), "sorted": ("sa", "sa+swa"), "prefix": None}
 
 
 def use_kv_cache(config, use_cache):
@@ -73,12 +78,17 @@ class KVCache:
                 p = ps.new_empty(r.shape).scatter_(1, at_old, ps).scatter_(1, at_new, p)  # (R, m + T) each
             cache["rs"], cache["ps"] = r, p
 
-    def attend(self, i, q, kind):
-        """q (B, nh, 1, hs) of position start, stored, over layer i's cache by kind's layout."""
+    def attend(self, i, q, kind, fn, args):
+        """q (B, nh, 1, hs) of position start, stored, over layer i's cache by kind's layout; fn and its args: the
+        kind's function (the "prefix" layout runs it)."""
         c, cache, start, chunk, (B, nh, _, hs) = self.config, self.layers[i], self.start, self.chunk, q.shape
         if q.numel() == 0:  # an empty batch or head
             return torch.zeros_like(q)
         S, layout, nc = cache["k"].shape[2], c.kv_layout(kind), start // chunk  # nc: MoBA's complete chunks
+        if layout == "prefix":
+            qs = torch.cat([q.new_zeros(B, nh, start, hs), q], 2)  # (B, nh, start + 1, hs)
+            y = fn(qs, cache["k"][:, :, :start + 1], cache["v"][:, :, :start + 1], *args)  # (B, nh, start + 1, hs)
+            return y[:, :, -1:]  # (B, nh, 1, hs)
         if layout == "sorted":  # the run of rs within delta (plus a margin) of rq
             delta, rs, rq = c.sa_delta, cache["rs"], cache["rq"]  # rs (R, m), rq (R, 1)
             reach = delta + attention.VALUE_MARGIN

@@ -17,7 +17,7 @@ from torch.nn import functional as F
 
 import attention
 from guards import InputError, check_tokens, need, setting_problem
-from kv_cache import KVCache, use_kv_cache
+from kv_cache import LAYOUTS, KVCache, use_kv_cache
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -60,7 +60,7 @@ class CausalSelfAttention(nn.Module):
         row = KINDS[kind]
         args = [draw if a == "draw" else getattr(self.config, a) for a in row.args]
         if cache is not None and cache.start > 0:
-            return cache.attend(self.layer_idx, q, kind)
+            return cache.attend(self.layer_idx, q, kind, row.fn, args)
         return row.fn(q, k, v, *args)
 
 
@@ -88,7 +88,7 @@ class Kind(NamedTuple):
     args: tuple  # what fn takes after q, k, v: GPTConfig fields or properties, or "draw" (the layer's SA draw)
     settings: dict  # the GPTConfig fields it reads, {name: its choices or range}: GPTConfig checks them, swaps set them
     keys_seen: Callable  # (config, T) -> how many keys a query sees (flops_per_token)
-    kv_layout: Callable  # config -> how a KVCache stores it: "all", "window", "chunks", "sorted"; None: no cache
+    kv_layout: Callable  # config -> how a KVCache stores it (kv_cache.LAYOUTS); None: generate recomputes the prefix
     draws: bool = False  # whether it takes SA's draws (GPT.draw_sa)
 
 
@@ -134,7 +134,7 @@ class GPTConfig:
     pos_emb: str = "rope"  # "rope" rotates q, k before SA permutes; "learned": GPT-2's, to load its weights
     rope_base: float = 10000.0
 
-    def __post_init__(self):  # every model's door: each field checked (guards.SETTINGS, its values)
+    def __post_init__(self):  # every model's door: each field checked (guards.SETTINGS, its values), its KV cache
         allowed = dict(attn=tuple(KINDS), pos_emb=("rope", "learned"), bias=(True, False))
         for row in KINDS.values():
             allowed.update(row.settings)  # rows that share a setting give it the same values
@@ -156,6 +156,7 @@ class GPTConfig:
              f"n_head={self.n_head}")
         need(self.pos_emb != "rope" or self.n_embd // self.n_head % 2 == 0, f"GPTConfig.n_embd={self.n_embd} is "
              "invalid: RoPE rotates pairs, so the head size n_embd // n_head must be even")
+        self.kv_layout()
 
     @property
     def sa_delta(self):
@@ -169,8 +170,15 @@ class GPTConfig:
         return self.kv_layout() is not None
 
     def kv_layout(self, kind=None):
-        """How a KVCache stores kind (default: the model's), by its KINDS row."""
-        return KINDS[kind or self.attn].kv_layout(self)
+        """How a KVCache stores kind (default: the model's), by its KINDS row: a layout that decodes it, or None."""
+        kind = kind or self.attn
+        layout, draws = KINDS[kind].kv_layout(self), KINDS[kind].draws
+        need(layout in (None, *LAYOUTS), f"attn={kind!r}: its KINDS row names the KV-cache layout {layout!r}, not one "
+             f"of kv_cache.LAYOUTS")
+        decodes = LAYOUTS.get(layout)
+        need(layout is None or (kind in decodes if decodes else not draws), f"attn={kind!r}: the KV-cache layout "
+             f"{layout!r} decodes {' and '.join(decodes or ['kinds without SA draws'])} alone: name \"prefix\" or None")
+        return layout
 
 
 class GPT(nn.Module):

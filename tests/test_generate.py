@@ -158,6 +158,24 @@ def test_value_sa_decode_reads_o_window_keys(attn, monkeypatch):
             assert max(read) <= 8 * 8, f"a decode step read {max(read)} keys with window 8 at T=2000"
 
 
+def test_a_new_kind_decodes_by_its_own_function_or_is_refused(monkeypatch):
+    """A fork's kind names a KV-cache layout in its KINDS row. "prefix" decodes any kind without SA's draws exactly:
+    its own function over the keys held. "window" decoded a new kind as plain SWA, silently, and a layout kv_cache.py
+    lacks was a KeyError in it: both are one line now, from GPTConfig, as "prefix" with draws is."""
+    def half(q, k, v, window):  # SWA at half the window: "window" would decode twice its keys
+        return attention.sliding_window_attention(q, k, v, max(1, window // 2))
+    for layout, draws, problem in (("window", False, "attn='half': the KV-cache layout 'window' decodes swa alone"),
+                                   ("ring", False, "attn='half': its KINDS row names the KV-cache layout 'ring', not"),
+                                   ("prefix", True, "'prefix' decodes kinds without SA draws alone")):
+        row = M.Kind(half, ("window",), {"window": M.POSITIVE}, lambda c, T: T, lambda c: layout, draws=draws)
+        monkeypatch.setitem(M.KINDS, "half", row)
+        with pytest.raises(ValueError, match=problem):
+            tiny("half")
+    monkeypatch.setitem(M.KINDS, "half", row._replace(draws=False))
+    assert tiny("half").config.kv_layout() == "prefix"
+    test_cached_logits_equal_one_full_forward("half", {})
+
+
 @pytest.mark.parametrize("attn", ["sa", "sa+swa"])
 def test_sa_cannot_be_cached_says_so_and_recomputes(attn, capsys):
     model, idx, outs = tiny(attn), tokens(1, 11), []
