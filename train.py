@@ -20,7 +20,7 @@ import math
 import os
 import time
 from collections import Counter
-from dataclasses import fields
+from dataclasses import asdict, fields
 
 import numpy as np
 import torch
@@ -45,6 +45,10 @@ eval_only = False  # evaluate once and exit
 always_save_checkpoint = True  # save at every eval; False: only when val loss improves
 init_from = "scratch"  # "scratch", "resume" (out_dir/ckpt.pt), "gpt2" ... "gpt2-xl", or a GPT2LMHeadModel's directory
 overwrite = False  # True: a new run replaces out_dir's ckpt.pt at its first checkpoint; False: refused
+# model: each GPTConfig field is a setting (n_layer, attn, window...; its default and comment in model.py), passed by
+# name; block_size is the data's below
+globals().update(asdict(GPTConfig()))
+vocab_size = 0  # 0: the data's vocab_size, padded up to a multiple of 64 (50257 -> 50304)
 # data
 dataset = "fineweb-edu"  # data_root/<dataset>/ from prepare_data.py
 data_root = "data"
@@ -52,21 +56,6 @@ gradient_accumulation_steps = 32  # micro-steps per iteration, the total over DD
 batch_size = 8  # sequences per micro-step per rank
 block_size = 2048  # tokens per sequence (mqar: the data's seq_len; a GPT-2: at most its 1024)
 copy_task = False  # far copying: each sequence is a random block_size/2-token chunk, then that chunk again
-# model: a global per GPTConfig field (block_size above), passed by name; n_layer, n_head, n_embd are GPT-2 small's
-n_layer = 12
-n_head = 12
-n_embd = 768
-dropout = 0.0
-bias = False
-attn = "sa+swa"  # full | swa | sa | sa+swa | moba (model.KINDS); a GPT-2 swaps to it, then trains
-window = 256  # SWA/SA keys per query
-moba_chunk = 64  # MoBA's key chunk
-moba_topk = 4  # MoBA's chunks per query
-sa_perm = "shared"  # shared (one permutation per layer) | head (one per batch row and head)
-sa_rule = "rank"  # rank (the paper) | value (decodable from a KV cache; attention.py's docstring)
-pos_emb = "rope"  # rope | learned (GPT-2's)
-rope_base = 10000.0
-vocab_size = 0  # 0: the data's vocab_size, padded up to a multiple of 64 (50257 -> 50304)
 # AdamW, warmup and cosine decay
 learning_rate = 6e-4
 max_iters = 5000  # iterations of batch_size * block_size * gradient_accumulation_steps tokens
@@ -108,8 +97,6 @@ device_type = "cuda" if device.startswith("cuda") else "cpu"
 ctx = autocast(device, dtype)
 torch.backends.cuda.matmul.allow_tf32 = True
 torch.backends.cudnn.allow_tf32 = True
-missing = [f.name for f in fields(GPTConfig) if f.name not in settings]
-need(not missing, f"train.py has no global for GPTConfig.{missing and missing[0]}: add it to the model settings")
 model_args = {f.name: settings[f.name] for f in fields(GPTConfig)}
 GPTConfig(**{**model_args, "vocab_size": vocab_size or 1})  # checks the model settings before any data is read
 

@@ -521,19 +521,6 @@ def test_settings_are_checked_before_any_data_is_read(root, tmp_path, monkeypatc
     assert not out.exists()
 
 
-def test_a_gptconfig_field_without_a_train_global_is_one_line(root, tmp_path, monkeypatch):
-    """train.py passes GPTConfig one global per field: a new field without its global is named, not a KeyError."""
-    import dataclasses
-    import model
-    extended = dataclasses.make_dataclass("GPTConfig", [("new_knob", int, dataclasses.field(default=1))],
-                                          bases=(model.GPTConfig,))
-    monkeypatch.setattr(model, "GPTConfig", extended)
-    message = one_line_error(monkeypatch, "train.py", f"--data_root={root}", "--dataset=text", *TINY,
-                             f"--out_dir={tmp_path / 'out'}")
-    assert "GPTConfig.new_knob" in message and "train.py" in message, message
-    assert not (tmp_path / "out").exists()
-
-
 def test_ctrl_c_says_where_the_run_resumes(root, tmp_path):
     """SIGINT mid-run: one line naming the checkpoint, its iteration and the command that resumes it, which does."""
     out = tmp_path / "out"
