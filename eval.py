@@ -38,7 +38,7 @@ split = "val"  # its split (wikitext-103 also has test)
 tasks = ""  # comma list of ppl, lambada, hellaswag, piqa, arc_easy, arc_challenge, winogrande ("" = ppl)
 task_file = ""  # comma list of JSONL files, each a task named after it (no ppl unless in tasks)
 limit = 0  # documents per task, block_size segments for ppl (0 = all)
-attn = ""  # comma list of kinds to swap in (model.KINDS) ("" = the model's own; --windows: each one-function kind)
+attn = ""  # comma list of model.KINDS to swap in ("" = the model's own; --windows: each one-function kind)
 window: int | None = None  # a swap's window (None = the model's own)
 windows = ""  # comma list of windows to sweep
 moba_chunk: int | None = None  # MoBA's key chunk (None = window // moba_topk: the window's key budget)
@@ -138,8 +138,8 @@ def check_settings(s):
 
 
 def plan(lm, kinds, ws, s):
-    """[None] (the model as is) or lm.use() kwargs: full once, each other kind per window with the settings of its
-    KINDS row that s gives. Several windows without --attn sweep each one-function kind; an sa+swa model keeps its
+    """[None] (the model as is) or lm.use() kwargs: a kind without settings (full) once, each other per window, with
+    the settings of its KINDS row that s gives. Several windows without --attn sweep each one-function kind; an sa+swa model keeps its
     kind (model.swapped)."""
     if not kinds and not ws:
         return [None]

@@ -134,7 +134,7 @@ class GPTConfig:
     pos_emb: str = "rope"  # "rope" rotates q, k before SA permutes; "learned": GPT-2's, to load its weights
     rope_base: float = 10000.0
 
-    def __post_init__(self):  # every model's door: each field checked (guards.SETTINGS, its values), its KV cache
+    def __post_init__(self):  # every model's door: each field checked (guards.SETTINGS, its values), its KV layout
         allowed = dict(attn=tuple(KINDS), pos_emb=("rope", "learned"), bias=(True, False))
         for row in KINDS.values():
             allowed.update(row.settings)  # rows that share a setting give it the same values
@@ -175,9 +175,9 @@ class GPTConfig:
         layout, draws = KINDS[kind].kv_layout(self), KINDS[kind].draws
         need(layout in (None, *LAYOUTS), f"attn={kind!r}: its KINDS row names the KV-cache layout {layout!r}, not one "
              f"of kv_cache.LAYOUTS")
-        decodes = LAYOUTS.get(layout)
+        decodes, fix = LAYOUTS.get(layout), "None" if draws else "'prefix' or None"
         need(layout is None or (kind in decodes if decodes else not draws), f"attn={kind!r}: the KV-cache layout "
-             f"{layout!r} decodes {' and '.join(decodes or ['kinds without SA draws'])} alone: name \"prefix\" or None")
+             f"{layout!r} decodes {' and '.join(decodes or ['kinds without SA draws'])} alone: its row may name {fix}")
         return layout
 
 
