@@ -98,13 +98,15 @@ ctx = autocast(device, dtype)
 torch.backends.cuda.matmul.allow_tf32 = True
 torch.backends.cudnn.allow_tf32 = True
 model_args = {f.name: settings[f.name] for f in fields(GPTConfig)}
-GPTConfig(**{**model_args, "vocab_size": vocab_size or 1})  # checks the model settings before any data is read
+config = GPTConfig(**{**model_args, "vocab_size": vocab_size or 1})  # the model settings, checked before any data
 
 # data: train.bin and val.bin from prepare_data.py, sequences of T tokens
 data_dir = dataset_dir(data_root, dataset)
 meta, data, T = load_data(data_dir, block_size, copy_task)
-if "mqar" in meta and attn == "swa" and n_layer * (window - 1) < meta["mqar"]["min_gap"] and master:
-    print(f"mqar: SWA's reach {n_layer} x ({window} - 1) < min_gap {meta['mqar']['min_gap']}: it can only guess")
+if "mqar" in meta and config.attn == "swa" and config.n_layer * (config.window - 1) < meta["mqar"]["min_gap"] \
+        and master:
+    print(f"mqar: SWA's reach {config.n_layer} x ({config.window} - 1) < min_gap {meta['mqar']['min_gap']}: it can "
+          "only guess")
 
 
 def get_batch(split, gen):
@@ -119,7 +121,7 @@ def get_batch(split, gen):
 model_args["vocab_size"] = vocab_size or math.ceil(meta["vocab_size"] / 64) * 64
 need(model_args["vocab_size"] >= meta["vocab_size"], f"vocab_size={vocab_size} is smaller than the vocabulary of "
      f"{data_dir} ({meta['vocab_size']}): use --vocab_size=0")
-check_memory(device, n_layer, n_embd, model_args["vocab_size"], batch_size, T)
+check_memory(device, config.n_layer, config.n_embd, model_args["vocab_size"], batch_size, T)
 ckpt_path = os.path.join(out_dir, "ckpt.pt")
 torch.manual_seed(seed)
 dropout_seed, sampler_seed, sa_seed = np.random.SeedSequence([seed, rank]).generate_state(3).tolist()
@@ -205,10 +207,12 @@ tokens_per_iter = gradient_accumulation_steps * world_size * batch_size * T
 run = RunDir(out_dir, iter_num if init_from == "resume" else None) if master else None
 if master:
     print(f"{dataset}: {len(data['train']):,} train / {len(data['val']):,} val tokens; "
-          f"{raw_model.get_num_params() / 1e6:.2f}M parameters, attn={attn}, window={window}; {tokens_per_iter:,} "
-          f"tokens per iteration ({world_size} x {gradient_accumulation_steps} x {batch_size} x {T}) on {device}")
+          f"{raw_model.get_num_params() / 1e6:.2f}M parameters, attn={config.attn}, window={config.window}; "
+          f"{tokens_per_iter:,} tokens per iteration ({world_size} x {gradient_accumulation_steps} x {batch_size} x "
+          f"{T}) on {device}")
 attention.IMPL = attn_impl
-line = attention.impl_line(device, DTYPES[dtype], n_embd // n_head, [attn], sa_rule)  # each rank's GPU checks itself
+line = attention.impl_line(device, DTYPES[dtype], config.n_embd // config.n_head, [config.attn],
+                           config.sa_rule)  # each rank's GPU checks itself
 if master:
     print(line)
 
