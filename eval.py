@@ -13,7 +13,9 @@ import math
 import os
 import random
 import re
+import typing
 from collections import namedtuple
+from dataclasses import fields
 
 import numpy as np
 import torch
@@ -24,7 +26,7 @@ import attention
 from checkpoint import GPT2_META, GPT2_SIZES, from_gpt2, hub_offline, load_checkpoint
 from guards import InputError, count, need, path_problem, setting_problem
 from hf import HFLM
-from model import DTYPES, KINDS, autocast, swapped
+from model import DTYPES, KINDS, GPTConfig, autocast, swapped
 from prepare_data import dataset_dir, get_tokenizer, load_meta, load_tokens, progress, pyplot
 
 # -----------------------------------------------------------------------------
@@ -36,8 +38,8 @@ split = "val"  # its split (wikitext-103 also has test)
 tasks = ""  # comma list of ppl, lambada, hellaswag, piqa, arc_easy, arc_challenge, winogrande ("" = ppl)
 task_file = ""  # comma list of JSONL files, each a task named after it (no ppl unless in tasks)
 limit = 0  # documents per task, block_size segments for ppl (0 = all)
-attn = ""  # comma list of kinds to swap in: full, swa, sa, sa+swa, moba ("" = the model's own; --windows: each kind)
-window: int | None = None  # a swap's swa/sa window (None = the model's own)
+attn = ""  # comma list of model.KINDS to swap in ("" = the model's own; --windows: each one-function kind)
+window: int | None = None  # a swap's window (None = the model's own)
 windows = ""  # comma list of windows to sweep
 moba_chunk: int | None = None  # MoBA's key chunk (None = window // moba_topk: the window's key budget)
 moba_topk = 4  # MoBA's chunks per query, its own included
@@ -49,6 +51,9 @@ device = "cuda" if torch.cuda.is_available() else "cpu"
 dtype = "bfloat16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "float32"
 json_out = ""  # also write the results to this JSON file
 plot = "sweep.png"  # a sweep's plot; a bare name goes into --json_out's directory if any, else out_dir ("" = none)
+for _field in fields(GPTConfig):  # every other kind setting (KINDS rows: sa_perm, sa_rule...), for a swap
+    if _field.name not in globals() and any(_field.name in row.settings for row in KINDS.values()):
+        globals()[_field.name], __annotations__[_field.name] = None, _field.type | None  # None = the model's own
 # -----------------------------------------------------------------------------
 DEFAULTS = {k: v for k, v in globals().items() if k[:1].islower() and isinstance(v, (int, float, str, type(None)))}
 
@@ -98,7 +103,7 @@ def check_settings(s):
     for k, v in s.items():
         need(k in DEFAULTS, f"{k}={v!r}: eval.py has no such setting")
         problem = setting_problem(k, v, s)
-        types = (int, type(None)) if DEFAULTS[k] is None else (type(DEFAULTS[k]),)  # None: an int | None setting
+        types = typing.get_args(__annotations__[k]) if k in __annotations__ else (type(DEFAULTS[k]),)  # X | None
         need(problem is None and type(v) in types, f"{k}={v!r}: {problem or 'its type'}")
     repeat = lambda xs: next((x for i, x in enumerate(xs) if x in xs[:i]), None)  # noqa: E731
 
@@ -132,8 +137,9 @@ def check_settings(s):
 
 
 def plan(lm, kinds, ws, s):
-    """[None] (the model as is) or lm.use() kwargs. Several windows without --attn sweep each one-function kind
-    (model.KINDS); an sa+swa model keeps its kind (model.swapped)."""
+    """[None] (the model as is) or lm.use() kwargs: a kind without settings (full) once, each other per window, with
+    the settings of its KINDS row that s gives. Several windows without --attn sweep each one-function kind; an sa+swa model keeps its
+    kind (model.swapped)."""
     if not kinds and not ws:
         return [None]
     native = lm.native["attn"]
@@ -141,10 +147,16 @@ def plan(lm, kinds, ws, s):
     if kinds != ["full"] and not ws:
         need("window" in lm.native, f"--attn={s['attn']} on this model needs --window or --windows")
         ws = [lm.native["window"]]
-    topk = s["moba_topk"]
-    swaps = [{"attn": "full"}] * ("full" in kinds) + [
-        {"attn": k, "window": w, **({"moba_chunk": s["moba_chunk"] or max(1, w // topk), "moba_topk": topk}
-                                    if k == "moba" else {})} for k in kinds if k != "full" for w in ws]
+    swaps = []
+    for k in kinds:
+        own = KINDS[k].settings  # full has none: one run
+        for w in ws if own else [None]:
+            swap = {"attn": k, **{n: s.get(n) for n in own if s.get(n) is not None}}
+            if own:
+                swap["window"] = w
+            if "moba_chunk" in own and s.get("moba_chunk") is None:  # MoBA at the window's key budget
+                swap["moba_chunk"] = max(1, w // s["moba_topk"])
+            swaps.append(swap)
     for swap in swaps if isinstance(lm, OurLM) else []:  # all checked before the first runs
         swapped(lm.model.config, **swap)
     return swaps
@@ -159,8 +171,8 @@ class OurLM:  # our GPT: a checkpoint or GPT-2
     def __init__(self, model, tok, block_size, device, ctx):
         self.model, self.tok, self.device, self.ctx, c = model.eval(), tok, device, ctx, model.config
         self.block_size, self.head_dim = min(block_size or c.block_size, c.block_size), c.n_embd // c.n_head
-        self.seed, kind = model.seed_sa, KINDS[c.attn]
-        self.native = {"attn": c.attn, **({"window": c.window} if "window" in kind.args or kind.draws else {})}
+        self.seed = model.seed_sa
+        self.native = {"attn": c.attn, **({"window": c.window} if "window" in KINDS[c.attn].settings else {})}
 
     def logits(self, idx, lengths=None):
         with self.ctx:

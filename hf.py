@@ -38,11 +38,11 @@ class HFLM:  # as eval.OurLM, for a transformers model
                                            register_hf_attention(**swap, generator=self.generator))
 
 
-def register_hf_attention(attn, window=None, moba_chunk=64, moba_topk=4, generator=None):
+def register_hf_attention(attn, window=None, moba_chunk=64, moba_topk=4, generator=None, **other):
     """Register attn with transformers (Qwen3, Llama... call it after RoPE), with a mask function handing it the 2D
     padding mask: a row, left or right padded, attends as if alone. Returns the name for
     model.set_attn_implementation. SA seeds from `generator`. On a KV cache swa sees the last `window` keys, sa and
-    moba all (said once). Other attention kwargs raise if set."""
+    moba all (said once). Other settings (an eval.py swap's sa_rule...) are refused, other attention kwargs if set."""
     try:
         from transformers import AttentionInterface
         from transformers.masking_utils import AttentionMaskInterface
@@ -50,6 +50,7 @@ def register_hf_attention(attn, window=None, moba_chunk=64, moba_topk=4, generat
         raise InputError("Hugging Face models need transformers: pip install transformers") from None
     need(attn in ("swa", "sa", "moba"), f"a Hugging Face model can run swa, sa or moba, not {attn!r}"
          + ": sa+swa needs gates trained with the model" * (attn == "sa+swa"))
+    need(not other, f"a Hugging Face model's {attn} takes window, moba_chunk, moba_topk, not {', '.join(other)}")
     if attn == "moba":
         name = f"moba_c{check_count(moba_chunk, 'moba_chunk')}_k{check_count(moba_topk, 'moba_topk')}"
     else:

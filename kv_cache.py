@@ -2,11 +2,13 @@
 Support, which a first reading skips. GPT.generate's exact KV cache: a step's output is the last row of a forward over
 the tokens it holds (all so far, until generate refills it); tests/test_generate.py checks each kind.
 
-Per layer: k, v (B, nh, S, hs), position p in slot p % S, and what the model's KINDS row names:
+Per layer: k, v (B, nh, S, hs), position p in slot p % S, and what the layout its KINDS row names keeps (LAYOUTS):
 "all" (full): S = block_size. "window" (SWA): S = min(window, block_size); a key is overwritten once no query sees it.
 "chunks" (MoBA): S = block_size in whole chunks, and each complete chunk's fp32 mean key.
 "sorted" (value-rule SA): S = block_size, and r sorted with positions: two binary searches find a step's keys
 (~2 * window at T = block_size).
+"prefix" (any kind without SA's draws): S = block_size; a step runs the kind's own function over the start + 1 keys
+held, all queries zero but the step's, the last: exact where output row i reads q_i and keys up to i alone.
 None (rank-rule SA, GPTConfig.cacheable): no cache; generate recomputes the prefix.
 """
 import math
@@ -18,6 +20,9 @@ import torch
 import attention
 import tiled
 from guards import check_inputs, need
+
+# Each layout and the kinds whose rule its step follows (GPTConfig.kv_layout checks a row's); None: any without draws
+LAYOUTS = {"all": ("full",), "window": ("swa",), "chunks": ("moba",), "sorted": ("sa", "sa+swa"), "prefix": None}
 
 
 def use_kv_cache(config, use_cache):
@@ -39,7 +44,7 @@ class KVCache:
         need(hasattr(config, "cacheable"), f"a KV cache takes a model's GPTConfig, got {type(config).__name__}")
         need(config.cacheable, f"a KV cache takes a cacheable model, not {uncached(config)}")
         self.config, self.layers = config, [{} for _ in range(config.n_layer)]
-        self.keeps = config.cache_rule()
+        self.layout = config.kv_layout()
         self.start = 0  # tokens seen: the next one's position
         self.chunk = min(config.moba_chunk, config.block_size)  # MoBA's
 
@@ -49,13 +54,13 @@ class KVCache:
         c, cache, start, chunk, (B, nh, T, hs) = self.config, self.layers[i], self.start, self.chunk, k.shape
         need(not cache or cache["k"].shape[0] == B, f"this KV cache holds {cache and cache['k'].shape[0]} rows, got "
              f"a batch of {B}: start a new cache")
-        if self.keeps == "sorted":
+        if self.layout == "sorted":
             check_inputs(k, k, v, r=draw)
         if not cache:
             S = {"window": min(c.window, c.block_size),
-                 "chunks": math.ceil(c.block_size / chunk) * chunk}.get(self.keeps, c.block_size)
+                 "chunks": math.ceil(c.block_size / chunk) * chunk}.get(self.layout, c.block_size)
             cache.update(k=k.new_zeros(B, nh, S, hs), v=v.new_zeros(B, nh, S, hs))
-            if self.keeps == "chunks":
+            if self.layout == "chunks":
                 cache["kmean"] = k.new_zeros(B, nh, S // chunk, hs, dtype=torch.float32)
         S = cache["k"].shape[2]
         n = min(T, S)  # the last S positions only
@@ -63,9 +68,9 @@ class KVCache:
         cache["k"][:, :, slots] = k[:, :, T - n:]  # (B, nh, n, hs)
         cache["v"][:, :, slots] = v[:, :, T - n:]
         lo, hi = start // chunk, (start + T) // chunk
-        if self.keeps == "chunks" and hi > lo:  # chunks completed, averaged as moba_select does
+        if self.layout == "chunks" and hi > lo:  # chunks completed, averaged as moba_select does
             cache["kmean"][:, :, lo:hi] = tiled.chunk_means(cache["k"][:, :, lo * chunk:hi * chunk], chunk)
-        if self.keeps == "sorted":
+        if self.layout == "sorted":
             r = draw.expand(B, nh, T).reshape(-1, T) if draw.dim() == 3 else draw[None]  # (R, T)
             cache["rq"] = r[:, -1:]  # (R, 1): the newest r, a step's query
             r, order = r.sort(-1)  # (R, T) ascending
@@ -78,13 +83,18 @@ class KVCache:
                 p = ps.new_empty(r.shape).scatter_(1, at_old, ps).scatter_(1, at_new, p)  # (R, m + T) each
             cache["rs"], cache["ps"] = r, p
 
-    def attend(self, i, q, kind):
-        """q (B, nh, 1, hs) of position start, stored, over layer i's cache by kind's rule."""
+    def attend(self, i, q, kind, fn, args):
+        """q (B, nh, 1, hs) of position start, stored, over layer i's cache by kind's layout; fn and its args: the
+        kind's function (the "prefix" layout runs it)."""
         c, cache, start, chunk, (B, nh, _, hs) = self.config, self.layers[i], self.start, self.chunk, q.shape
         if q.numel() == 0:  # an empty batch or head
             return torch.zeros_like(q)
-        S, rule, nc = cache["k"].shape[2], c.cache_rule(kind), start // chunk  # nc: MoBA's complete chunks
-        if rule == "sorted":  # the run of rs within delta (plus a margin) of rq
+        S, layout, nc = cache["k"].shape[2], c.kv_layout(kind), start // chunk  # nc: MoBA's complete chunks
+        if layout == "prefix":
+            qs = torch.cat([q.new_zeros(B, nh, start, hs), q], 2)  # (B, nh, start + 1, hs)
+            y = fn(qs, cache["k"][:, :, :start + 1], cache["v"][:, :, :start + 1], *args)  # (B, nh, start + 1, hs)
+            return y[:, :, -1:]  # (B, nh, 1, hs)
+        if layout == "sorted":  # the run of rs within delta (plus a margin) of rq
             delta, rs, rq = c.sa_delta, cache["rs"], cache["rq"]  # rs (R, m), rq (R, 1)
             reach = delta + attention.VALUE_MARGIN
             lo, hi = torch.searchsorted(rs, rq - reach), torch.searchsorted(rs, rq + reach)  # (R, 1) each
@@ -94,11 +104,11 @@ class KVCache:
             at = cache["ps"].gather(1, at).expand(B * nh, -1).view(B, nh, -1, 1).expand(-1, -1, -1, hs)  # positions
             keys, vals, mask = cache["k"].gather(2, at), cache["v"].gather(2, at), mask.view(B, nh, 1, -1)
         else:  # positions first..start: all, the last `window`, or MoBA's own chunk so far
-            first = {"all": 0, "window": max(0, start + 1 - c.window), "chunks": nc * chunk}[rule]
+            first = {"all": 0, "window": max(0, start + 1 - c.window), "chunks": nc * chunk}[layout]
             slots = torch.arange(first, start + 1, device=q.device) % S
             keys, vals = cache["k"][:, :, slots], cache["v"][:, :, slots]  # (B, nh, n, hs)
             mask = torch.ones_like(slots, dtype=torch.bool)
-        if rule == "chunks":  # and the top_k - 1 past chunks of largest q . kmean, if any
+        if layout == "chunks":  # and the top_k - 1 past chunks of largest q . kmean, if any
             # moba_select's row (fp32, own chunk at -inf), so topk breaks ties alike
             with torch.autocast(q.device.type, enabled=False):
                 scores = q.float() @ cache["kmean"][:, :, :nc + 1].transpose(-1, -2)  # (B, nh, 1, nc+1)

@@ -17,7 +17,7 @@ from torch.nn import functional as F
 
 import attention
 from guards import InputError, check_tokens, checked, need, setting_problem
-from kv_cache import KVCache, use_kv_cache
+from kv_cache import LAYOUTS, KVCache, use_kv_cache
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -55,15 +55,13 @@ class CausalSelfAttention(nn.Module):
         return self.resid_dropout(self.c_proj(y))
 
     def attend(self, kind, q, k, v, draw, cache=None):
-        """q, k, v (B, nh, T, hs) -> (B, nh, T, hs) by kind's KINDS row (value-rule SA: with sa_delta);
-        a decode step reads the KV cache instead."""
-        c = self.config
-        if cache is not None and cache.start > 0:
-            return cache.attend(self.layer_idx, q, kind)
-        if kind == "sa" and c.sa_rule == "value":  # numbers r, not a permutation; delta, not window
-            return attention.stochastic_value_attention(q, k, v, c.sa_delta, draw)
+        """q, k, v (B, nh, T, hs) -> (B, nh, T, hs): kind's function on its args (its KINDS row); a decode step reads
+        the KV cache instead."""
         row = KINDS[kind]
-        return row.fn(q, k, v, *[draw if a == "draw" else getattr(c, a) for a in row.args])
+        args = [draw if a == "draw" else getattr(self.config, a) for a in row.args]
+        if cache is not None and cache.start > 0:
+            return cache.attend(self.layer_idx, q, kind, row.fn, args)
+        return row.fn(q, k, v, *args)
 
 
 class Layer(nn.Module):
@@ -87,28 +85,39 @@ class Layer(nn.Module):
 class Kind(NamedTuple):
     """All the repo reads of an attention kind."""
     fn: Optional[Callable]  # (q, k, v, *args) -> y; None: sa+swa, composed by the layer
-    args: tuple  # GPTConfig fields, or "draw" (the layer's SA draw)
-    keys: Callable  # (config, T) -> the keys a query sees (flops_per_token)
-    cache: Callable  # config -> what a KVCache keeps: "all", "window", "chunks", "sorted"; None: no cache
+    args: tuple  # what fn takes after q, k, v: GPTConfig fields or properties, or "draw" (the layer's SA draw)
+    settings: dict  # the GPTConfig fields it reads, {name: its choices or range}: GPTConfig checks them, swaps set them
+    keys_seen: Callable  # (config, T) -> how many keys a query sees (flops_per_token)
+    kv_layout: Callable  # config -> how a KVCache stores it (kv_cache.LAYOUTS); None: generate recomputes the prefix
     draws: bool = False  # whether it takes SA's draws (GPT.draw_sa)
 
 
-# Every kind. A new one is a function in attention.py and a row here (README's "Add a kind").
+def sa_by_rule(q, k, v, window, sa_rule, sa_delta, draw):
+    """SA by sa_rule: windows over a permutation's slots (rank), or |r_i - r_j| < delta over numbers r (value)."""
+    if sa_rule == "value":
+        return attention.stochastic_value_attention(q, k, v, sa_delta, draw)
+    return attention.stochastic_attention(q, k, v, window, draw)
+
+
+POSITIVE = range(1, 2**63)  # an integer >= 1
+SA = {"window": POSITIVE, "sa_perm": ("shared", "head"), "sa_rule": ("rank", "value")}
+# Every kind. A new one: its function, a row here, a GPTConfig field per setting of its own (README's "Add a kind").
 KINDS = {
-    "full": Kind(attention.full_attention, (), lambda c, T: (T + 1) / 2, lambda c: "all"),
-    "swa": Kind(attention.sliding_window_attention, ("window",), lambda c, T: min(c.window, T), lambda c: "window"),
-    "sa": Kind(attention.stochastic_attention, ("window", "draw"), lambda c, T: min(c.window, T),
+    "full": Kind(attention.full_attention, (), {}, lambda c, T: (T + 1) / 2, lambda c: "all"),
+    "swa": Kind(attention.sliding_window_attention, ("window",), {"window": POSITIVE}, lambda c, T: min(c.window, T),
+                lambda c: "window"),
+    "sa": Kind(sa_by_rule, ("window", "sa_rule", "sa_delta", "draw"), SA, lambda c, T: min(c.window, T),
                lambda c: "sorted" if c.sa_rule == "value" else None, draws=True),
-    "sa+swa": Kind(None, (), lambda c, T: 2 * min(c.window, T), lambda c: "sorted" if c.sa_rule == "value" else None,
-                   draws=True),
-    "moba": Kind(attention.moba_attention, ("moba_chunk", "moba_topk"), lambda c, T: min(c.moba_chunk * c.moba_topk, T),
-                 lambda c: "chunks"),
+    "sa+swa": Kind(None, (), SA, lambda c, T: 2 * min(c.window, T),
+                   lambda c: "sorted" if c.sa_rule == "value" else None, draws=True),
+    "moba": Kind(attention.moba_attention, ("moba_chunk", "moba_topk"), {"moba_chunk": POSITIVE, "moba_topk": POSITIVE},
+                 lambda c, T: min(c.moba_chunk * c.moba_topk, T), lambda c: "chunks"),
 }
 
 
 @dataclass
 class GPTConfig:
-    # Defaults: GPT-2 small's shape (124M) with SA+SWA. train.py's globals set every field.
+    # Defaults: GPT-2 small's shape (124M) with SA+SWA. Each field is a train.py setting, these its defaults.
     block_size: int = 1024  # maximum sequence length
     vocab_size: int = 50304  # GPT-2's 50257 padded to a multiple of 64
     n_layer: int = 12
@@ -125,26 +134,29 @@ class GPTConfig:
     pos_emb: str = "rope"  # "rope" rotates q, k before SA permutes; "learned": GPT-2's, to load its weights
     rope_base: float = 10000.0
 
-    def __post_init__(self):  # every model's door: each field checked (guards.SETTINGS, choices)
-        choices = dict(attn=tuple(KINDS), sa_perm=("shared", "head"), sa_rule=("rank", "value"),
-                       pos_emb=("rope", "learned"), bias=(True, False))
+    def __post_init__(self):  # every model's door: each field checked (guards.SETTINGS, its values), its KV layout
+        allowed = dict(attn=tuple(KINDS), pos_emb=("rope", "learned"), bias=(True, False))
+        for row in KINDS.values():
+            allowed.update(row.settings)  # rows that share a setting give it the same values
         for f in fields(self):
             value = getattr(self, f.name)
             int_like = f.type is int and hasattr(value, "__index__")  # numpy's numbers too
             if not isinstance(value, bool) and (int_like or f.type is float and isinstance(value, numbers.Real)):
                 value = f.type(operator.index(value) if f.type is int else value)
                 setattr(self, f.name, value)
-            options = choices.get(f.name)
-            if options:
-                problem = None if value in options and type(value) is type(options[0]) else f"must be one of {options}"
-            else:
-                problem = setting_problem(f.name, value, asdict(self)) if type(value) is f.type else \
-                    f"must be {'a number' if f.type is float else 'an integer'}"
+            options = allowed.get(f.name)
+            want = f"one of {options}" if options else "a number" if f.type is float else "an integer"
+            if isinstance(options, range):
+                want = f"an integer >= {options.start}" + f" and < {options.stop}" * (options.stop < 2**63)
+            problem = setting_problem(f.name, value, asdict(self)) if type(value) is f.type else f"must be {want}"
+            if problem is None and options is not None and value not in options:
+                problem = f"must be {want}"
             need(problem is None, f"GPTConfig.{f.name}={value!r} is invalid: {problem}")
         need(self.n_embd % self.n_head == 0, f"GPTConfig.n_embd={self.n_embd} is invalid: must be divisible by "
              f"n_head={self.n_head}")
         need(self.pos_emb != "rope" or self.n_embd // self.n_head % 2 == 0, f"GPTConfig.n_embd={self.n_embd} is "
              "invalid: RoPE rotates pairs, so the head size n_embd // n_head must be even")
+        self.kv_layout()
 
     @property
     def sa_delta(self):
@@ -156,11 +168,18 @@ class GPTConfig:
     def cacheable(self):
         """Whether GPT.generate can decode from an exact KV cache; not rank-rule SA, where whether query i sees key j
         depends on later tokens' slots."""
-        return self.cache_rule() is not None
+        return self.kv_layout() is not None
 
-    def cache_rule(self, kind=None):
-        """What a KVCache keeps for kind (default: the model's), by its KINDS row."""
-        return KINDS[kind or self.attn].cache(self)
+    def kv_layout(self, kind=None):
+        """How a KVCache stores kind (default: the model's), by its KINDS row: a layout that decodes it, or None."""
+        kind = kind or self.attn
+        layout, draws = KINDS[kind].kv_layout(self), KINDS[kind].draws
+        need(layout in (None, *LAYOUTS), f"attn={kind!r}: its KINDS row names the KV-cache layout {layout!r}, not one "
+             f"of kv_cache.LAYOUTS")
+        decodes, fix = LAYOUTS.get(layout), "None" if draws else "'prefix' or None"
+        need(layout is None or (kind in decodes if decodes else not draws), f"attn={kind!r}: the KV-cache layout "
+             f"{layout!r} decodes {' and '.join(decodes or ['kinds without SA draws'])} alone: its row may name {fix}")
+        return layout
 
 
 class GPT(nn.Module):
@@ -280,7 +299,7 @@ class GPT(nn.Module):
         """Training FLOPs per token: 6N for the weights, plus 12 * L * C * (keys a query sees, as KINDS counts them:
         SA's window, which value-rule SA reaches only at T = block_size; below it, this overstates)."""
         c = self.config
-        return 6 * self.get_num_params() + 12 * c.n_layer * c.n_embd * KINDS[c.attn].keys(c, T)
+        return 6 * self.get_num_params() + 12 * c.n_layer * c.n_embd * KINDS[c.attn].keys_seen(c, T)
 
     def estimate_mfu(self, tokens_per_iter, dt, T, peak_flops=312e12):
         """Model FLOPs utilisation against an A100's bf16 peak."""
@@ -321,9 +340,6 @@ class GPT(nn.Module):
 # -----------------------------------------------------------------------------
 # Support, which a first reading skips: RoPE, SA's draws, swaps, autocast.
 
-SWAP_FIELDS = ("attn", "window", "moba_chunk", "moba_topk", "sa_perm", "sa_rule")  # a swap reaches these alone
-
-
 def apply_rope(x, cos, sin):
     """x (B, nh, T, hs) rotated by its T positions' angles, cos and sin (T, hs/2)."""
     x1, x2 = x.float().chunk(2, dim=-1)  # (B, nh, T, hs/2) each
@@ -357,10 +373,15 @@ def _(state, n, B, heads, T, value, lengths, device):
     return torch.empty(shape, dtype=torch.float if value else torch.long, device=device)
 
 
+def swap_fields():
+    """What a swap may change: attn and every kind's settings (KINDS rows); dropout and RoPE were built once."""
+    return ("attn", *dict.fromkeys(name for row in KINDS.values() for name in row.settings))
+
+
 def swapped(config, **changes):
     """config with changes (GPT.swap_attention); InputError where the weights cannot swap."""
-    other = sorted(set(changes) - set(SWAP_FIELDS))  # dropout and RoPE were built once: no swap reaches them
-    need(not other, f"swap_attention changes the attention ({', '.join(SWAP_FIELDS)}), not {', '.join(other)}")
+    other = sorted(set(changes) - set(swap_fields()))
+    need(not other, f"swap_attention changes the attention ({', '.join(swap_fields())}), not {', '.join(other)}")
     new = replace(config, **changes)
     need((new.attn == "sa+swa") == (config.attn == "sa+swa"), f"cannot swap attn={config.attn!r} -> {new.attn!r} "
          "without training: the gates of sa+swa are learned with both paths (a swap may change its window)")

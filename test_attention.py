@@ -594,7 +594,7 @@ def test_bad_model_inputs_raise_one_line():
 # -----------------------------------------------------------------------------
 # The model: causality, training, determinism.
 
-KINDS = ["full", "swa", "sa", "sa+swa", "moba"]
+KINDS = list(M.KINDS)
 
 
 def tiny(attn, sa_perm="shared", seed=0, **kw):
@@ -802,8 +802,8 @@ def test_a_new_kind_is_a_function_and_a_row(monkeypatch):
 
     def half_window(q, k, v, window):
         return A.sliding_window_attention(q, k, v, max(1, window // 2))
-    monkeypatch.setitem(M.KINDS, "half", M.Kind(half_window, ("window",), lambda c, T: min(c.window // 2, T),
-                                                lambda c: None))
+    monkeypatch.setitem(M.KINDS, "half", M.Kind(half_window, ("window",), {"window": M.POSITIVE},
+                                                lambda c, T: min(c.window // 2, T), lambda c: None))
     model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=16, block_size=32, vocab_size=32, window=8, attn="half"))
     x = torch.randint(0, 32, (2, 32), generator=torch.Generator().manual_seed(0))
     _, loss = model(x[:, :-1], x[:, 1:])
@@ -817,6 +817,17 @@ def test_a_new_kind_is_a_function_and_a_row(monkeypatch):
     monkeypatch.delitem(M.KINDS, "half")
     with pytest.raises(ValueError, match="GPTConfig.attn='half' is invalid: must be one of"):
         GPTConfig(attn="half")
+
+
+def test_the_value_rule_runs_the_sa_row(monkeypatch):
+    """attend ran value-rule SA past the table (attention.stochastic_value_attention, not KINDS["sa"].fn): a fork's
+    own SA function was silently skipped for one rule. Both rules now run the row's function."""
+    sa, draws = M.KINDS["sa"], []
+    monkeypatch.setitem(M.KINDS, "sa", sa._replace(fn=lambda *a: draws.append(a[-1]) or sa.fn(*a)))
+    for rule, dtype in (("rank", torch.long), ("value", torch.float32)):
+        draws.clear()
+        tiny("sa", sa_rule=rule)(torch.randint(0, 64, (2, 20)))
+        assert [d.dtype for d in draws] == [dtype, dtype]  # one call per layer, with this rule's draw
 
 
 def test_sa_value_hides_keys_at_exactly_delta():

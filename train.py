@@ -22,7 +22,7 @@ import math
 import os
 import time
 from collections import Counter
-from dataclasses import fields
+from dataclasses import asdict, fields
 
 import numpy as np
 import torch
@@ -32,7 +32,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import attention
 from checkpoint import RunDir, from_gpt2, load_checkpoint, restore, rng_states
 from guards import check_memory, need
-from model import DTYPES, GPT, SWAP_FIELDS, GPTConfig, autocast
+from model import DTYPES, GPT, GPTConfig, autocast, swap_fields
 from prepare_data import dataset_dir, draw_batch, load_data, task_metrics
 
 # -----------------------------------------------------------------------------
@@ -47,6 +47,10 @@ eval_only = False  # evaluate once and exit
 always_save_checkpoint = True  # save at every eval; False: only when val loss improves
 init_from = "scratch"  # "scratch", "resume" (out_dir/ckpt.pt), "gpt2" ... "gpt2-xl", or a GPT2LMHeadModel's directory
 overwrite = False  # True: a new run replaces out_dir's ckpt.pt at its first checkpoint; False: refused
+# model: each GPTConfig field is a setting (n_layer, attn, window...; its default and comment in model.py), passed by
+# name; block_size is the data's below
+globals().update(asdict(GPTConfig()))
+vocab_size = 0  # 0: the data's vocab_size, padded up to a multiple of 64 (50257 -> 50304)
 # data
 dataset = "fineweb-edu"  # data_root/<dataset>/ from prepare_data.py
 data_root = "data"
@@ -54,21 +58,6 @@ gradient_accumulation_steps = 32  # micro-steps per iteration, the total over DD
 batch_size = 8  # sequences per micro-step per rank
 block_size = 2048  # tokens per sequence (mqar: the data's seq_len; a GPT-2: at most its 1024)
 copy_task = False  # far copying: each sequence is a random block_size/2-token chunk, then that chunk again
-# model: a global per GPTConfig field (block_size above), passed by name; n_layer, n_head, n_embd are GPT-2 small's
-n_layer = 12
-n_head = 12
-n_embd = 768
-dropout = 0.0
-bias = False
-attn = "sa+swa"  # full | swa | sa | sa+swa | moba (model.KINDS); a GPT-2 swaps to it, then trains
-window = 256  # SWA/SA keys per query
-moba_chunk = 64  # MoBA's key chunk
-moba_topk = 4  # MoBA's chunks per query
-sa_perm = "shared"  # shared (one permutation per layer) | head (one per batch row and head)
-sa_rule = "rank"  # rank (the paper) | value (decodable from a KV cache; attention.py's docstring)
-pos_emb = "rope"  # rope | learned (GPT-2's)
-rope_base = 10000.0
-vocab_size = 0  # 0: the data's vocab_size, padded up to a multiple of 64 (50257 -> 50304)
 # AdamW, warmup and cosine decay
 learning_rate = 6e-4
 max_iters = 5000  # iterations of batch_size * block_size * gradient_accumulation_steps tokens
@@ -110,16 +99,16 @@ device_type = "cuda" if device.startswith("cuda") else "cpu"
 ctx = autocast(device, dtype)
 torch.backends.cuda.matmul.allow_tf32 = True
 torch.backends.cudnn.allow_tf32 = True
-missing = [f.name for f in fields(GPTConfig) if f.name not in settings]
-need(not missing, f"train.py has no global for GPTConfig.{missing and missing[0]}: add it to the model settings")
 model_args = {f.name: settings[f.name] for f in fields(GPTConfig)}
-GPTConfig(**{**model_args, "vocab_size": vocab_size or 1})  # checks the model settings before any data is read
+config = GPTConfig(**{**model_args, "vocab_size": vocab_size or 1})  # the model settings, checked before any data
 
 # data: train.bin and val.bin from prepare_data.py, sequences of T tokens
 data_dir = dataset_dir(data_root, dataset)
 meta, data, T = load_data(data_dir, block_size, copy_task)
-if "mqar" in meta and attn == "swa" and n_layer * (window - 1) < meta["mqar"]["min_gap"] and master:
-    print(f"mqar: SWA's reach {n_layer} x ({window} - 1) < min_gap {meta['mqar']['min_gap']}: it can only guess")
+if "mqar" in meta and config.attn == "swa" and config.n_layer * (config.window - 1) < meta["mqar"]["min_gap"] \
+        and master:
+    print(f"mqar: SWA's reach {config.n_layer} x ({config.window} - 1) < min_gap {meta['mqar']['min_gap']}: it can "
+          "only guess")
 
 
 def get_batch(split, gen):
@@ -134,7 +123,7 @@ def get_batch(split, gen):
 model_args["vocab_size"] = vocab_size or math.ceil(meta["vocab_size"] / 64) * 64
 need(model_args["vocab_size"] >= meta["vocab_size"], f"vocab_size={vocab_size} is smaller than the vocabulary of "
      f"{data_dir} ({meta['vocab_size']}): use --vocab_size=0")
-check_memory(device, n_layer, n_embd, model_args["vocab_size"], batch_size, T)
+check_memory(device, config.n_layer, config.n_embd, model_args["vocab_size"], batch_size, T)
 ckpt_path = os.path.join(out_dir, "ckpt.pt")
 torch.manual_seed(seed)
 dropout_seed, sampler_seed, sa_seed = np.random.SeedSequence([seed, rank]).generate_state(3).tolist()
@@ -145,7 +134,7 @@ elif init_from == "resume":  # the checkpoint's model settings and tokenizer mus
     model, ckpt = load_checkpoint(ckpt_path, resume=(settings, meta))
     iter_num, best_val_loss = ckpt["iter_num"], ckpt["best_val_loss"]
 else:  # GPT-2's weights with this run's attention (its swap), cropped to block_size, to fine-tune
-    model = from_gpt2(init_from, {k: settings[k] for k in (*SWAP_FIELDS, "dropout")})
+    model = from_gpt2(init_from, {k: settings[k] for k in (*swap_fields(), "dropout")})
     model.crop_block_size(block_size)
     need(meta["vocab_size"] <= model.config.vocab_size, f"init_from={init_from!r} reads {model.config.vocab_size} "
          f"token ids, fewer than {data_dir}'s {meta['vocab_size']}: prepare the data with its tokenizer (gpt2)")
@@ -221,10 +210,12 @@ run = RunDir(out_dir, iter_num if init_from == "resume" else None, best_val_loss
 if master:
     best_val_loss = run.best_val_loss  # a resume's: the best of the evals log.jsonl keeps (checkpoint.RunDir)
     print(f"{dataset}: {len(data['train']):,} train / {len(data['val']):,} val tokens; "
-          f"{raw_model.get_num_params() / 1e6:.2f}M parameters, attn={attn}, window={window}; {tokens_per_iter:,} "
-          f"tokens per iteration ({world_size} x {gradient_accumulation_steps} x {batch_size} x {T}) on {device}")
+          f"{raw_model.get_num_params() / 1e6:.2f}M parameters, attn={config.attn}, window={config.window}; "
+          f"{tokens_per_iter:,} tokens per iteration ({world_size} x {gradient_accumulation_steps} x {batch_size} x "
+          f"{T}) on {device}")
 attention.IMPL = attn_impl
-line = attention.impl_line(device, DTYPES[dtype], n_embd // n_head, [attn], sa_rule)  # each rank's GPU checks itself
+line = attention.impl_line(device, DTYPES[dtype], config.n_embd // config.n_head, [config.attn],
+                           config.sa_rule)  # each rank's GPU checks itself
 if master:
     print(line)
 

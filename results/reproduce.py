@@ -1491,7 +1491,7 @@ def demo():
     reach = {kind: predictions(kind, c.sa_perm, c.n_head, c.n_layer, x, y, c.window, 1)["reachable"]
              for kind in DEMO["kinds"]}
     rows = [dict(attn=kind, seed=s, val_acc=log[-1]["val_acc"], val_loss=log[-1]["val_loss"],
-                 keys=KINDS[kind].keys(c, c.block_size), reachable=reach[kind],
+                 keys=KINDS[kind].keys_seen(c, c.block_size), reachable=reach[kind],
                  curve=[(r["iter"], r["val_acc"]) for r in log], wall_s=wall_and_resumes(run_dir(kind, s))["wall_s"])
             for s in seeds_ for kind in DEMO["kinds"] for log in [evals(run_dir(kind, s))]]
     layers = range(c.n_layer + 4)

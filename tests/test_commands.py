@@ -9,9 +9,11 @@ import re
 import shlex
 import subprocess
 import sys
+from dataclasses import asdict
 
 import pytest
 
+import model
 from guards import setting_problem
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -58,6 +60,11 @@ def script_settings(path):
     """configurator.py's keys of a script: its module-level lowercase globals, with their literal defaults."""
     keys = {}
     for node in ast.parse(open(path).read()).body:
+        statement = ast.unparse(node)
+        if statement == "globals().update(asdict(GPTConfig()))":  # train.py: every GPTConfig field, its default
+            keys.update(asdict(model.GPTConfig()))
+        if statement.startswith("for _field in fields(GPTConfig):"):  # eval.py: each kind setting it lacks, None
+            keys.update({name: None for row in model.KINDS.values() for name in row.settings if name not in keys})
         if isinstance(node, ast.Assign):
             pairs = [(t, node.value) for t in node.targets]
         elif isinstance(node, ast.AnnAssign) and node.value is not None:

@@ -238,6 +238,17 @@ def test_window_sweep(tiny_run, tmp_path, capsys, monkeypatch):
     assert len(json.loads((tmp_path / "res" / "s.json").read_text())["per_seed"]) == 3 * (1 + 2 + 2 * 2 + 2)
 
 
+def test_a_swap_takes_every_setting_of_its_kind(tiny_run):
+    """eval.py's swap settings are the KINDS rows': sa_rule was none of eval.py's, so value-rule SA could not be
+    swapped in. It reaches the model now; a wrong value is one line, from GPTConfig."""
+    base = {k: tiny_run[k] for k in ("out_dir", "data_root", "device", "dtype")}
+    ppl = {rule: next(r["value"] for r in ev.run({**base, "attn": "sa", "window": 4, "sa_rule": rule, "limit": 4})
+                      if r["metric"] == "ppl") for rule in ("rank", "value")}
+    assert ppl["rank"] != pytest.approx(ppl["value"], rel=1e-4)
+    with pytest.raises(ValueError, match="GPTConfig.sa_rule='slot' is invalid: must be one of"):
+        ev.run({**base, "attn": "sa", "window": 4, "sa_rule": "slot"})
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("attn", ["full", "swa", "sa", "moba"])
 def test_perplexity_under_autocast(tiny_run, attn, dtype):
@@ -452,6 +463,13 @@ def hf_logits(model, impl, x, generator=None, seed=0):
     model.set_attn_implementation(impl)
     with torch.no_grad():
         return model(input_ids=x, use_cache=False).logits
+
+
+@needs_transformers
+def test_hf_attention_refuses_settings_it_lacks():
+    """An eval.py swap may carry any kind setting; a Hugging Face model's attention takes three (it was a TypeError)."""
+    with pytest.raises(ValueError, match="a Hugging Face model's sa takes window, moba_chunk, moba_topk, not sa_rule"):
+        hf.register_hf_attention("sa", window=4, sa_rule="value")
 
 
 @needs_transformers

@@ -13,6 +13,7 @@ Run: python -m pytest -q tests/test_train.py. The scripts run as subprocesses on
   with it); a diverged (NaN) run stops and saves nothing, also under DDP;
 - fp16 (GradScaler, exact resume) and bf16 training of every kind;
 - a 2-process gloo DDP run; sampling (greedy = top_k 1, seeds reproduce);
+- a kind with a setting of its own, written in three places of a copy of the repo, trains, samples and evaluates;
 - every bad input (config keys, values, files, checkpoints, datasets) gets one line, a non-zero
   exit, and nothing written."""
 import contextlib
@@ -548,17 +549,55 @@ def test_settings_are_checked_before_any_data_is_read(root, tmp_path, monkeypatc
     assert not out.exists()
 
 
-def test_a_gptconfig_field_without_a_train_global_is_one_line(root, tmp_path, monkeypatch):
-    """train.py passes GPTConfig one global per field: a new field without its global is named, not a KeyError."""
-    import dataclasses
-    import model
-    extended = dataclasses.make_dataclass("GPTConfig", [("new_knob", int, dataclasses.field(default=1))],
-                                          bases=(model.GPTConfig,))
-    monkeypatch.setattr(model, "GPTConfig", extended)
-    message = one_line_error(monkeypatch, "train.py", f"--data_root={root}", "--dataset=text", *TINY,
-                             f"--out_dir={tmp_path / 'out'}")
-    assert "GPTConfig.new_knob" in message and "train.py" in message, message
-    assert not (tmp_path / "out").exists()
+DILATED = [  # issue 56's example, a kind with a setting of its own: (file, the line it follows, "" = the end; text)
+    ("attention.py", "", """
+def dilated_window_attention(q, k, v, window, dilation):
+    \"\"\"SWA over every dilation-th key: query i sees i, i - dilation, ..., window keys in all.\"\"\"
+    i = torch.arange(q.shape[2], device=q.device)
+    gap = i[:, None] - i[None, :]  # (T, T)
+    return masked_attention(q, k, v, (gap >= 0) & (gap % dilation == 0) & (gap < window * dilation))
+"""),
+    ("model.py", "KINDS = {\n", """\
+    "dilated": Kind(attention.dilated_window_attention, ("window", "dilation"), {"window": POSITIVE, "dilation": POSITIVE},
+                    lambda c, T: min(c.window, T), lambda c: "prefix"),
+"""),
+    ("model.py", "    rope_base: float = 10000.0\n", "    dilation: int = 2  # the dilated window's step between keys\n"),
+]
+
+
+def test_a_kind_with_its_own_setting_is_three_places(root, tmp_path):
+    """Issue 56: a dilated window is its function in attention.py, its row in model.KINDS and its GPTConfig field,
+    written into a copy of the repo (it took 8-9 places). Then train.py trains it with --dilation (a bad one: one
+    line), sample.py decodes it from the KV cache, and eval.py swaps it in at another dilation (1, with a window of
+    block_size: full attention's perplexity)."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    for name in os.listdir(REPO):
+        if name.endswith(".py"):
+            shutil.copy(os.path.join(REPO, name), repo / name)
+    for name, anchor, text in DILATED:
+        old = (repo / name).read_text()
+        assert not anchor or old.count(anchor) == 1, f"{name}: the line {anchor!r} moved: update DILATED"
+        (repo / name).write_text(old.replace(anchor, anchor + text) if anchor else old + text)
+
+    def script(*args):
+        return subprocess.run([sys.executable, *map(str, args)], capture_output=True, text=True, env=ENV, cwd=repo,
+                              timeout=300)
+    out, data = tmp_path / "out", [f"--data_root={root}", "--dataset=text"]
+    r = script("train.py", *data, *TINY, "--attn=dilated", "--window=4", "--dilation=0", f"--out_dir={out}")
+    assert_clean_error(r, "GPTConfig.dilation=0 is invalid: must be an integer >= 1")
+    r = script("train.py", *data, *TINY, "--attn=dilated", "--window=4", "--dilation=3", "--max_iters=4",
+               "--eval_interval=4", f"--out_dir={out}")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert load(out)["model_args"]["dilation"] == 3 and load(out)["iter_num"] == 4
+    r = script("sample.py", f"--out_dir={out}", "--max_new_tokens=40", "--num_samples=1")
+    assert r.returncode == 0 and "KV cache" not in r.stderr and r.stdout.count("---------------") == 1, r.stderr
+    r = script("eval.py", f"--out_dir={out}", "--limit=2", "--attn=full,dilated", "--window=64", "--dilation=1",
+               f"--json_out={tmp_path / 'eval.json'}")
+    assert r.returncode == 0, r.stderr[-3000:]
+    ppl = {row["attn"]: row["value"] for row in json.loads((tmp_path / "eval.json").read_text())["results"]
+           if row["metric"] == "ppl"}
+    assert ppl["dilated"] == pytest.approx(ppl["full"], rel=1e-5)  # dilation 1, a window of block_size: full
 
 
 def test_ctrl_c_says_where_the_run_resumes(root, tmp_path):
