@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from guards import InputError, check_schema, count, device_problem, file_problem, memory, need, schema_problem
-from model import GPT, SWAP_FIELDS, GPTConfig
+from model import GPT, GPTConfig, swap_fields
 from prepare_data import META
 
 RNG_BYTES = torch.get_rng_state().numel()  # a CPU generator's state
@@ -100,7 +100,7 @@ def load_checkpoint(path, device="cpu", require=(), resume=None):
     need(not nan, f"{path}: {len(nan)} weights hold NaN or inf (e.g. {nan and nan[0]}): its run diverged; "
          "train again with a lower learning_rate")
     was = ckpt.get("settings", {})  # fields train.py takes from its settings, GPT-2's init too
-    off = [k for k in (*SWAP_FIELDS, "block_size") if k in was and was[k] != getattr(shapes.config, k)]
+    off = [k for k in (*swap_fields(), "block_size") if k in was and was[k] != getattr(shapes.config, k)]
     need(not off, f"{path}: its model_args have {', '.join(f'{k}={getattr(shapes.config, k)!r}' for k in off)}, its "
          f"settings {', '.join(f'{k}={was[k]!r}' for k in off)}: {edited}")
     if resume is not None:
