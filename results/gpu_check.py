@@ -61,10 +61,11 @@ TILINGS = [(128, 64, 128, 32, 8, 3), (128, 64, 128, 32, 4, 3), (128, 128, 128, 6
 def memory_estimate(n_params, n_layer, n_embd, vocab_size, batch_size, T):
     """Peak bytes of one eager bf16-autocast training micro-step of train.py's SA+SWA GPT through the kernel:
     (states, saved activations, the loss's transient at the start of the backward). Per token-channel and
-    layer the forward saves about 54 bytes (tests/test_gpu_check.py measures it on the CPU)."""
+    layer the forward saves about 46 bytes (tests/test_gpu_check.py measures it on the CPU; 54 before SA's kernel read
+    q, k, v through its permutation, with no gathered copies)."""
     btc, btv = batch_size * T * n_embd, batch_size * T * vocab_size
     states = 16 * n_params  # fp32 weights and gradients, AdamW's two moments
-    saved = 2 * n_params + (54 * n_layer + 7) * btc + 4 * btv  # autocast's bf16 weights; the fp32 log-softmax
+    saved = 2 * n_params + (46 * n_layer + 7) * btc + 4 * btv  # autocast's bf16 weights; the fp32 log-softmax
     return states, saved, 10 * btv  # the loss: the bf16 logits, and the log-softmax's fp32 gradient in and out
 
 

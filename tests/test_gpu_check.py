@@ -30,6 +30,20 @@ def test_bench_stage_reports_full_over_sa(monkeypatch):
     assert ratio["kind"] == "sa" and ratio["ratio"] > 0 and ratio["paper_sa"] == 1.5
 
 
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the interpreter computes rows past T too (0 / 0)
+def test_sweep_stage_times_each_tiling(monkeypatch):
+    """The sweep on the kernel's interpreter, tiny: a row per tiling (the one in use first), SWA's and SA's outputs
+    equal to the tiling in use's, and the profiler's table; a tiling that cannot run is a row that says why."""
+    monkeypatch.setattr(gpu_check, "sweep_T", 70)
+    monkeypatch.setattr(gpu_check, "TILINGS", [(32, 16, 32, 16, 4, 2), (16, 16, 16, 16, 4, 2), (48, 16, 32, 16, 4, 2)])
+    monkeypatch.setattr(gpu_check, "device_ms", lambda fn: [fn(), 1.0][1])  # no CUDA events here
+    record = gpu_check.sweep_stage(B=1, H=2, D=16, window=8, dtype=torch.float32, device="cpu")
+    assert record["status"] == "pass" and [r["tiling"] for r in record["rows"]] == gpu_check.TILINGS
+    ok, bad = record["rows"][:2], record["rows"][2]
+    assert all(r[f"{kind} diff"] < 1e-5 and r[f"{kind} fwd+bwd ms"] == 1.0 for r in ok for kind in ("swa", "sa"))
+    assert "power of 2" in bad["error"] and "_BandBackward" in record["output"]  # the table: SA fwd+bwd
+
+
 def test_train_stage_on_random_tokens(monkeypatch):
     """train.py reads the random-token dataset, and its logged speeds become tok/s (no MFU off CUDA). Compiled
     training on the CPU: pytest --slow tests/test_train.py -k compiled."""
