@@ -65,6 +65,11 @@ def _span(start, TILE_FIXED: tl.constexpr, TILE_LOOP: tl.constexpr, before, afte
 
 
 @triton.jit
+def _region(region: tl.constexpr, lo, mid_lo, mid_hi, hi):
+    return (lo, mid_lo) if region == 0 else (mid_lo, mid_hi) if region == 1 else (mid_hi, hi)
+
+
+@triton.jit
 def _tokens(Perm, slots, T, HAS_PERM: tl.constexpr):
     """The token each slot holds, int32: perm[slot] (SA), else the slot itself (SWA)."""
     if HAS_PERM:
@@ -97,18 +102,27 @@ def _mask(s, qi, kj, tok_q, tok_k, r_q, r_k, left, right, width, T,
 
 
 @triton.jit
+def _key_tile(q, offs_m, tok_m, r_m, start_n, K, V, Perm, R, sk_t, sv_t, left, right, width, T, qk_scale,
+              D: tl.constexpr, TILE_N: tl.constexpr, EDGE: tl.constexpr, HAS_PERM: tl.constexpr, HAS_R: tl.constexpr,
+              PRECISION: tl.constexpr):
+    """The key tile at slot start_n: k, v, and q's scores in log2 units, -inf where masked."""
+    offs_n = start_n + tl.arange(0, TILE_N)  # key slots
+    tok_n = _tokens(Perm, offs_n, T, HAS_PERM)
+    k, v = _rows(K, tok_n, offs_n, sk_t, T, D, EDGE), _rows(V, tok_n, offs_n, sv_t, T, D, EDGE)
+    r_n = tl.load(R + offs_n, mask=offs_n < T, other=0.0) if HAS_R else r_m
+    s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # (TILE_M, TILE_N)
+    return k, v, _mask(s, offs_m[:, None], offs_n[None, :], tok_m[:, None], tok_n[None, :], r_m[:, None],
+                       r_n[None, :], left, right, width, T, EDGE, HAS_PERM, HAS_R)
+
+
+@triton.jit
 def _fwd_inner(acc, l_i, m_i, q, offs_m, tok_m, r_m, K, V, Perm, R, sk_t, sv_t, lo, hi, left, right, width, T,
                qk_scale, D: tl.constexpr, TILE_N: tl.constexpr, EDGE: tl.constexpr, HAS_PERM: tl.constexpr,
                HAS_R: tl.constexpr, PRECISION: tl.constexpr):
     """Online softmax over the key tiles in [lo, hi): acc / l_i is the output so far."""
     for start_n in range(lo, hi, TILE_N):
-        offs_n = start_n + tl.arange(0, TILE_N)  # key slots
-        tok_n = _tokens(Perm, offs_n, T, HAS_PERM)
-        k, v = _rows(K, tok_n, offs_n, sk_t, T, D, EDGE), _rows(V, tok_n, offs_n, sv_t, T, D, EDGE)
-        r_n = tl.load(R + offs_n, mask=offs_n < T, other=0.0) if HAS_R else r_m
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # (TILE_M, TILE_N), log2 units
-        s = _mask(s, offs_m[:, None], offs_n[None, :], tok_m[:, None], tok_n[None, :], r_m[:, None], r_n[None, :],
-                  left, right, width, T, EDGE, HAS_PERM, HAS_R)
+        k, v, s = _key_tile(q, offs_m, tok_m, r_m, start_n, K, V, Perm, R, sk_t, sv_t, left, right, width, T,
+                            qk_scale, D, TILE_N, EDGE, HAS_PERM, HAS_R, PRECISION)
         m_new = tl.maximum(m_i, tl.max(s, 1))  # 1. the new running max of each row
         m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)  # only masked keys so far: subtract 0, not -inf
         p = tl.math.exp2(s - m_sub[:, None])  # 2. unnormalised, <= 1; masked keys give 0
@@ -142,8 +156,7 @@ def _attn_fwd(Q, K, V, O, LSE, Perm, R, sq_b, sq_h, sq_t, sk_b, sk_h, sk_t, sv_b
     l_i, m_i = tl.zeros([TILE_M], dtype=tl.float32), tl.zeros([TILE_M], dtype=tl.float32) + float("-inf")
     lo, mid_lo, mid_hi, hi = _span(start_m, TILE_M, TILE_N, left, right, T, R, width, margin, HAS_R)
     for region in tl.static_range(3):  # left edge, interior (no band mask or bounds checks), right edge
-        first = lo if region == 0 else mid_lo if region == 1 else mid_hi
-        end = mid_lo if region == 0 else mid_hi if region == 1 else hi
+        first, end = _region(region, lo, mid_lo, mid_hi, hi)
         acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, offs_m, tok_m, r_m, K, V, Perm, R, sk_t, sv_t, first, end,
                                    left, right, width, T, qk_scale, D, TILE_N, region != 1, HAS_PERM, HAS_R, PRECISION)
     tl.store(LSE + offs_m, m_i + tl.math.log2(l_i), mask=offs_m < T)  # log2-sum-exp2 per slot
@@ -191,13 +204,8 @@ def _bwd_dq_inner(dq, q, do, lse, rowdot, offs_m, tok_m, r_m, K, V, Perm, R, sk_
                   T, qk_scale, D: tl.constexpr, TILE_N: tl.constexpr, EDGE: tl.constexpr, HAS_PERM: tl.constexpr,
                   HAS_R: tl.constexpr, PRECISION: tl.constexpr):
     for start_n in range(lo, hi, TILE_N):
-        offs_n = start_n + tl.arange(0, TILE_N)
-        tok_n = _tokens(Perm, offs_n, T, HAS_PERM)
-        k, v = _rows(K, tok_n, offs_n, sk_t, T, D, EDGE), _rows(V, tok_n, offs_n, sv_t, T, D, EDGE)
-        r_n = tl.load(R + offs_n, mask=offs_n < T, other=0.0) if HAS_R else r_m
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
-        s = _mask(s, offs_m[:, None], offs_n[None, :], tok_m[:, None], tok_n[None, :], r_m[:, None], r_n[None, :],
-                  left, right, width, T, EDGE, HAS_PERM, HAS_R)
+        k, v, s = _key_tile(q, offs_m, tok_m, r_m, start_n, K, V, Perm, R, sk_t, sv_t, left, right, width, T,
+                            qk_scale, D, TILE_N, EDGE, HAS_PERM, HAS_R, PRECISION)
         p = tl.math.exp2(tl.minimum(s - lse[:, None], 0.0))
         dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
         ds = p * (dp - rowdot[:, None])
@@ -227,8 +235,7 @@ def _attn_bwd(Q, K, V, DO, DQ, DK, DV, LSE, RowDot, Perm, R, sq_b, sq_h, sq_t, s
     dk, dv = tl.zeros([TILE_FIXED, D], dtype=tl.float32), tl.zeros([TILE_FIXED, D], dtype=tl.float32)
     lo, mid_lo, mid_hi, hi = _span(start, TILE_FIXED, TILE_LOOP, right, left, T, R, width, margin, HAS_R)
     for region in tl.static_range(3):
-        first = lo if region == 0 else mid_lo if region == 1 else mid_hi
-        end = mid_lo if region == 0 else mid_hi if region == 1 else hi
+        first, end = _region(region, lo, mid_lo, mid_hi, hi)
         dk, dv = _bwd_dkdv_inner(dk, dv, k, v, slots, tok, r, Q, DO, LSE, RowDot, Perm, R, sq_t, so_t, first, end, left,
                                  right, width, T, qk_scale, D, TILE_LOOP, region != 1, HAS_PERM, HAS_R, PRECISION)
     at = tok[:, None] * so_t + tl.arange(0, D)[None, :]  # (TILE_FIXED, D): their rows in DK, DV, DQ
@@ -241,8 +248,7 @@ def _attn_bwd(Q, K, V, DO, DQ, DK, DV, LSE, RowDot, Perm, R, sq_b, sq_h, sq_t, s
     dq = tl.zeros([TILE_FIXED, D], dtype=tl.float32)
     lo, mid_lo, mid_hi, hi = _span(start, TILE_FIXED, TILE_LOOP, left, right, T, R, width, margin, HAS_R)
     for region in tl.static_range(3):
-        first = lo if region == 0 else mid_lo if region == 1 else mid_hi
-        end = mid_lo if region == 0 else mid_hi if region == 1 else hi
+        first, end = _region(region, lo, mid_lo, mid_hi, hi)
         dq = _bwd_dq_inner(dq, q, do, lse, rowdot, slots, tok, r, K, V, Perm, R, sk_t, sv_t, first, end, left, right,
                            width, T, qk_scale, D, TILE_LOOP, region != 1, HAS_PERM, HAS_R, PRECISION)
     at = tok[:, None] * so_t + tl.arange(0, D)[None, :]
