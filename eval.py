@@ -65,7 +65,7 @@ def run(settings):
     task_list = [load_task_file(f, s["limit"]) for f in files] + [load_task(t, s["limit"]) for t in names]
     lm, trained = load_model(s)
     swaps = plan(lm, kinds, ws, s)
-    print(attention.impl_line(s["device"], DTYPES[s["dtype"]], lm.head_dim, [(w or lm.native)["attn"] for w in swaps],
+    print(attention.engine_line(s["device"], DTYPES[s["dtype"]], lm.head_dim, [(w or lm.native)["attn"] for w in swaps],
                               getattr(lm.model.config, "sa_rule", "rank")))
     ppl_name, tokens = perplexity_tokens(s, lm, trained) if ppl else (None, None)
     rows, bs = [], s["batch_size"]

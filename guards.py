@@ -96,8 +96,7 @@ SETTINGS = {
     "device": (lambda x, s: device_problem(x) or True, None),
     "backend": (lambda x, s: x in ("", "nccl", "gloo", "mpi", "ucc", "xccl"), "use \"\" (nccl on CUDA, gloo on the "
                 "CPU) or one of nccl, gloo, mpi, ucc, xccl"),
-    "attn_impl": (lambda x, s: x in ("auto", "torch", "triton", "reference"), "use one of auto, torch, triton, "
-                  "reference"),
+    "attn_engine": (lambda x, s: x in ("auto", "torch", "triton", "dense"), "use one of auto, torch, triton, dense"),
     "out_dir": (lambda x, s: x != "" and (path_problem(x) or True), "name a directory"),
     "overwrite": (lambda x, s: x or s.get("init_from") == "resume" or not os.path.exists(p := os.path.join(
         s["out_dir"], "ckpt.pt")) or f"{p} exists: continue it with --init_from=resume, train in a new --out_dir, or "

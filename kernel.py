@@ -407,7 +407,7 @@ def triton_swa(q, k, v, width, perm=None, r=None, margin=0.0):
     B, H, T, D = q.shape
     if D not in HEAD_DIMS or q.dtype not in SUPPORTED_DTYPES:
         raise Unsupported(f"triton_swa supports head dims {HEAD_DIMS} in {SUPPORTED_DTYPES}, got {D} in {q.dtype}; "
-                          "pad it or use the torch path")
+                          "pad it or use the torch engine")
     if any((t.shape, t.dtype, t.device) != (q.shape, q.dtype, q.device) for t in (k, v)):
         raise ValueError(f"q, k, v must share one shape, device and dtype, got "
                          f"{[(tuple(t.shape), t.dtype, str(t.device)) for t in (q, k, v)]}")

@@ -258,11 +258,11 @@ def test_moba_memory_is_bounded_at_32k():
 # Numerics: no kind produces NaN or inf where PyTorch's SDPA stays finite.
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("backend", ["torch", "reference"])
-def test_finite_wherever_sdpa_is_finite(monkeypatch, backend, dtype):
+@pytest.mark.parametrize("engine", ["torch", "dense"])
+def test_finite_wherever_sdpa_is_finite(monkeypatch, engine, dtype):
     """q, k = 150 * randn at D=64: q.k reaches ~1e6, past fp16's 65504 when computed in fp16; SDPA
     scales first and stays finite. So must every kind, forward and gradients."""
-    monkeypatch.setattr(A, "IMPL", backend)
+    monkeypatch.setattr(A, "ENGINE", engine)
     T, perm = 100, random_perm((), 100)
     kinds = {"full": A.full_attention, "swa": lambda q, k, v: A.sliding_window_attention(q, k, v, 16),
              "sa": lambda q, k, v: A.stochastic_attention(q, k, v, 16, perm),
@@ -475,8 +475,8 @@ def test_bad_inputs_raise_clear_errors(monkeypatch):
         A.stochastic_value_attention(q, k, v, 0.2, [0.5] * 10)
     with pytest.raises(ValueError, match="q, k, v must be tensors, got list"):
         A.sliding_window_attention(q.tolist(), k, v, 4)
-    monkeypatch.setattr(A, "IMPL", "cuda-magic")
-    with pytest.raises(ValueError, match="IMPL"):
+    monkeypatch.setattr(A, "ENGINE", "cuda-magic")
+    with pytest.raises(ValueError, match="ENGINE"):
         A.sliding_window_attention(q, k, v, 4)
 
 
@@ -508,18 +508,18 @@ def test_the_references_check_their_arguments_as_the_fast_paths_do():
             A.sa_value_mask(bad, r)
     with pytest.raises(ValueError, match="window must be an integer >= 1, got -1"):  # a mask of no key, even its own
         A.sa_mask(-1, perm)
-    assert A.impl_line("cpu", torch.float32, 8, "swa") == "attention: the torch path on cpu"  # a str, one kind
+    assert A.engine_line("cpu", torch.float32, 8, "swa") == "attention: the torch engine on cpu"  # a str, one kind
 
 
-def test_the_triton_backend_on_a_cpu_says_why_in_one_line(monkeypatch):
-    """--attn_impl=triton on a CPU used to end in ModuleNotFoundError (no triton) or `0 active drivers`."""
+def test_the_triton_engine_on_a_cpu_says_why_in_one_line(monkeypatch):
+    """--attn_engine=triton on a CPU used to end in ModuleNotFoundError (no triton) or `0 active drivers`."""
     q, k, v = qkv(1, 2, 10, 8)
-    monkeypatch.setattr(A, "IMPL", "triton")
+    monkeypatch.setattr(A, "ENGINE", "triton")
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    with pytest.raises(ValueError, match="runs the Triton kernel on a CUDA GPU, not on cpu .* use attn_impl 'auto'"):
+    with pytest.raises(ValueError, match="runs the Triton kernel on a CUDA GPU, not on cpu .* use attn_engine 'auto'"):
         A.sliding_window_attention(q, k, v, 4)
     with pytest.raises(ValueError, match="runs the Triton kernel on a CUDA GPU"):
-        A.impl_line("cpu", torch.float32, 8, ["sa+swa"])
+        A.engine_line("cpu", torch.float32, 8, ["sa+swa"])
     monkeypatch.setattr(A.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ValueError, match="needs the triton package"):
         A.stochastic_attention(q, k, v, 4, torch.arange(10))
@@ -718,7 +718,7 @@ def test_compiled_training_equals_eager(attn, sa_rule, steps=5, T=50):
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the interpreter computes rows past T too (0 / 0), never stored
 def test_the_kernel_route_compiles_as_eager(monkeypatch):
     """The same through the Triton kernel (its interpreter here: short): no graph break, eager's losses."""
-    monkeypatch.setattr(A, "IMPL", "triton")
+    monkeypatch.setattr(A, "ENGINE", "triton")
     test_the_model_compiles_without_graph_breaks("sa+swa", "value", T=20)
     test_compiled_training_equals_eager("sa+swa", "rank", steps=2, T=20)
 

@@ -1,7 +1,7 @@
 """Support, which a first reading skips. The tiled torch engine: attention in O(T * w) time and memory, forward and
 backward, on any device.
 
-attention.py's torch path runs SWA's and SA's band here (Band), and moba_attention always (Moba). A layout cuts the
+attention.py's torch engine runs SWA's and SA's band here (Band), and moba_attention always (Moba). A layout cuts the
 pairs a rule allows into groups (nq query rows, the nk key rows they see, a mask), batched in calls whose scores fit in
 cache. The backward recomputes probabilities from each row's logsumexp (autograd would keep them: O(T * nk)).
 """

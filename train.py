@@ -74,7 +74,7 @@ device = "cuda" if torch.cuda.is_available() else "cpu"
 # autocast: float32 | bfloat16 | float16 (with loss scaling: GPUs without bf16, a T4)
 dtype = "bfloat16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "float32"
 compile: bool | None = None  # torch.compile the model; None: on CUDA only (the CPU is slow to compile)
-attn_impl = "auto"  # attention.IMPL: auto (the Triton kernel where it runs), torch, triton or reference
+attn_engine = "auto"  # attention.ENGINE: auto (the Triton kernel where it runs), torch, triton or dense
 backend = ""  # DDP's: "" = nccl on CUDA, gloo on the CPU
 seed = 1337
 # -----------------------------------------------------------------------------
@@ -213,8 +213,8 @@ if master:
           f"{raw_model.get_num_params() / 1e6:.2f}M parameters, attn={config.attn}, window={config.window}; "
           f"{tokens_per_iter:,} tokens per iteration ({world_size} x {gradient_accumulation_steps} x {batch_size} x "
           f"{T}) on {device}")
-attention.IMPL = attn_impl
-line = attention.impl_line(device, DTYPES[dtype], config.n_embd // config.n_head, [config.attn],
+attention.ENGINE = attn_engine
+line = attention.engine_line(device, DTYPES[dtype], config.n_embd // config.n_head, [config.attn],
                            config.sa_rule)  # each rank's GPU checks itself
 if master:
     print(line)

@@ -493,7 +493,7 @@ def test_mqar_config_without_data_names_its_prepare_line(tmp_path):
     pytest.param(["--device=cuda"], "device='cuda': CUDA is not available here",
                  marks=pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is available")),
     (["--init_from=pretrained"], "unknown GPT-2 model 'pretrained': use one of gpt2"),
-    (["--attn_impl=cuda"], "attn_impl='cuda': use one of auto, torch, triton, reference"),
+    (["--attn_engine=cuda"], "attn_engine='cuda': use one of auto, torch, triton, dense"),
     (["--rope_base=0"], "rope_base=0.0: use a number > 1"),
     (["--rope_base=-10000"], "rope_base=-10000.0: use a number > 1"),
     (["--learning_rate=-1e-3"], "learning_rate=-0.001: use a value > 0"),
