@@ -474,18 +474,18 @@ def where(device):
 def check_once(device, dtype, D, rule, margin=0.0):
     """Unsupported where the kernel cannot run this (device, dtype, D, rule), or its self-check, run at the first use,
     failed; else nothing, in a dict lookup."""
-    key = (device, dtype, D, rule)
-    if key in SELF_CHECKS and SELF_CHECKS[key] <= TOLERANCE[dtype]:
+    case = (device, dtype, D, rule)
+    if case in SELF_CHECKS and SELF_CHECKS[case] <= TOLERANCE[dtype]:
         return
     if D not in HEAD_DIMS or dtype not in SUPPORTED_DTYPES:
         raise Unsupported(f"triton_swa supports head dims {HEAD_DIMS} in {SUPPORTED_DTYPES}, got {D} in {dtype}")
     choose_tiling(dtype, D, device_target(device))
-    if SELF_CHECK and key not in SELF_CHECKS:
+    if SELF_CHECK and case not in SELF_CHECKS:
         with torch.autocast(device.type, enabled=False):
-            SELF_CHECKS[key] = self_check(*key, margin=margin)
-    if not SELF_CHECKS.get(key, 0.0) <= TOLERANCE[dtype]:  # NaN fails too; SELF_CHECK off: no entry
+            SELF_CHECKS[case] = self_check(*case, margin=margin)
+    if not SELF_CHECKS.get(case, 0.0) <= TOLERANCE[dtype]:  # NaN fails too; SELF_CHECK off: no entry
         raise Unsupported(f"the Triton kernel failed its self-check on {where(device)} {str(dtype)[6:]} for {rule} "
-                          f"(head dim {D}): max error {SELF_CHECKS[key]:.1e} against the dense fp32 reference")
+                          f"(head dim {D}): max error {SELF_CHECKS[case]:.1e} against the dense fp32 reference")
 
 
 if __name__ == "__main__":
