@@ -82,6 +82,9 @@ def load_checkpoint(path, device="cpu", require=(), resume=None):
                          "and plain values; restore it or train again") from None
     need(not damaged, f"checkpoint {path} is damaged: its entry {damaged} fails its checksum; restore it or train "
          "again")
+    for args in (ckpt.get("model_args"), ckpt.get("settings")) if isinstance(ckpt, dict) else ():
+        if isinstance(args, dict) and "sa_perm" in args:  # written before sa_perm was named sa_draw
+            args["sa_draw"] = {"shared": "layer"}.get(old := args.pop("sa_perm"), old)
     check_schema(ckpt, CHECKPOINT, path, required=("model", "model_args", *require))
     try:
         with torch.device("meta"):  # shapes only: no allocation

@@ -51,7 +51,7 @@ device = "cuda" if torch.cuda.is_available() else "cpu"
 dtype = "bfloat16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "float32"
 json_out = ""  # also write the results to this JSON file
 plot = "sweep.png"  # a sweep's plot; a bare name goes into --json_out's directory if any, else out_dir ("" = none)
-for _field in fields(GPTConfig):  # every other kind setting (KINDS rows: sa_perm, sa_rule...), for a swap
+for _field in fields(GPTConfig):  # every other kind setting (KINDS rows: sa_draw, sa_rule...), for a swap
     if _field.name not in globals() and any(_field.name in row.settings for row in KINDS.values()):
         globals()[_field.name], __annotations__[_field.name] = None, _field.type | None  # None = the model's own
 # -----------------------------------------------------------------------------

@@ -452,7 +452,7 @@ def dense(q, k, v, width, perm=None, r=None, dout=None):
 
 def self_check(device, dtype, D, rule, T=300, window=100, B=1, H=2, margin=0.0, seed=0):
     """Max |error| of the kernel's out, dq, dk, dv / max(1, |dense's|) on random input, SA's rules with one perm
-    shared by the heads and with one per head; NaN counts as inf."""
+    for all heads and with one per head; NaN counts as inf."""
     g = torch.Generator().manual_seed(seed)
     q, k, v, do = (torch.randn(B, H, T, D, generator=g).to(device, dtype) for _ in range(4))
     errors = []

@@ -535,7 +535,7 @@ def test_integer_inputs_raise_as_sdpa_does(dtype):
                 fn(q, k, v)
 
 
-@pytest.mark.parametrize("field,value", [("attn", "linear"), ("window", 0), ("n_embd", 30), ("sa_perm", "batch"),
+@pytest.mark.parametrize("field,value", [("attn", "linear"), ("window", 0), ("n_embd", 30), ("sa_draw", "batch"),
                                          ("sa_rule", "slot"), ("pos_emb", "alibi"), ("moba_topk", 0), ("dropout", 1.0),
                                          ("dropout", math.nan), ("dropout", "0.1"), ("rope_base", 0),
                                          ("rope_base", -1.0),
@@ -565,7 +565,7 @@ def test_bad_model_inputs_raise_one_line():
     """Each of these used to run (lengths=[3] on a batch of 2 treated row 1 as of length 3; lengths > T ran)
     or end in a traceback (draws of None, float or out-of-vocabulary ids, a huge seed)."""
     model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=64, window=4, attn="sa+swa",
-                          sa_perm="head"))
+                          sa_draw="head"))
     idx = torch.zeros(2, 8, dtype=torch.long)
     for lengths in (torch.tensor([3]), torch.tensor([3, 9]), torch.tensor([0, 4]), torch.tensor([-1, 4]),
                     torch.tensor([3.0, 4.0]), [3, 4], torch.tensor([[3, 4]])):
@@ -597,18 +597,18 @@ def test_bad_model_inputs_raise_one_line():
 KINDS = list(M.KINDS)
 
 
-def tiny(attn, sa_perm="shared", seed=0, **kw):
+def tiny(attn, sa_draw="layer", seed=0, **kw):
     torch.manual_seed(seed)
     cfg = dict(block_size=128, vocab_size=64, n_layer=2, n_head=2, n_embd=32, attn=attn, window=8,
-               moba_chunk=8, moba_topk=3, sa_perm=sa_perm)
+               moba_chunk=8, moba_topk=3, sa_draw=sa_draw)
     return GPT(GPTConfig(**{**cfg, **kw}), sa_seed=seed)
 
 
 @pytest.mark.parametrize("pos_emb", ["rope", "learned"])
-@pytest.mark.parametrize("sa_perm", ["shared", "head"])
+@pytest.mark.parametrize("sa_draw", ["layer", "head"])
 @pytest.mark.parametrize("attn,sa_rule", [(a, "rank") for a in KINDS] + [("sa", "value"), ("sa+swa", "value")])
-def test_no_future_leakage(attn, sa_rule, sa_perm, pos_emb):
-    model = tiny(attn, sa_perm, pos_emb=pos_emb, sa_rule=sa_rule).eval()
+def test_no_future_leakage(attn, sa_rule, sa_draw, pos_emb):
+    model = tiny(attn, sa_draw, pos_emb=pos_emb, sa_rule=sa_rule).eval()
     T, t = 100, 37
     x = torch.randint(0, 64, (2, T), generator=torch.Generator().manual_seed(0))
     y = x.clone()
@@ -663,7 +663,7 @@ def test_sa_permutations_are_seeded_and_fresh_per_layer():
     perms = a.draw_sa(2, 50, "cpu")
     assert all(sorted(p.tolist()) == list(range(50)) for p in perms)
     assert not torch.equal(perms[0], perms[1])
-    heads = tiny("sa", sa_perm="head").draw_sa(2, 50, "cpu")
+    heads = tiny("sa", sa_draw="head").draw_sa(2, 50, "cpu")
     assert heads[0].shape == (2, 2, 50) and not torch.equal(heads[0][0, 0], heads[0][1, 1])
     keys = tiny("sa", sa_rule="value").draw_sa(2, 50, "cpu")
     assert keys[0].shape == (50,) and keys[0].dtype == torch.float32 and 0 <= keys[0].min() < keys[0].max() < 1
@@ -692,7 +692,7 @@ COMPILED = [(a, "rank") for a in KINDS] + [("sa+swa", "value")]
 @pytest.mark.parametrize("attn,sa_rule", COMPILED)
 def test_the_model_compiles_without_graph_breaks(attn, sa_rule, T=50):
     x = torch.randint(0, 64, (2, T), generator=torch.Generator().manual_seed(0))
-    assert torch._dynamo.explain(tiny(attn, sa_perm="head", sa_rule=sa_rule))(x, x).graph_break_count == 0
+    assert torch._dynamo.explain(tiny(attn, sa_draw="head", sa_rule=sa_rule))(x, x).graph_break_count == 0
 
 
 @pytest.mark.parametrize("attn,sa_rule", COMPILED)

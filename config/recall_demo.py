@@ -19,7 +19,7 @@ n_embd = 64
 block_size = 64
 attn = "sa+swa"
 window = 10
-sa_perm = "head"  # one permutation per (row, head): 4 per row and layer
+sa_draw = "head"  # one permutation per (row, head): 4 per row and layer
 
 batch_size = 32
 gradient_accumulation_steps = 1

@@ -187,11 +187,11 @@ MQAR_DATA = ["--mqar_seq_len=64", "--mqar_num_pairs=4", "--mqar_num_queries=4", 
 # trains with RECIPE; the learning rate decides whether the recall circuit forms at all.
 RECIPE = dict(n_embd=64, n_head=1, learning_rate=1e-4, weight_decay=0.0, batch_size=32)
 SEARCH = [dict(learning_rate=lr) for lr in (3e-4, 1e-3)]
-# The grid's cells, named as --kinds names them: (attn, sa_perm, n_head). sa+swa-head gives each of
+# The grid's cells, named as --kinds names them: (attn, sa_draw, n_head). sa+swa-head gives each of
 # 4 heads of 16 dimensions its own permutation (more shortcuts for the same key budget); full-4heads
-# is its control.
-CELLS = {**{k: (k, "shared", RECIPE["n_head"]) for k in KINDS}, "sa+swa-head": ("sa+swa", "head", 4),
-         "full-4heads": ("full", "shared", 4)}
+# is its control. The rows of mqar.json and lm1024.json keep sa_draw's old name, sa_perm.
+CELLS = {**{k: (k, "layer", RECIPE["n_head"]) for k in KINDS}, "sa+swa-head": ("sa+swa", "head", 4),
+         "full-4heads": ("full", "layer", 4)}
 PERM_DRAWS = (1, 4, 16)  # SA evaluated with its logits averaged over K draws of the permutations
 
 
@@ -254,7 +254,7 @@ def answers(x, y):
     return query, (x[row] == y[row, query][:, None]).argmax(1)                 # (A,) each
 
 
-def reachable(kind, sa_perm, n_head, depth, x, y, window, seeds=20):
+def reachable(kind, sa_draw, n_head, depth, x, y, window, seeds=20):
     """Coverage: with receptive_field.py's exact graph (causal), the fraction of the (query,
     answer) pairs of x, y that `depth` layers connect by any path; mean over seeds of the
     permutations. Full attention connects all in one layer; MoBA's graph is chosen by content,
@@ -268,7 +268,7 @@ def reachable(kind, sa_perm, n_head, depth, x, y, window, seeds=20):
         return 1.0
     T = x.shape[1]
     query, answer = answers(x, y)                                              # (A,) each
-    heads = n_head if sa_perm == "head" else 1  # sa_perm=head: a permutation per head, the graph their union
+    heads = n_head if sa_draw == "head" else 1  # sa_draw=head: a permutation per head, the graph their union
     fractions = []
     for s in range(1 if kind == "swa" else seeds):
         rng = np.random.default_rng(s)
@@ -280,10 +280,10 @@ def reachable(kind, sa_perm, n_head, depth, x, y, window, seeds=20):
     return float(np.mean(fractions))
 
 
-def retrievable(kind, sa_perm, n_head, depth, x, y, window, draws=200):
+def retrievable(kind, sa_draw, n_head, depth, x, y, window, draws=200):
     """What content recall needs: the fraction of the (query, answer) pairs of x, y in which the
     query sees its answer's value token directly in some layer >= 2, with attention.py's own
-    masks (sa_mask, swa_mask) and fresh permutations per layer (per head with sa_perm=head);
+    masks (sa_mask, swa_mask) and fresh permutations per layer (per head with sa_draw=head);
     mean over `draws` draws. The value token learns its key (the binding) at layer 1, from its
     neighbour; a query can match that binding only by reading the value token afterwards. Full
     attention sees it at depth >= 2 (1.0); MoBA's router may pick any past block (1.0: whether
@@ -302,7 +302,7 @@ def retrievable(kind, sa_perm, n_head, depth, x, y, window, draws=200):
     local = attention.swa_mask(T, window)[q, a]                                # (A,) SWA's path, every layer
     if kind == "swa":
         return local.float().mean().item()
-    heads = n_head if sa_perm == "head" else 1
+    heads = n_head if sa_draw == "head" else 1
     g = torch.Generator().manual_seed(0)
     seen = []
     for _ in range(draws):
@@ -328,12 +328,12 @@ def committed(name):
     return json.load(open(path)) if os.path.exists(path) else {}
 
 
-def predictions(kind, sa_perm, n_head, depth, x, y, window, pairs):
+def predictions(kind, sa_draw, n_head, depth, x, y, window, pairs):
     """The graph's reach, the retrievable fraction r, and the accuracy ceiling r + (1 - r) / pairs:
     a model that misses the binding guesses among the sequence's values, or among all 16 values
     of the vocabulary where the graph reaches none of them (SWA)."""
-    r = retrievable(kind, sa_perm, n_head, depth, x, y, window)
-    reach = reachable(kind, sa_perm, n_head, depth, x, y, window)
+    r = retrievable(kind, sa_draw, n_head, depth, x, y, window)
+    reach = reachable(kind, sa_draw, n_head, depth, x, y, window)
     return dict(reachable=reach, retrievable=r, ceiling=r + (1 - r) / (pairs if reach > 0 else 16))
 
 
@@ -349,7 +349,7 @@ def mqar():
     chosen = lambda c, d, s: (train and s in MQAR["seeds"][:seeds] and (not depths or str(d) in depths.split(","))
                               and (c in kinds.split(",") if kinds else d == first or c in deeper))
     train_all([(out_dir(c, d, s), dict(presets=["config/mqar.py", *MQAR["train"]], data_root=data, attn=CELLS[c][0],
-                                       sa_perm=CELLS[c][1], n_head=CELLS[c][2], n_layer=d, seed=s,
+                                       sa_draw=CELLS[c][1], n_head=CELLS[c][2], n_layer=d, seed=s,
                                        max_iters=MQAR["iters"], eval_interval=MQAR["iters"] // 4))
                for c, d, s in grid if chosen(c, d, s)])
     old = committed("mqar.json") if not fast else {}
@@ -406,13 +406,13 @@ def mqar():
 
 
 # The pre-registered experiment (issue 22), at the depth where SA can work: 3 layers, window 8, 4
-# heads of 16 dimensions, each with its own permutation (sa_perm=head; receptive_field.py: every
+# heads of 16 dimensions, each with its own permutation (sa_draw=head; receptive_field.py: every
 # pair connected in 2 layers at n=64), MoBA at the same key budget (4 blocks of 2). The pairs start
 # at token 1, so no MoBA block holds a whole (key, value) pair. Arm P=1: one pair, one query (a
 # pure long-range broadcast: any path carries the value); arm P=4: content recall. Every cell trains
 # with Zoology's optimiser settings (lr 3e-4, warmup, cosine to 0, beta2 0.999, weight decay 0.01, no
 # clipping): config/mqar.py's depth-2 recipe left full attention on the plateau at depth 3 (mqar_probes.json).
-DECISIVE = dict(n_layer=3, window=8, n_head=4, sa_perm="head", moba_chunk=2, moba_topk=4, learning_rate=3e-4,
+DECISIVE = dict(n_layer=3, window=8, n_head=4, sa_draw="head", moba_chunk=2, moba_topk=4, learning_rate=3e-4,
                 decay_lr=True, warmup_iters=200, min_lr=0.0, beta2=0.999, weight_decay=0.01, grad_clip=0.0)
 ARMS = {1: dict(iters=3000, cells={"full": 1, "swa": 1, "sa+swa": 2}, confirm=0.9, refute=0.5,
                 data=["--mqar_seq_len=64", "--mqar_num_pairs=1", "--mqar_num_queries=1", "--mqar_vocab=32",
@@ -468,7 +468,7 @@ def mqar_decisive():
                                  curve=[(r["iter"], r["val_acc"]) for r in log]))
         x, y = recall_val(300, data)
         for c in a["cells"]:
-            predicted[f"P{P}/{c}"] = predictions(c, DECISIVE["sa_perm"], DECISIVE["n_head"], DECISIVE["n_layer"], x, y,
+            predicted[f"P{P}/{c}"] = predictions(c, DECISIVE["sa_draw"], DECISIVE["n_head"], DECISIVE["n_layer"], x, y,
                                                  DECISIVE["window"], P)
         verdicts[P] = arm_verdict(P, {c: [r["val_acc"] for r in rows if (r["P"], r["cell"]) == (P, c)] for c in a["cells"]})
     v = list(verdicts.values())
@@ -881,14 +881,14 @@ def lm1024_runs(data):
         long = dict(max_iters=iters, lr_decay_iters=iters, eval_interval=c["long_eval"]) if iters else {}
         runs.setdefault(name, (os.path.join(work, "lm1024", name), dict(
             presets=["config/quick.py"], data_root=data, attn=kind, window=window, **moba_budget(window),
-            sa_perm={"layer": "shared"}.get(perm, perm or "head"), block_size=c["T"], batch_size=2, seed=seed,
+            sa_draw=perm or "head", block_size=c["T"], batch_size=2, seed=seed,
             copy_task=task == "copy",
             **{"max_iters": c[f"{task}_iters"], **c["extra"], **long})))
     return runs
 
 
 def lm1024_cell(name):
-    """A run name's task, attn, window, seed, sa_perm and iterations (None: the task's own):
+    """A run name's task, attn, window, seed, sa_draw and iterations (None: the task's own):
     copy-sa+swa-w128-s0-layer -> copy, sa+swa, 128, 0, layer, None; copy-swa-w128-s1-i12000 -> ..., head, 12000."""
     task, kind, window, seed, *rest = name.split("-")
     iters = int(rest.pop()[1:]) if rest and rest[-1].startswith("i") else None
@@ -1119,7 +1119,7 @@ def copy_paths(model, x, y, draws=8):
     import torch
     import torch.nn.functional as F
     c, (n, T) = model.config, x.shape
-    L, heads, half = c.n_layer, c.n_head if c.sa_perm == "head" else 1, slice(T // 2 - 1, T - 1)
+    L, heads, half = c.n_layer, c.n_head if c.sa_draw == "head" else 1, slice(T // 2 - 1, T - 1)
     gates = []
     hooks = [b.attn.gate.register_forward_hook(lambda m, i, o: gates.append(torch.sigmoid(o[:, half].float())))
              for b in model.transformer.h]                                     # (n, T/2, 2 * nh) per layer
@@ -1269,9 +1269,9 @@ def lm1024():
         if name not in done:
             (long_rows if lm1024_cell(name)[5] else rows).append(dict(r, committed=True))
     for name, od in done.items():
-        task, kind, window, seed, sa_perm, long = lm1024_cell(name)
+        task, kind, window, seed, sa_draw, long = lm1024_cell(name)
         log = evals(od)
-        row = dict(name=name, task=task, attn=kind, window=window, seed=seed, sa_perm=sa_perm, n_layer=4, T=T,
+        row = dict(name=name, task=task, attn=kind, window=window, seed=seed, sa_perm=sa_draw, n_layer=4, T=T,
                    iters=log[-1]["iter"], val_loss=log[-1]["val_loss"], **wall_and_resumes(od))
         if task == "copy":
             row.update(first=log[-1]["val_first"], second=log[-1]["val_second"],
@@ -1290,10 +1290,10 @@ def lm1024():
     xc, yc = copy_val(c["copy_val"], T)                                        # (n, T) each: one set for all
     paths = committed("lm1024.json").get("copy_paths", {})  # what carries the copy, per SA+SWA copy model
     for name, od in done.items():
-        task, kind, window, seed, sa_perm, long = lm1024_cell(name)
+        task, kind, window, seed, sa_draw, long = lm1024_cell(name)
         if (task, kind) == ("copy", "sa+swa") and not long:
             model = load_checkpoint(os.path.join(od, "ckpt.pt"))[0].eval()
-            paths[name] = dict(window=window, seed=seed, sa_perm=sa_perm, **copy_paths(model, xc, yc, c["path_draws"]))
+            paths[name] = dict(window=window, seed=seed, sa_perm=sa_draw, **copy_paths(model, xc, yc, c["path_draws"]))
     verdicts = {}  # the rule per window; full attention's runs at w0 serve every window
     for w in c["windows"]:
         halves = {(r["attn"], r["seed"]): (r["first"], r["second"]) for r in rows if r["task"] == "copy"
@@ -1478,7 +1478,7 @@ def demo():
     from model import KINDS, GPTConfig
     recipe = {}
     exec(open(os.path.join(ROOT, DEMO["preset"])).read(), recipe)
-    c = GPTConfig(**{k: recipe[k] for k in ("block_size", "n_layer", "n_head", "n_embd", "window", "sa_perm")})
+    c = GPTConfig(**{k: recipe[k] for k in ("block_size", "n_layer", "n_head", "n_embd", "window", "sa_draw")})
     iters = 8 if fast else recipe["max_iters"]
     data = mqar_data("data-demo", DEMO["data"])
     run_dir = lambda kind, s: os.path.join(work, f"demo-{kind}-s{s}")  # noqa: E731
@@ -1487,8 +1487,8 @@ def demo():
                                        eval_interval=max(1, iters // 10))) for s in seeds_ for kind in DEMO["kinds"]])
     x, y = recall_val(300, data)
     meta = json.load(open(os.path.join(data, "mqar", "meta.json")))["mqar"]
-    heads = c.n_head if c.sa_perm == "head" else 1
-    reach = {kind: predictions(kind, c.sa_perm, c.n_head, c.n_layer, x, y, c.window, 1)["reachable"]
+    heads = c.n_head if c.sa_draw == "head" else 1
+    reach = {kind: predictions(kind, c.sa_draw, c.n_head, c.n_layer, x, y, c.window, 1)["reachable"]
              for kind in DEMO["kinds"]}
     rows = [dict(attn=kind, seed=s, val_acc=log[-1]["val_acc"], val_loss=log[-1]["val_loss"],
                  keys=KINDS[kind].keys_seen(c, c.block_size), reachable=reach[kind],

@@ -629,13 +629,13 @@ def padded_batch(a, b, side):
     return x, mask, (slice(len(pad), None) if side == "left" else slice(0, len(b)))
 
 
-@pytest.mark.parametrize("sa_perm", ["shared", "head"])
-def test_our_sa_score_does_not_depend_on_the_batch(sa_perm):
+@pytest.mark.parametrize("sa_draw", ["layer", "head"])
+def test_our_sa_score_does_not_depend_on_the_batch(sa_draw):
     """SA's permutations covered the padded length, so a document's SA logits moved with the
     batch it was scored in; now each row permutes only its own real tokens."""
     torch.manual_seed(0)
     model = GPT(GPTConfig(block_size=32, vocab_size=64, n_layer=2, n_head=2, n_embd=16, attn="sa", window=3,
-                          sa_perm=sa_perm))
+                          sa_draw=sa_draw))
     lm = ev.OurLM(model, None, 32, "cpu", torch.no_grad())
     a, b = torch.randint(64, (2, 30))
     batch = torch.stack([a, torch.cat([b[:11], torch.zeros(19, dtype=torch.long)])])   # row 1: 11 real tokens

@@ -49,15 +49,15 @@ def cached_draws(model, cache, B, T):
     if "rs" not in cache.layers[0]:
         return None
     r = [torch.zeros_like(layer["rs"]).scatter_(1, layer["ps"], layer["rs"]) for layer in cache.layers]  # (R, T) each
-    return [x[0] if cfg.sa_perm == "shared" else x.view(B, cfg.n_head, T) for x in r]
+    return [x[0] if cfg.sa_draw == "layer" else x.view(B, cfg.n_head, T) for x in r]
 
 
 @pytest.mark.parametrize("attn,kw", [("full", {}), ("full", dict(pos_emb="learned")), ("swa", {}),
                                      ("swa", dict(pos_emb="learned")), ("swa", dict(window=200)),
                                      ("moba", {}), ("moba", dict(pos_emb="learned")), ("moba", dict(moba_topk=1)),
                                      ("sa", VALUE), ("sa", dict(VALUE, pos_emb="learned")),
-                                     ("sa", dict(VALUE, window=200)), ("sa", dict(VALUE, sa_perm="head")),
-                                     ("sa+swa", VALUE), ("sa+swa", dict(VALUE, sa_perm="head"))])
+                                     ("sa", dict(VALUE, window=200)), ("sa", dict(VALUE, sa_draw="head")),
+                                     ("sa+swa", VALUE), ("sa+swa", dict(VALUE, sa_draw="head"))])
 def test_cached_logits_equal_one_full_forward(attn, kw):
     """Teacher forcing: a prefill, then one token at a time across many windows and MoBA blocks,
     gives at every step the logits of one forward over all the tokens (value-rule SA: with the
@@ -206,11 +206,11 @@ def test_sa_cannot_be_cached_says_so_and_recomputes(attn, capsys):
 
 
 # -----------------------------------------------------------------------------
-# mixed precision (issue 21 section 1): every kind, both SA rules and both sa_perm modes
+# mixed precision (issue 21 section 1): every kind, both SA rules and both sa_draw modes
 
 EVERY_KIND = [(attn, {}) for attn, row in M.KINDS.items() if not row.draws] + [
-    (attn, dict(sa_rule=rule, sa_perm=perm)) for attn, row in M.KINDS.items() if row.draws
-    for rule in row.settings["sa_rule"] for perm in row.settings["sa_perm"]]
+    (attn, dict(sa_rule=rule, sa_draw=perm)) for attn, row in M.KINDS.items() if row.draws
+    for rule in row.settings["sa_rule"] for perm in row.settings["sa_draw"]]
 CACHEABLE = [(attn, kw) for attn, kw in EVERY_KIND if GPTConfig(attn=attn, **kw).cacheable]
 
 

@@ -277,7 +277,7 @@ def test_a_compiled_model_runs_the_kernel_in_one_graph(monkeypatch, plays_a_gpu)
     eager through the kernel (fwd and bwd)."""
     x = torch.randint(0, 64, (2, 21), generator=torch.Generator().manual_seed(0))
     torch._dynamo.reset()
-    assert torch._dynamo.explain(tiny("sa+swa", sa_perm="head"))(x, x).graph_break_count == 0
+    assert torch._dynamo.explain(tiny("sa+swa", sa_draw="head"))(x, x).graph_break_count == 0
     test_compiled_training_equals_eager("sa+swa", "rank", steps=2, T=20)
     assert {key[3] for key in kernel.SELF_CHECKS} == {"swa", "sa rank"}  # "auto" ran the kernel
 
@@ -662,7 +662,7 @@ def test_the_kernels_value_spans_keep_keys_at_the_edge_of_delta(small_blocks):
 
 @pytest.mark.parametrize("rule, kind", [("sa rank", "sa-bht"), ("sa value", "sa-value-bht")])
 def test_the_self_check_covers_per_head_permutations(monkeypatch, rule, kind):
-    """A kernel wrong only where each head has its own permutation (sa_perm="head", the class demo's): the self-check
+    """A kernel wrong only where each head has its own permutation (sa_draw="head", the class demo's): the self-check
     runs that case too (it ran one shared permutation only), so "triton" refuses it at the first call."""
     inject(monkeypatch, "window", per_head=True)
     monkeypatch.setattr(kernel, "SELF_CHECKS", {})
@@ -729,8 +729,8 @@ def test_a_gpt_step_makes_no_sync(stubbed_launches):
     no value back to the host: its SA draws are made valid (checked at the draw) and copied without waiting, and its
     tokens are checked on the CPU only (a GPU's embedding asserts on its own)."""
     x = torch.randint(0, 64, (2, 33), generator=torch.Generator().manual_seed(0))
-    for sa_rule, sa_perm in (("rank", "shared"), ("value", "shared"), ("rank", "head")):
-        model = tiny("sa+swa", sa_perm=sa_perm, sa_rule=sa_rule)
+    for sa_rule, sa_draw in (("rank", "layer"), ("value", "layer"), ("rank", "head")):
+        model = tiny("sa+swa", sa_draw=sa_draw, sa_rule=sa_rule)
         with Dispatched() as mode:
             model(x[:, :-1], x[:, 1:])[1].backward()
-        assert not [op for op in mode.ops if op in SYNCS], (sa_rule, sa_perm)
+        assert not [op for op in mode.ops if op in SYNCS], (sa_rule, sa_draw)

@@ -30,22 +30,22 @@ def reproduce():
     return module
 
 
-@pytest.mark.parametrize("sa_perm,n_head,depth,window", [("shared", 1, 2, 4), ("shared", 4, 3, 4), ("head", 4, 2, 4),
+@pytest.mark.parametrize("sa_draw,n_head,depth,window", [("layer", 1, 2, 4), ("layer", 4, 3, 4), ("head", 4, 2, 4),
                                                          ("head", 4, 3, 8)])
-def test_retrievable_matches_its_closed_form(reproduce, sa_perm, n_head, depth, window):
+def test_retrievable_matches_its_closed_form(reproduce, sa_draw, n_head, depth, window):
     """attention.py's masks over recall sequences give the fraction of answers whose value token a query
     sees at layer >= 2 that the closed form predicts; the issue's approximation is a little above it."""
     meta = {"vocab_size": 32, "mqar": dict(seq_len=64, num_pairs=4, num_queries=4, num_keys=15, offset=1)}
     x, y = mqar_batch(np.random.default_rng(0), 200, meta)                    # (200, 64) each
-    heads = n_head if sa_perm == "head" else 1  # sa_perm=layer: the heads share one permutation
+    heads = n_head if sa_draw == "head" else 1  # sa_draw=layer: the heads share one permutation
     exact, approx = reproduce.retrievable_formula(64, window, depth, heads)
     for kind in ("sa", "sa+swa"):  # every answer is > window back: SWA's path adds nothing
-        r = reproduce.retrievable(kind, sa_perm, n_head, depth, x, y, window, draws=300)
+        r = reproduce.retrievable(kind, sa_draw, n_head, depth, x, y, window, draws=300)
         assert abs(r - exact) < 0.02, (kind, r, exact)
     assert exact < approx < exact + 0.03
-    assert reproduce.retrievable("swa", sa_perm, n_head, depth, x, y, window) == 0
-    assert reproduce.retrievable("full", sa_perm, n_head, depth, x, y, window) == 1
-    assert reproduce.retrievable("sa+swa", sa_perm, n_head, 1, x, y, window) == 0  # layer 1 forms the binding
+    assert reproduce.retrievable("swa", sa_draw, n_head, depth, x, y, window) == 0
+    assert reproduce.retrievable("full", sa_draw, n_head, depth, x, y, window) == 1
+    assert reproduce.retrievable("sa+swa", sa_draw, n_head, 1, x, y, window) == 0  # layer 1 forms the binding
 
 
 def test_arm_verdict_follows_the_preregistered_rule(reproduce):

@@ -3,7 +3,7 @@ Run: python -m pytest -q tests/test_train.py. The scripts run as subprocesses on
 
 - prepare_data on small inputs, and the downloadable datasets offline through their real code
   with a tiny BPE; MQAR's answers depend on the pairs;
-- exact resume: 2N iterations equal N + resume to N, bitwise (dropout, SA, sa_perm=head, grad
+- exact resume: 2N iterations equal N + resume to N, bitwise (dropout, SA, sa_draw=head, grad
   accumulation), also after a simulated kill; log.jsonl cut back to the checkpoint;
 - nothing lost: rerunning the main job refuses to overwrite its checkpoint; no save at iter 0 (and
   no false "checkpoint" line); --overwrite keeps the old pair until its first checkpoint, also on a
@@ -856,6 +856,17 @@ def test_load_checkpoint_errors(trained, tmp_path):
         torch.save({k: v for k, v in good.items() if k != entry}, path)
         with pytest.raises(ValueError, match=f"no '{entry}' entry: it was edited"):
             load_checkpoint(path, resume=(good["settings"], good["meta"]))
+
+
+@pytest.mark.parametrize("old, new", [("shared", "layer"), ("head", "head")])
+def test_a_checkpoint_from_before_sa_draw_loads(trained, tmp_path, old, new):
+    """sa_draw was named sa_perm, and its "layer" was "shared": such a checkpoint loads, and resumes with sa_draw."""
+    good = load(trained)
+    torch.save({**good, **{k: {**{n: v for n, v in good[k].items() if n != "sa_draw"}, "sa_perm": old}
+                           for k in ("model_args", "settings")}}, tmp_path / "ckpt.pt")
+    settings = {**good["settings"], "sa_draw": new}
+    model, ckpt = load_checkpoint(str(tmp_path / "ckpt.pt"), resume=(settings, good["meta"]))
+    assert model.config.sa_draw == new and ckpt["settings"] == settings
 
 
 def rng_with(**states):
