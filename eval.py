@@ -371,17 +371,17 @@ def mean_stderr(xs):
 
 
 def bootstrap_stderr(f, xs, iters):
-    """lm-eval's bootstrap_stderr: the std of f over iters // chunk chunks of chunk = min(1000, iters) resamples of
-    xs, chunk i drawn by random.Random(i).choices, which numpy replays; f maps (chunk, n) resamples to (chunk,)."""
-    xs, n, chunk = np.asarray(xs, dtype=np.float64), len(xs), min(1000, iters)
+    """lm-eval's bootstrap_stderr: the std of f over iters // m rounds of m = min(1000, iters) resamples of xs,
+    round i by random.Random(i).choices, which numpy replays; f maps (m, n) resamples to (m,)."""
+    xs, n, m = np.asarray(xs, dtype=np.float64), len(xs), min(1000, iters)
     if n < 2 or iters < 1:
         return None
     res = []
-    for i in range(iters // chunk):
+    for i in range(iters // m):
         state = random.Random(i).getstate()[1]  # 624 words, then a position
         rng = np.random.RandomState()
         rng.set_state(("MT19937", np.array(state[:-1], dtype=np.uint32), state[-1]))
-        res.append(f(xs[np.floor(rng.random_sample((chunk, n)) * n).astype(np.int64)]))  # choices: xs[floor(rand * n)]
+        res.append(f(xs[np.floor(rng.random_sample((m, n)) * n).astype(np.int64)]))  # choices: xs[floor(rand * n)]
     return float(np.std(np.concatenate(res), ddof=1))
 
 

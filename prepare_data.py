@@ -33,7 +33,7 @@ mqar_seq_len = 64  # see prepare_mqar; defaults: config/mqar.py's data
 mqar_num_pairs = 4
 mqar_num_queries = 4
 mqar_vocab = 32
-mqar_train_seqs = 1000  # a sample: train.py draws fresh sequences every batch
+mqar_train_seqs = 1000  # a sample: train.py makes fresh sequences every batch
 mqar_val_seqs = 1000
 mqar_seed = 0
 mqar_ordered = False
@@ -134,10 +134,10 @@ def load_tokens(data_dir, split, meta, least=1):
     need(n >= least, f"block_size={least - 1} is larger than the data: {path} holds {n} tokens; lower "
          "--block_size or prepare more data")
     tokens = np.memmap(path, dtype=dtype, mode="r")
-    for i in range(0, n, 1 << 24):  # in chunks: memory stays small
-        chunk = tokens[i:i + (1 << 24)]
-        if chunk.max() >= V:
-            at = i + int(np.argmax(chunk >= V))
+    for i in range(0, n, 1 << 24):  # in pieces: memory stays small
+        piece = tokens[i:i + (1 << 24)]
+        if piece.max() >= V:
+            at = i + int(np.argmax(piece >= V))
             raise InputError(f"{path} holds token id {tokens[at]} at token {at}, but vocab_size is {V}: {fix}")
     return tokens
 
@@ -148,28 +148,29 @@ def load_data(data_dir, block_size, copy_task=False):
     T = meta["mqar"]["seq_len"] if "mqar" in meta else block_size
     need(not copy_task or "mqar" not in meta, f"copy_task=True needs text: {data_dir} holds MQAR sequences")
     need(T <= block_size, f"block_size={block_size} is smaller than the MQAR sequences: use --block_size={T}")
-    least = T + ("mqar" not in meta)  # text: a window and its next token; MQAR: whole sequences
+    least = T + ("mqar" not in meta)  # text: a sequence and its next token; MQAR: whole sequences
     return meta, {split: load_tokens(data_dir, split, meta, least) for split in ("train", "val")}, T
 
 
-def draw_batch(tokens, meta, B, T, gen, train, copy_task=False):
-    """B sequences drawn with torch generator gen, (x, y) int64 numpy (B, T): random windows, y shifted one on; the
-    copy task's chunk of T/2 twice, y shifted one on (-1 last); MQAR's, y the answers (-1 elsewhere), fresh when
+def random_batch(tokens, meta, B, T, gen, train, copy_task=False):
+    """B random sequences from torch generator gen, (x, y) int64 numpy (B, T): text, y shifted one on; the copy task's
+    passage of T/2 tokens twice, y shifted one on (-1 last); MQAR's, y the answers (-1 elsewhere), fresh when
     training."""
     import torch
     if "mqar" in meta and train:
         return mqar_batch(np.random.default_rng(torch.randint(2**62, (), generator=gen).item()), B, meta)
-    starts = lambda high: torch.randint(high, (B,), generator=gen).numpy()
-    window = lambda at, n: np.stack([tokens[i:i + n] for i in at]).astype(np.int64)
+    n = T // 2 if copy_task else T  # tokens read per sequence
+    if "mqar" in meta:  # whole sequences
+        ix = torch.randint(len(tokens) // T, (B,), generator=gen).numpy() * T
+    else:
+        ix = torch.randint(len(tokens) - n, (B,), generator=gen).numpy()
+    x = np.stack([tokens[i:i + n] for i in ix]).astype(np.int64)  # (B, n)
     if "mqar" in meta:
-        x = window(starts(len(tokens) // T) * T, T)  # (B, T)
         return x, mqar_targets(x, meta)
     if copy_task:
-        chunk = window(starts(len(tokens) - T // 2), T // 2)  # (B, T/2)
-        x = np.concatenate([chunk, chunk], 1)  # (B, T)
+        x = np.concatenate([x, x], 1)  # (B, T): the passage twice
         return x, np.concatenate([x[:, 1:], np.full((B, 1), -1)], 1)  # (B, T)
-    at = starts(len(tokens) - T)
-    return window(at, T), window(at + 1, T)  # (B, T) each
+    return x, np.stack([tokens[i + 1:i + 1 + T] for i in ix]).astype(np.int64)  # (B, T)
 
 
 def task_metrics(logits, y, meta, copy_task=False):
@@ -223,7 +224,7 @@ def mqar_targets(x, meta):
 
 
 def mqar_batch(rng, n, meta):
-    """n fresh MQAR sequences drawn with numpy Generator rng: (x, y) int64 (n, seq_len) each."""
+    """n fresh MQAR sequences made with numpy Generator rng: (x, y) int64 (n, seq_len) each."""
     m, V = meta["mqar"], meta["vocab_size"]
     T, P, Q, K, o = m["seq_len"], m["num_pairs"], m["num_queries"], m["num_keys"], m.get("offset", 0)
     firsts = lambda lo, hi, k: rng.permuted(np.tile(np.arange(lo, hi), (n, 1)), axis=1)[:, :k]  # k distinct per row
@@ -423,7 +424,7 @@ def prepare_mqar(data_dir, seq_len, num_pairs, num_queries, vocab, train_seqs, v
     n, key = max((train_seqs, "mqar_train_seqs"), (val_seqs, "mqar_val_seqs"))
     # ram: mqar_batch's arrays, measured within 1.6x
     ram, have = n * (8 * (2 * vocab + 3 * seq_len + seq_len * num_pairs // 2) + seq_len * num_pairs // 2), memory("cpu")
-    need(ram <= have, f"{key}={n}: drawing {n:,} sequences of {seq_len} tokens (vocab {vocab:,}) takes about "
+    need(ram <= have, f"{key}={n}: making {n:,} sequences of {seq_len} tokens (vocab {vocab:,}) takes about "
          f"{ram / 2**30:,.0f} GiB of memory, of {have / 2**30:,.0f} GiB here: use fewer, or a smaller mqar_vocab")
     tokens, dtype, where = (train_seqs + val_seqs) * seq_len, token_dtype(vocab), nearest_dir(data_dir)
     need(where, f"{data_dir}: a file is in the way: choose another --data_root")
@@ -445,11 +446,11 @@ def download_text(url):
     import urllib.request
     try:
         with urllib.request.urlopen(url, timeout=30) as r:
-            chunks = list(progress(iter(lambda: r.read(1 << 16), b""), desc="download", unit=" chunks"))
+            pieces = list(progress(iter(lambda: r.read(1 << 16), b""), desc="download", unit=" pieces"))
     except OSError as e:  # URLError too
         raise InputError(f"could not download {url} ({getattr(e, 'reason', e)}); offline? fetch it by hand and "
                          "pass it as --input_file=FILE --tokenizer=chars --dataset=shakespeare_char") from None
-    return b"".join(chunks).decode("utf-8")
+    return b"".join(pieces).decode("utf-8")
 
 
 def hf_dataset(path, name, split, streaming=False):

@@ -357,9 +357,9 @@ def test_model_trains_under_autocast(attn, sa_rule):
 @pytest.mark.parametrize("size", [1, 1 << 30])
 @pytest.mark.parametrize("fused", [True, False])
 @pytest.mark.parametrize("kind", ["swa", "sa", "sa-bht", "sa-value", "moba"])
-def test_any_chunk_size_equals_reference(monkeypatch, kind, fused, size):
-    """The engine's chunks, one group each (size 1) or every head's groups at once (as the defaults do at
-    T=300), on PyTorch's fused CPU kernel and on the matmul path used off the CPU: equal too."""
+def test_any_call_size_equals_reference(monkeypatch, kind, fused, size):
+    """The engine's calls, one group each (size 1) or every head's groups at once (as the defaults do at
+    T=300), on PyTorch's fused CPU kernel and on the matmul code used off the CPU: equal too."""
     monkeypatch.setattr(tiled, "CALL", size)
     monkeypatch.setattr(tiled, "FUSED_CALL", size)
     if not fused:

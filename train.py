@@ -33,7 +33,7 @@ import attention
 from checkpoint import RunDir, from_gpt2, load_checkpoint, restore, rng_states
 from guards import check_memory, need
 from model import DTYPES, GPT, GPTConfig, autocast, swap_fields
-from prepare_data import dataset_dir, draw_batch, load_data, task_metrics
+from prepare_data import dataset_dir, load_data, random_batch, task_metrics
 
 # -----------------------------------------------------------------------------
 # Defaults: a GPT-2-small-sized (124M) SA+SWA model on FineWeb-Edu, 5000 iterations of 0.5M tokens (2.6B); its peak,
@@ -57,7 +57,7 @@ data_root = "data"
 gradient_accumulation_steps = 32  # micro-steps per iteration, the total over DDP ranks
 batch_size = 8  # sequences per micro-step per rank
 block_size = 2048  # tokens per sequence (mqar: the data's seq_len; a GPT-2: at most its 1024)
-copy_task = False  # far copying: each sequence is a random block_size/2-token chunk, then that chunk again
+copy_task = False  # far copying: each sequence is a random passage of block_size/2 tokens, then that passage again
 # AdamW, warmup and cosine decay
 learning_rate = 6e-4
 max_iters = 5000  # iterations of batch_size * block_size * gradient_accumulation_steps tokens
@@ -112,8 +112,9 @@ if "mqar" in meta and config.attn == "swa" and config.n_layer * (config.window -
 
 
 def get_batch(split, gen):
-    """batch_size sequences (x, y), (B, T) each, drawn with gen: text, copy or MQAR (draw_batch)."""
-    x, y = (torch.from_numpy(a) for a in draw_batch(data[split], meta, batch_size, T, gen, split == "train", copy_task))
+    """batch_size random sequences (x, y), (B, T) each, from generator gen: text, copy or MQAR (random_batch)."""
+    x, y = random_batch(data[split], meta, batch_size, T, gen, split == "train", copy_task)  # numpy (B, T) each
+    x, y = torch.from_numpy(x), torch.from_numpy(y)
     if device_type == "cuda":
         x, y = (t.pin_memory().to(device, non_blocking=True) for t in (x, y))
     return x, y

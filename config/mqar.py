@@ -4,7 +4,7 @@
 # 64-token sequences: 4 key-value pairs first, then 4 queries at random positions of the second
 # half, each at least min_gap = 25 tokens after its pair; the answer is found by content (which
 # earlier key equals mine). Only the answers are scored, every eval reports their accuracy, and
-# training draws fresh sequences every batch. SWA's reach is n_layer * (window - 1) = 6 tokens
+# training makes fresh sequences every batch. SWA's reach is n_layer * (window - 1) = 6 tokens
 # here, so it can only guess. The learning rate is what makes full attention learn it: with
 # model.py's init (GPT-2's: N(0, 0.02), residual projections scaled down) it stays on the
 # "one of the 4 values" plateau at lr 1e-3 or more; at 1e-4 it leaves it after 2,000 to 8,000

@@ -1078,7 +1078,7 @@ def unseen_in_train(x, y, n=CONTEXT + 1):
 
 
 def copy_val(n, T):
-    """n copy sequences from the val split (a random T/2-byte chunk twice, seeded): inputs and targets,
+    """n copy sequences from the val split (a random T/2-byte passage twice, seeded): inputs and targets,
     (n, T) each; the last target is a placeholder (the halves never score it)."""
     import numpy as np
     import torch
@@ -1087,8 +1087,8 @@ def copy_val(n, T):
     path = os.path.join(work, "data", "pystdlib")
     tokens = load_tokens(path, "val", load_meta(path))
     starts = np.random.default_rng(0).integers(0, len(tokens) - T // 2, n)
-    chunk = np.stack([np.asarray(tokens[s:s + T // 2], np.int64) for s in starts])   # (n, T/2)
-    x = torch.from_numpy(np.concatenate([chunk, chunk], 1))                           # (n, T)
+    passage = np.stack([np.asarray(tokens[s:s + T // 2], np.int64) for s in starts])  # (n, T/2)
+    x = torch.from_numpy(np.concatenate([passage, passage], 1))                       # (n, T)
     return x, torch.cat([x[:, 1:], x[:, :1]], 1)                                     # (n, T)
 
 

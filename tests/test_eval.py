@@ -596,12 +596,12 @@ def test_whitespace_only_context_is_scored_after_end_of_text():
 
 
 def lm_eval_bootstrap_stderr(f, xs, iters):
-    """lm-eval 0.4.13's bootstrap_stderr (metrics.py), written out as it runs: chunks of 1000 resamples."""
+    """lm-eval 0.4.13's bootstrap_stderr (metrics.py), written out as it runs: rounds of 1000 resamples."""
     import random
-    res, chunk = [], min(1000, iters)
-    for i in range(iters // chunk):
+    res, m = [], min(1000, iters)
+    for i in range(iters // m):
         rnd = random.Random(i)
-        res.extend(f(rnd.choices(xs, k=len(xs))) for _ in range(chunk))
+        res.extend(f(rnd.choices(xs, k=len(xs))) for _ in range(m))
     mu = sum(res) / len(res)
     return math.sqrt(sum((r - mu) ** 2 for r in res) / (len(res) - 1))
 

@@ -149,7 +149,7 @@ def test_copy_sequences_repeat_their_first_half(reproduce, byte_data):
     x, y = reproduce.copy_val(3, 64)
     assert x.shape == y.shape == (3, 64) and torch.equal(x[:, :32], x[:, 32:])
     assert torch.equal(y[:, 31:63], x[:, :32])  # the second half's targets: the first half again
-    assert len({tuple(r) for r in x.tolist()}) == 3  # three random chunks
+    assert len({tuple(r) for r in x.tolist()}) == 3  # three random passages
 
 
 def test_unseen_in_train_marks_the_ngrams_the_train_split_lacks(reproduce, byte_data):

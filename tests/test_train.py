@@ -215,7 +215,7 @@ def test_mqar_answers_come_from_the_earlier_pairs(root):
     m = meta["mqar"]
     T, Q = m["seq_len"], m["num_queries"]
     train = np.asarray(P.load_tokens(root / "mqar", "train", meta), np.int64).reshape(-1, T)  # (N, T)
-    fresh = P.mqar_batch(np.random.default_rng(1), len(train), meta)                          # what train.py draws
+    fresh = P.mqar_batch(np.random.default_rng(1), len(train), meta)                          # what train.py makes
     for x, y in ((train, P.mqar_targets(train, meta)), fresh):
         assert ((y != -1).sum(1) == Q).all() and (y[:, :T // 2] == -1).all()
         assert len({tuple(np.nonzero(t != -1)[0]) for t in y}) > len(y) // 2  # queries at varied positions
@@ -981,7 +981,7 @@ def test_prepare_errors_are_one_line(tmp_path):
 @pytest.mark.parametrize("args, message", [
     (["--mqar_seed=-1"], "mqar_seed=-1: use an integer >= 0"),
     (["--dataset=mqar", "--mqar_seed=-1"], "mqar_seed=-1: use an integer >= 0"),
-    (["--dataset=mqar", "--mqar_train_seqs=1000000000000"], "mqar_train_seqs=1000000000000: drawing 1,000,000,000,000 sequences"),
+    (["--dataset=mqar", "--mqar_train_seqs=1000000000000"], "mqar_train_seqs=1000000000000: making 1,000,000,000,000 sequences"),
     (["--dataset=mqar", "--mqar_vocab=10000000000"], "(vocab 10,000,000,000) takes about"),
     (["--mqar_seq_len=0"], "mqar_seq_len=0: use an integer >= 1"),
     (["--mqar_offset=-1"], "mqar_offset=-1: use an integer >= 0"),
@@ -1007,7 +1007,7 @@ def test_prepare_settings_are_checked_before_anything_is_written(tmp_path, args,
 
 
 def test_mqar_larger_than_the_disk_is_refused(tmp_path, monkeypatch):
-    """What MQAR's files need on disk is checked against what the disk has free, before anything is drawn."""
+    """What MQAR's files need on disk is checked against what the disk has free, before anything is made."""
     monkeypatch.setattr(P.shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10**9, 10**9 - 10**6, 10**6))
     with pytest.raises(ValueError, match=r"mqar_train_seqs=100000, mqar_val_seqs=1000: their 6,464,000 tokens take "
                                          r"12 MiB on disk, but .* has 1 MiB free"):
@@ -1060,7 +1060,7 @@ def test_a_dataset_is_never_replaced_by_an_empty_one(root, tmp_path):
 
 
 def test_copy_task_scores_both_halves(root, tmp_path):
-    """--copy_task: each sequence is a chunk twice; the val loss splits exactly into the first half's
+    """--copy_task: each sequence is a passage twice; the val loss splits exactly into the first half's
     targets (T/2 - 1 of them) and the copied half's (T/2), and an odd block_size is refused."""
     run("train.py", f"--data_root={root}", "--dataset=text", *TINY, "--attn=full", "--copy_task=True",
         "--max_iters=2", "--eval_interval=2", f"--out_dir={tmp_path}")
@@ -1163,7 +1163,7 @@ def test_finetunes_a_saved_gpt2_with_any_attention(root, tmp_path, tiny_gpt2, at
         data, losses = P.load_tokens(str(root / "text"), "val", meta), []
         gen = torch.Generator().manual_seed(1337)
         for _ in range(2):  # TINY's eval_iters
-            x, y = (torch.from_numpy(a) for a in P.draw_batch(data, meta, 4, 32, gen, False))
+            x, y = (torch.from_numpy(a) for a in P.random_batch(data, meta, 4, 32, gen, False))
             with torch.no_grad():
                 losses.append(F.cross_entropy(hf(x).logits.flatten(0, 1), y.flatten()).item())
         assert first["val_loss"] == pytest.approx(sum(losses) / 2, rel=1e-5)
