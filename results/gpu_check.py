@@ -123,8 +123,8 @@ def run(cmd, timeout):
 
 def kernel_stage():
     """`python kernel.py --check`: the Triton kernel against its own dense fp32 rule (kernel.dense), every rule (SA's
-    with one permutation for all heads and one per head) at T = 4099, no multiple of a tile, windows 64 and 300; a time-out
-    after its "all checks PASS" line still passes."""
+    with one permutation for all heads and one per head) at T = 4099, no multiple of a tile, windows 64 and 300; a
+    time-out after its "all checks PASS" line still passes."""
     record = run([sys.executable, "kernel.py", "--check", "--check_T=4099", "--check_windows=64,300"], check_timeout)
     if record["status"] == "timeout" and "all checks PASS" in record["output"]:
         record["status"] = "pass"  # every check finished; only the exit was cut off
