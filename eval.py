@@ -107,15 +107,15 @@ def check_settings(s):
         need(problem is None and type(v) in types, f"{k}={v!r}: {problem or 'its type'}")
     repeat = lambda xs: next((x for i, x in enumerate(xs) if x in xs[:i]), None)  # noqa: E731
 
-    def items(key, parse=str, known=None):
+    def items(name, parse=str, known=None):
         try:
-            got = [parse(x.strip()) for x in s[key].split(",") if x.strip()]
+            got = [parse(x.strip()) for x in s[name].split(",") if x.strip()]
         except ValueError:
-            raise InputError(f"{key}={s[key]!r}: use a comma list of integers") from None
+            raise InputError(f"{name}={s[name]!r}: use a comma list of integers") from None
         dup, unknown = repeat(got), next((x for x in got if known and x not in known), None)
-        need(dup is None, f"{key}={s[key]!r}: lists {dup!r} twice: give each once (a repeat would be averaged in as "
+        need(dup is None, f"{name}={s[name]!r}: lists {dup!r} twice: give each once (a repeat would be averaged in as "
              "another seed)")
-        need(unknown is None, f"{key}={s[key]!r}: unknown {unknown!r}: choose from {', '.join(known or ())}")
+        need(unknown is None, f"{name}={s[name]!r}: unknown {unknown!r}: choose from {', '.join(known or ())}")
         return got
     names, files = items("tasks", known=("ppl", *TASKS)), items("task_file")
     kinds, ws = items("attn", known=tuple(KINDS)), items("windows", int)
@@ -450,12 +450,12 @@ def perplexity_tokens(s, lm, trained):
 
 def aggregate(rows):
     """Per (attn, window, task, metric): the mean over seeds, its seed_std, the mean stderr."""
-    keys, groups, out = ("attn", "window", "task", "metric"), {}, []
+    by, groups, out = ("attn", "window", "task", "metric"), {}, []
     for r in rows:
-        groups.setdefault(tuple(r[k] for k in keys), []).append(r)
-    for key, rs in groups.items():
+        groups.setdefault(tuple(r[k] for k in by), []).append(r)
+    for group, rs in groups.items():
         v, e = [r["value"] for r in rs], [r["stderr"] for r in rs if r["stderr"] is not None]
-        out.append({**dict(zip(keys, key)), "value": float(np.mean(v)), "stderr": float(np.mean(e)) if e else None,
+        out.append({**dict(zip(by, group)), "value": float(np.mean(v)), "stderr": float(np.mean(e)) if e else None,
                     "seed_std": float(np.std(v, ddof=1)) if len(v) > 1 else None, "seeds": len(v)})
     return out
 

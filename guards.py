@@ -107,9 +107,9 @@ SETTINGS = {
 }
 
 
-def setting_problem(key, value, settings=None):
-    """What is wrong with setting key's value (SETTINGS; any number: finite, >= 0 if not named), or None."""
-    rule, why = SETTINGS.get(key, (None, None))
+def setting_problem(name, value, settings=None):
+    """What is wrong with setting name's value (SETTINGS; any number: finite, >= 0 if not named), or None."""
+    rule, why = SETTINGS.get(name, (None, None))
     number = isinstance(value, (int, float)) and not isinstance(value, bool)
     if number and not math.isfinite(value) or isinstance(value, int) and not -2**63 <= value < 2**63:
         return "use a finite number" + " (an integer within 64 bits)" * isinstance(value, int)
@@ -148,10 +148,10 @@ def schema_problem(record, schema, required=()):
     missing = [k for k in required if k not in record]
     if missing:
         return f"no {' and no '.join(map(repr, missing))} entry"
-    for key, (test, want) in schema.items():
-        got = key not in record or test(record[key], record)
+    for entry, (test, want) in schema.items():
+        got = entry not in record or test(record[entry], record)
         if got is not True:
-            return f"{key!r} {got}" if isinstance(got, str) else f"{key!r} is {shown(record[key])}, not {want}"
+            return f"{entry!r} {got}" if isinstance(got, str) else f"{entry!r} is {shown(record[entry])}, not {want}"
     return None
 
 

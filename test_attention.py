@@ -665,8 +665,8 @@ def test_sa_permutations_are_seeded_and_fresh_per_layer():
     assert not torch.equal(perms[0], perms[1])
     heads = tiny("sa", sa_draw="head").draw_sa(2, 50, "cpu")
     assert heads[0].shape == (2, 2, 50) and not torch.equal(heads[0][0, 0], heads[0][1, 1])
-    keys = tiny("sa", sa_rule="value").draw_sa(2, 50, "cpu")
-    assert keys[0].shape == (50,) and keys[0].dtype == torch.float32 and 0 <= keys[0].min() < keys[0].max() < 1
+    rs = tiny("sa", sa_rule="value").draw_sa(2, 50, "cpu")
+    assert rs[0].shape == (50,) and rs[0].dtype == torch.float32 and 0 <= rs[0].min() < rs[0].max() < 1
 
 
 def test_swap_attention_refuses_untrained_gates():

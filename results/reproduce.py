@@ -176,10 +176,10 @@ def figure():
     return "sa_picture.png"
 
 
-# Recall: prepare_data.prepare_mqar's layout (Zoology's MQAR), 64 tokens: 4 key-value pairs
-# from a vocabulary of 32 (15 keys, 16 values), then 4 queries at random positions of the second
+# Recall: prepare_data.prepare_mqar's layout (Zoology's MQAR), 64 tokens: 4 cue-value pairs
+# from a vocabulary of 32 (15 cues, 16 values), then 4 queries at random positions of the second
 # half, each asking a random pair, at least 25 tokens after it: the answer must be found by
-# content (which earlier key equals mine). Window 4 (SWA reaches 3 tokens per layer, 12 in 4
+# content (which earlier cue equals mine). Window 4 (SWA reaches 3 tokens per layer, 12 in 4
 # layers), MoBA at the same key budget (2 blocks of 2), fresh training sequences every batch, a
 # fixed val set.
 MQAR_DATA = ["--mqar_seq_len=64", "--mqar_num_pairs=4", "--mqar_num_queries=4", "--mqar_vocab=32"]
@@ -284,7 +284,7 @@ def retrievable(kind, sa_draw, n_head, depth, x, y, window, draws=200):
     """What content recall needs: the fraction of the (query, answer) pairs of x, y in which the
     query sees its answer's value token directly in some layer >= 2, with attention.py's own
     masks (sa_mask, swa_mask) and fresh permutations per layer (per head with sa_draw=head);
-    mean over `draws` draws. The value token learns its key (the binding) at layer 1, from its
+    mean over `draws` draws. The value token learns its cue (the binding) at layer 1, from its
     neighbour; a query can match that binding only by reading the value token afterwards. Full
     attention sees it at depth >= 2 (1.0); MoBA's router may pick any past block (1.0: whether
     it does is learned); SWA sees nothing farther than window - 1. A relay (the value token's
@@ -373,7 +373,7 @@ def mqar():
                            recipe=RECIPE, cells=CELLS, runs=rows, predicted=predicted,
                            permutation_average=averaged))
 
-    cell = lambda c, d, key="val_acc": [r[key] for r in rows if (r["cell"], r["n_layer"]) == (c, d)]
+    cell = lambda c, d, field="val_acc": [r[field] for r in rows if (r["cell"], r["n_layer"]) == (c, d)]
     p = plt()
     fig, ax = p.subplots(figsize=(5.5, 3.6))
     for i, c in enumerate(CELLS):
@@ -408,7 +408,7 @@ def mqar():
 # The pre-registered experiment (issue 22), at the depth where SA can work: 3 layers, window 8, 4
 # heads of 16 dimensions, each with its own permutation (sa_draw=head; receptive_field.py: every
 # pair connected in 2 layers at n=64), MoBA at the same key budget (4 blocks of 2). The pairs start
-# at token 1, so no MoBA block holds a whole (key, value) pair. Arm P=1: one pair, one query (a
+# at token 1, so no MoBA block holds a whole (cue, value) pair. Arm P=1: one pair, one query (a
 # pure long-range broadcast: any path carries the value); arm P=4: content recall. Every cell trains
 # with Zoology's optimiser settings (lr 3e-4, warmup, cosine to 0, beta2 0.999, weight decay 0.01, no
 # clipping): config/mqar.py's depth-2 recipe left full attention on the plateau at depth 3 (mqar_probes.json).
@@ -649,7 +649,7 @@ def sa_rules():
                                recall_data=RULES_RECALL_DATA, runs=rows))
 
     metric = dict(lm="val_loss", recall="val_acc")
-    cell = lambda t, k, r, key: [x[key] for x in rows if (x["task"], x["attn"], x["sa_rule"]) == (t, k, r)]
+    cell = lambda t, k, r, field: [x[field] for x in rows if (x["task"], x["attn"], x["sa_rule"]) == (t, k, r)]
     lines = ["| task: metric | attn | rank | value | value − rank | seeds | wall time per run: rank, value |",
              "|---|---|---|---|---|---|---|"]
     for t in setups:
@@ -718,10 +718,10 @@ def copy_distance(x, y, context=CONTEXT):
         row = bytes(np.concatenate([x[n], y[n, -1:]]).astype(np.uint8))       # T + 1 bytes
         last = {}  # context + target -> the latest query that had them
         for t in range(context - 1, T):
-            key = row[t - context + 1:t + 2]
-            if key in last:
-                dist[n, t] = t - last[key] - 1
-            last[key] = t
+            gram = row[t - context + 1:t + 2]
+            if gram in last:
+                dist[n, t] = t - last[gram] - 1
+            last[gram] = t
     return dist
 
 
@@ -912,7 +912,7 @@ def copy_r_prime(rows, seeds):
     """R' (issue 38's secondary measure, no verdict): R on D = second - first half of each run, per seed."""
     if any((kind, s) not in rows for kind in ("full", "swa", "sa+swa") for s in seeds):
         return []
-    D = {key: second - first for key, (first, second) in rows.items()}
+    D = {run: second - first for run, (first, second) in rows.items()}
     return [(D["swa", s] - D["sa+swa", s]) / (D["swa", s] - D["full", s]) for s in seeds]
 
 
@@ -1194,11 +1194,11 @@ def copy_paths_plot(p, paths, T):
     windows = sorted({q["window"] for q in paths.values()})
     for q in paths.values():
         layer = q["sa_perm"] == "layer"
-        for key, color, label in (("first", "0.6", "first half"), ("loss_other", "C0", "copied half, other"),
-                                  ("loss_direct", "C3", "copied half, direct")):
-            if q[key] is not None:
-                axes[0].scatter(q["window"] * (1.1 if layer else 1), q[key], color=color, marker="s" if layer else "o",
-                                s=14, label=label)
+        for field, color, label in (("first", "0.6", "first half"), ("loss_other", "C0", "copied half, other"),
+                                    ("loss_direct", "C3", "copied half, direct")):
+            if q[field] is not None:
+                axes[0].scatter(q["window"] * (1.1 if layer else 1), q[field], color=color,
+                                marker="s" if layer else "o", s=14, label=label)
         axes[1].plot(range(1, len(q["layers"]) + 1), [x["gate_sa"] for x in q["layers"]], marker=".", alpha=0.7,
                      color=f"C{windows.index(q['window'])}", ls="-." if layer else "-",
                      label=f"w={q['window']}" + ", one permutation per layer" * layer)
@@ -1263,7 +1263,7 @@ def lm1024():
     parts["far_unseen"] = parts["far"] & unseen_in_train(x.numpy(), y.numpy())
     # a run finished here is read from its log; one finished on a machine whose checkpoints are gone keeps its
     # committed row (committed: True)
-    old = {r["name"]: r for key in ("runs", "long_runs") for r in committed("lm1024.json").get(key, [])}
+    old = {r["name"]: r for part in ("runs", "long_runs") for r in committed("lm1024.json").get(part, [])}
     rows, long_rows = [], []  # issue 45's runs (-i<iters>) kept apart, so that the rule above reads only its own runs
     for name, r in old.items():
         if name not in done:
@@ -1341,9 +1341,8 @@ def lm1024():
     cells = sorted({cell(r) for r in rows if r["task"] == "copy"}, key=lambda k: (k[1], k[0], k[2]))
     color = {"swa": "C0", "sink": "C1", "sa": "C2", "moba": "C3", "full": "k", "sa+swa": "C4"}  # both panels alike
     style = dict(zip(c["windows"], ["-", "--", ":"]))
-    for key in cells:
-        kind, w, perm = key
-        for r in [r for r in rows if r["task"] == "copy" and cell(r) == key]:
+    for kind, w, perm in cells:
+        for r in [r for r in rows if r["task"] == "copy" and cell(r) == (kind, w, perm)]:
             it, _, second = zip(*r["curve"])
             axes[0].plot(it, second, color=color[kind], ls="-." if perm == "layer" else style.get(w, "-"), lw=1,
                          alpha=1 if r["seed"] == c["seeds"][0] else 0.5,
@@ -1393,9 +1392,8 @@ def lm1024():
               f"Copy task (T={T}, {c['copy_iters']} iterations): val loss on the first half / the copied half, per seed "
               f"(each seed's own val sequences); full attention's runs at w = {w0} serve every window", "",
               "| attn | window (w/T) | seeds | first half | copied half | copied − first |", "|---|---|---|---|---|---|"]
-    for key in cells:
-        kind, w, perm = key
-        rs = [r for r in rows if r["task"] == "copy" and cell(r) == key]
+    for kind, w, perm in cells:
+        rs = [r for r in rows if r["task"] == "copy" and cell(r) == (kind, w, perm)]
         lines.append(f"| {kind}{' (one permutation per layer)' * (perm == 'layer')} | {w} (1/{T // w}) | "
                      + ", ".join(str(r["seed"]) for r in rs) + " | "
                      + " | ".join(", ".join(f"{r[h]:.3f}" for r in rs) for h in ("first", "second")) + " | "

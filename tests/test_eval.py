@@ -309,10 +309,10 @@ def test_bad_devices_checkpoints_and_directories_are_one_line(tiny_run, tmp_path
     if not torch.cuda.is_available():
         cases.append(({"device": "cuda"}, "device='cuda': CUDA is not available here"))
     good = torch.load(os.path.join(tiny_run["out_dir"], "ckpt.pt"), weights_only=True)
-    for key in ("meta", "settings"):
-        (tmp_path / key).mkdir()
-        torch.save({k: v for k, v in good.items() if k != key}, tmp_path / key / "ckpt.pt")
-        cases.append(({"out_dir": str(tmp_path / key)}, f"no '{key}' entry"))
+    for entry in ("meta", "settings"):
+        (tmp_path / entry).mkdir()
+        torch.save({k: v for k, v in good.items() if k != entry}, tmp_path / entry / "ckpt.pt")
+        cases.append(({"out_dir": str(tmp_path / entry)}, f"no '{entry}' entry"))
     for cfg, message in cases:
         with pytest.raises(ValueError) as e:
             ev.run({**base, **cfg})

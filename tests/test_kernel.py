@@ -279,7 +279,7 @@ def test_a_compiled_model_runs_the_kernel_in_one_graph(monkeypatch, plays_a_gpu)
     torch._dynamo.reset()
     assert torch._dynamo.explain(tiny("sa+swa", sa_draw="head"))(x, x).graph_break_count == 0
     test_compiled_training_equals_eager("sa+swa", "rank", steps=2, T=20)
-    assert {key[3] for key in kernel.SELF_CHECKS} == {"swa", "sa rank"}  # "auto" ran the kernel
+    assert {case[3] for case in kernel.SELF_CHECKS} == {"swa", "sa rank"}  # "auto" ran the kernel
 
 
 def test_a_kernel_bug_raises_under_auto(monkeypatch, plays_a_gpu):
@@ -509,7 +509,7 @@ def test_a_correct_kernel_passes_the_self_check(monkeypatch):
         assert re.fullmatch(r"attention: Triton kernel, self-check passed on the CPU interpreter float32 "
                             r"\(max err \d\.\de-0[5-9], [\d.]+ s\)", line), line
         print(line)
-    assert {key[3]: err < 1e-4 for key, err in kernel.SELF_CHECKS.items()} == \
+    assert {case[3]: err < 1e-4 for case, err in kernel.SELF_CHECKS.items()} == \
         {"swa": True, "sa rank": True, "sa value": True}
     assert A.engine_line("cpu", torch.float32, 16, ["full", "moba"]) == "attention: no SWA or SA on cpu"
 
@@ -618,7 +618,7 @@ def test_a_failed_dtype_leaves_the_other_alone(monkeypatch, bf16_dot, plays_a_gp
     with pytest.warns(UserWarning, match=f"self-check on the CPU interpreter {str(faulty)[6:]} for swa"):
         for dtype in (torch.bfloat16, torch.float32):
             A.sliding_window_attention(q.to(dtype), k.to(dtype), v.to(dtype), 8)
-    assert {key[1]: err <= kernel.TOLERANCE[key[1]] for key, err in kernel.SELF_CHECKS.items()} == \
+    assert {case[1]: err <= kernel.TOLERANCE[case[1]] for case, err in kernel.SELF_CHECKS.items()} == \
         {torch.bfloat16: faulty != torch.bfloat16, torch.float32: faulty != torch.float32}
     for dtype in (torch.bfloat16, torch.float32):
         line = A.engine_line("cpu", dtype, 16, ["swa"])

@@ -219,8 +219,8 @@ def test_reproduce_fast_writes_every_result(tmp_path):
     predicted = mqar["predicted"]
     assert predicted["swa/2"]["reachable"] == predicted["swa/2"]["retrievable"] == 0
     assert predicted["full/2"]["reachable"] == predicted["full/2"]["retrievable"] == 1
-    for key in ("reachable", "retrievable"):  # 4 permutations: more shortcuts
-        assert predicted["sa+swa-head/2"][key] > predicted["sa+swa/2"][key]
+    for measure in ("reachable", "retrievable"):  # 4 permutations: more shortcuts
+        assert predicted["sa+swa-head/2"][measure] > predicted["sa+swa/2"][measure]
     assert predicted["sa+swa/2"]["retrievable"] < predicted["sa+swa/2"]["reachable"]  # a relay carries no binding
     decisive = json.loads((out / "mqar_decisive.json").read_text())
     assert {(r["P"], r["cell"]) for r in decisive["runs"]} == {(1, "full"), (1, "sa+swa"), (4, "sa+swa"), (4, "moba")}

@@ -14,7 +14,7 @@ Run: python -m pytest -q tests/test_train.py. The scripts run as subprocesses on
 - fp16 (GradScaler, exact resume) and bf16 training of every kind;
 - a 2-process gloo DDP run; sampling (greedy = top_k 1, seeds reproduce);
 - a kind with a setting of its own, written in three places of a copy of the repo, trains, samples and evaluates;
-- every bad input (config keys, values, files, checkpoints, datasets) gets one line, a non-zero
+- every bad input (setting names, values, files, checkpoints, datasets) gets one line, a non-zero
   exit, and nothing written."""
 import contextlib
 import errno
@@ -220,18 +220,18 @@ def test_mqar_answers_come_from_the_earlier_pairs(root):
         assert ((y != -1).sum(1) == Q).all() and (y[:, :T // 2] == -1).all()
         assert len({tuple(np.nonzero(t != -1)[0]) for t in y}) > len(y) // 2  # queries at varied positions
         assert all(len(set(seq[tgt != -1])) == Q for seq, tgt in zip(x, y))  # a different pair per query (Q <= P)
-        by_key = {}
+        by_cue = {}
         for seq, tgt in zip(x, y):
             pairs = dict(zip(seq[0:2 * m["num_pairs"]:2], seq[1:2 * m["num_pairs"]:2]))
             where = {k: 2 * i + 1 for i, k in enumerate(seq[0:2 * m["num_pairs"]:2])}
             assert not set(seq[2 * m["num_pairs"]:]) & set(pairs.values())  # the values never reappear
             for t in np.nonzero(tgt != -1)[0]:
-                assert tgt[t] == pairs[seq[t]]  # the value paired with the queried key
+                assert tgt[t] == pairs[seq[t]]  # the value paired with the queried cue
                 assert t - where[seq[t]] >= m["min_gap"] > 2 * (8 - 1)  # beyond a 2-layer window-8 SWA's reach
-                by_key.setdefault(seq[t], []).append(tgt[t])
-        # the key alone says little: guessing each key's most frequent answer is near chance
-        key_only = sum(np.bincount(v).max() for v in by_key.values()) / sum(len(v) for v in by_key.values())
-        assert key_only < 0.2
+                by_cue.setdefault(seq[t], []).append(tgt[t])
+        # the cue alone says little: guessing each cue's most frequent answer is near chance
+        cue_only = sum(np.bincount(v).max() for v in by_cue.values()) / sum(len(v) for v in by_cue.values())
+        assert cue_only < 0.2
     val = np.asarray(P.load_tokens(root / "mqar", "val", meta)).reshape(-1, T)
     assert not (val[:8] == train[:8]).all() and not (fresh[0][:8] == train[:8]).all()  # each its own stream
 
@@ -261,8 +261,8 @@ def test_resume_is_bitwise_exact(trained, train_args, tmp_path):
         assert torch.equal(a["model"][k], b["model"][k]), k
     for s, t in zip(a["optimizer"]["state"].values(), b["optimizer"]["state"].values()):
         assert torch.equal(s["exp_avg_sq"], t["exp_avg_sq"])
-    for key in ("torch", "sampler", "sa"):
-        assert torch.equal(a["rng"][0][key], b["rng"][0][key])
+    for name in ("torch", "sampler", "sa"):
+        assert torch.equal(a["rng"][0][name], b["rng"][0][name])
     assert "step 3: train loss" in r.stdout  # the resumed run re-evaluates where it left off
 
 
@@ -310,8 +310,8 @@ def test_ddp_two_processes_gloo(root, tmp_path):
     assert "(2 x 1 x 4 x 64)" in r.stdout  # the 2 accumulation steps are split over the 2 ranks
     ckpt = load(tmp_path)
     assert ckpt["iter_num"] == 2 and len(ckpt["rng"]) == 2
-    for key in ("sampler", "sa"):  # each rank samples its own data and its own SA permutations
-        assert not torch.equal(ckpt["rng"][0][key], ckpt["rng"][1][key])
+    for name in ("sampler", "sa"):  # each rank its own data and its own SA permutations
+        assert not torch.equal(ckpt["rng"][0][name], ckpt["rng"][1][name])
 
 
 def test_a_resume_onto_more_ranks_gives_each_new_rank_its_own_sa_draws(root, tmp_path):
