@@ -245,7 +245,7 @@ def winogrande_doc(d):
             "continuation": d["sentence"][i + 1:].strip(), "label": int(d["answer"]) - 1}
 
 
-TASKS = {  # name: (Hugging Face dataset, its config, split, row -> doc)
+TASKS = {  # name: (Hugging Face dataset, its subset, split, row -> doc)
     "lambada": ("EleutherAI/lambada_openai", "default", "test", lambda d: {"text": d["text"]}),
     "hellaswag": ("Rowan/hellaswag", None, "validation", hellaswag_doc),
     "piqa": ("baber/piqa", None, "validation", lambda d: {"context": f"Question: {d['goal']}\nAnswer:",
@@ -307,13 +307,13 @@ def load_task_file(path, limit=0):
 
 def load_task(name, limit=0):
     """(name, scoring, docs) of a task of TASKS, through `datasets`."""
-    path, config, split, convert = TASKS[name]
+    path, subset, split, convert = TASKS[name]
     try:
         import datasets
     except ImportError:
         raise InputError(f"task {name}: pip install datasets, or pass the task as --task_file=FILE.jsonl") from None
     try:
-        rows = datasets.load_dataset(path, config, split=split)
+        rows = datasets.load_dataset(path, subset, split=split)
     except Exception as e:  # offline shows up as several exception types
         raise InputError(f"task {name}: cannot load {path} ({type(e).__name__}: {str(e)[:200]}); offline? pass it as "
                          "--task_file=FILE.jsonl") from None

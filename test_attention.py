@@ -599,9 +599,9 @@ KINDS = list(M.KINDS)
 
 def tiny(attn, sa_draw="layer", seed=0, **kw):
     torch.manual_seed(seed)
-    cfg = dict(block_size=128, vocab_size=64, n_layer=2, n_head=2, n_embd=32, attn=attn, window=8,
+    args = dict(block_size=128, vocab_size=64, n_layer=2, n_head=2, n_embd=32, attn=attn, window=8,
                moba_chunk=8, moba_topk=3, sa_draw=sa_draw)
-    return GPT(GPTConfig(**{**cfg, **kw}), sa_seed=seed)
+    return GPT(GPTConfig(**{**args, **kw}), sa_seed=seed)
 
 
 @pytest.mark.parametrize("pos_emb", ["rope", "learned"])
@@ -845,8 +845,8 @@ def test_sa_swa_gates_weigh_each_path():
     """Y = sigmoid(x W_sa) Y_sa + sigmoid(x W_swa) Y_swa, W_sa the gate's first n_head rows (results/reproduce.py
     reads them so). Untrained gates are all sigmoid(0) = 0.5, which hides a swapped or repeated half: random ones."""
     torch.manual_seed(0)
-    cfg = GPTConfig(attn="sa+swa", block_size=32, vocab_size=61, n_layer=1, n_head=2, n_embd=16, window=4)
-    attn = M.CausalSelfAttention(cfg)
+    config = GPTConfig(attn="sa+swa", block_size=32, vocab_size=61, n_layer=1, n_head=2, n_embd=16, window=4)
+    attn = M.CausalSelfAttention(config)
     torch.nn.init.normal_(attn.gate.weight)
     (B, T, C), nh = (2, 20, 16), 2
     x, perm = torch.randn(B, T, C), random_perm((), T)

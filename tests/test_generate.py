@@ -20,8 +20,8 @@ PROMPT, TOTAL = 13, 90
 
 def tiny(attn, **kw):
     torch.manual_seed(0)
-    cfg = dict(block_size=96, vocab_size=61, n_layer=2, n_head=2, n_embd=32, window=7, moba_chunk=8, moba_topk=3)
-    return GPT(GPTConfig(attn=attn, **{**cfg, **kw})).eval()
+    args = dict(block_size=96, vocab_size=61, n_layer=2, n_head=2, n_embd=32, window=7, moba_chunk=8, moba_topk=3)
+    return GPT(GPTConfig(attn=attn, **{**args, **kw})).eval()
 
 
 def tokens(B, T, seed=1):
@@ -45,11 +45,11 @@ def step_logits(model, idx, n, **kw):
 def cached_draws(model, cache, B, T):
     """The SA numbers r that a cache holds (sorted, with their positions), as GPT.forward's draws:
     (T,) or (B, nh, T) per layer, in position order."""
-    cfg = model.config
+    config = model.config
     if "rs" not in cache.layers[0]:
         return None
     r = [torch.zeros_like(layer["rs"]).scatter_(1, layer["ps"], layer["rs"]) for layer in cache.layers]  # (R, T) each
-    return [x[0] if cfg.sa_draw == "layer" else x.view(B, cfg.n_head, T) for x in r]
+    return [x[0] if config.sa_draw == "layer" else x.view(B, config.n_head, T) for x in r]
 
 
 @pytest.mark.parametrize("attn,kw", [("full", {}), ("full", dict(pos_emb="learned")), ("swa", {}),

@@ -933,13 +933,13 @@ def configure(monkeypatch, *argv):
 
 
 def test_configurator(monkeypatch, tmp_path):
-    cfg = tmp_path / "c.py"
-    cfg.write_text("import math\nN = 5\nn = N\nname = 'b'\n_scratch = math.pi\n")  # N: the file's own helper
-    g = configure(monkeypatch, str(cfg), "--n=7", "--lr=1", "--flag=True", "--name=hello world", "--opt=abc",
+    path = tmp_path / "c.py"
+    path.write_text("import math\nN = 5\nn = N\nname = 'b'\n_scratch = math.pi\n")  # N: the file's own helper
+    g = configure(monkeypatch, str(path), "--n=7", "--lr=1", "--flag=True", "--name=hello world", "--opt=abc",
                   "--iters=9")
     assert g["settings"] == dict(n=7, lr=1.0, flag=True, name="hello world", opt="abc", iters=9)
     assert configure(monkeypatch, "--iters=9", "--iters=None")["iters"] is None
-    assert type(g["lr"]) is float and configure(monkeypatch, str(cfg))["n"] == 5
+    assert type(g["lr"]) is float and configure(monkeypatch, str(path))["n"] == 5
     for argv, message in [(["--m=1"], "unknown setting 'm'"), (["--CONSTANT=y"], "unknown setting"),
                           (["--n=abc"], "n must be of type int"), (["--n=1.5"], "n must be of type int"),
                           (["--flag=1"], "flag must be of type bool"), (["--lr=True"], "lr must be of type float"),
