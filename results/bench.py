@@ -178,7 +178,7 @@ def benchmark_generation(lengths=(256, 1024, 4096), new_tokens=(5, 33), vocab_si
                 vocab_size=vocab_size, block_size=max(lengths) + max(new_tokens))
     print(f"generate, greedy, batch 1, fp32, {torch.get_num_threads()} threads, torch {torch.__version__}; a random "
           f"GPT {', '.join(f'{k}={v}' for k, v in arch.items())}; median ms per generated token, prefill excluded; "
-          f"cache slots per layer: window for swa, block_size for the others")
+          f"cache cells per layer: window for swa, block_size for the others")
     print(f"{'attn':>7} {'sa_rule':>7} {'prompt':>6} {'no cache':>9} {'cache':>9} {'speedup':>8}")
     for attn, rule in [(a, "rank") for a in KINDS] + [("sa", "value"), ("sa+swa", "value")]:
         torch.manual_seed(0)

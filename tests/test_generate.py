@@ -300,7 +300,7 @@ def test_an_empty_batch_generates_an_empty_batch(attn, kw):
 
 
 def test_a_moba_chunk_past_block_size_is_one_chunk_in_the_cache():
-    """--moba_chunk=1000000000 used to allocate a cache of 10^9 slots per layer; past block_size it is one chunk."""
+    """--moba_chunk=1000000000 used to allocate a cache of 10^9 cells per layer; past block_size it is one chunk."""
     model, idx = tiny("moba", moba_chunk=10**9), tokens(2, 5)
     with MaxNumel() as seen:
         got, logits = step_logits(model, idx, 20)
