@@ -128,7 +128,7 @@ def memory(device):
 
 def check_memory(device, n_layer, n_embd, vocab_size, batch_size, T):
     """One line, not the OOM killer, for a model (n_params a lower bound) or a batch too large for device."""
-    n_params, have = n_layer * 12 * n_embd ** 2 + vocab_size * n_embd, memory(device)  # the blocks, the embedding
+    n_params, have = n_layer * 12 * n_embd ** 2 + vocab_size * n_embd, memory(device)  # the layers, the embedding
     states, logits = 16 * n_params, 8 * batch_size * T * vocab_size  # fp32 logits and their gradient
     has = f"{device} has {have / 2**30:,.0f} GiB"
     need(states <= have, f"n_layer={n_layer}, n_embd={n_embd}, vocab_size={vocab_size}: {n_params / 1e9:,.1f}B "

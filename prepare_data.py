@@ -37,7 +37,7 @@ mqar_train_seqs = 1000  # a sample: train.py makes fresh sequences every batch
 mqar_val_seqs = 1000
 mqar_seed = 0
 mqar_ordered = False
-mqar_offset = 0  # 1: no MoBA block of 2 tokens holds a whole pair
+mqar_offset = 0  # 1: no MoBA chunk of 2 tokens holds a whole pair
 hf_max_docs = 0  # fineweb-edu: documents read, val's included (0: all, ~10B tokens, ~20 GB)
 hf_val_docs = 5000  # fineweb-edu: the first documents, as val
 # -----------------------------------------------------------------------------
@@ -305,7 +305,7 @@ def token_dtype(vocab_size):
 
 @contextlib.contextmanager
 def writing(data_dir, meta):
-    """{split: <split>.bin.tmp} for the block to fill, removed if it fails or a split is empty; else the old
+    """{split: <split>.bin.tmp} for the with statement to fill, removed if it fails or a split is empty; else the old
     meta.json goes (the dataset reads as incomplete), they move into place, and meta.json is written."""
     tmps = {split: os.path.join(data_dir, f"{split}.bin.tmp") for split in meta["tokens"]}
     try:

@@ -15,7 +15,7 @@ import tiled
 import model as M
 from model import GPT, GPTConfig
 
-TS = [1, 7, 100, 257]  # sequence lengths that are not multiples of any block size
+TS = [1, 7, 100, 257]  # sequence lengths that are not multiples of any tile size
 
 
 def qkv(B, H, T, D, seed=0, dtype=torch.float32, device="cpu"):
@@ -76,7 +76,7 @@ def test_sa_fast_equals_reference(T, window, perm_shape, dtype):
 @pytest.mark.parametrize("T", TS)
 @pytest.mark.parametrize("window", [1, 5, 64, 300])
 def test_sa_value_fast_equals_reference(T, window, r_shape, dtype):
-    """The value rule's per-block key spans (sorted by r) against its mask written in token order."""
+    """The value rule's per-tile key spans (sorted by r) against its mask written in token order."""
     q, k, v = qkv(2, 3, T, 16, dtype=dtype)
     r = torch.rand(*r_shape, T, generator=torch.Generator().manual_seed(1))
     assert_same(lambda q, k, v: A.stochastic_value_attention(q, k, v, window / T, r), q, k, v,
@@ -126,7 +126,7 @@ def test_value_spans_hold_every_key_within_delta():
 def test_moba_fast_equals_reference(T, moba_chunk, top_k, dtype):
     q, k, v = qkv(2, 3, T, 16, dtype=dtype)
     # the reference runs in the same dtype: top-k routing is discontinuous, so
-    # fp32 and bf16 block scores may legitimately pick different blocks
+    # fp32 and bf16 chunk scores may legitimately pick different chunks
     assert_same(lambda q, k, v: A.moba_attention(q, k, v, moba_chunk, top_k), q, k, v,
                 lambda q, k, v: A.moba_reference(q, k, v, moba_chunk, top_k), ref_dtype=dtype)
 
@@ -234,7 +234,7 @@ def test_fast_path_never_materialises_t_by_t(kind):
 
 @pytest.mark.parametrize("moba_chunk", [300, 10**9])
 def test_moba_memory_follows_t_not_the_block(moba_chunk):
-    """A block of T keys or more is one block: full causal attention, in memory of T, not of moba_chunk
+    """A chunk of T keys or more is one chunk: full causal attention, in memory of T, not of moba_chunk
     (--moba_chunk=1000000000 used to allocate 128 GB)."""
     q, k, v = qkv(1, 2, 300, 8)
     with MaxNumel() as seen:
@@ -246,7 +246,7 @@ def test_moba_memory_follows_t_not_the_block(moba_chunk):
 
 def test_moba_memory_is_bounded_at_32k():
     """MoBA's fast path works in chunks: at T=32768, H=8, D=64 no op output is larger than about
-    one input (64 MB in fp32), where gathering K/V per query block needed 12 GB (192 inputs)."""
+    one input (64 MB in fp32), where gathering K/V per query tile needed 12 GB (192 inputs)."""
     T = 32768
     q, k, v = (torch.randn(1, 8, T, 64) for _ in range(3))
     with MaxNumel() as seen, torch.no_grad():
@@ -279,8 +279,8 @@ def test_finite_wherever_sdpa_is_finite(monkeypatch, engine, dtype):
 
 
 def test_moba_routes_in_fp32():
-    """bf16 inputs are routed by fp32 scores, as MoBA's own code does: the same blocks as for the
-    same (rounded) values in fp32. Scoring in bf16 picks other blocks on some rows."""
+    """bf16 inputs are routed by fp32 scores, as MoBA's own code does: the same chunks as for the
+    same (rounded) values in fp32. Scoring in bf16 picks other chunks on some rows."""
     q, k = (x.detach().to(torch.bfloat16) for x in qkv(2, 4, 2048, 64)[:2])
     idx16, ok16 = tiled.moba_select(q, k, 16, 4)
     idx32, ok32 = tiled.moba_select(q.float(), k.float(), 16, 4)
@@ -481,7 +481,7 @@ def test_bad_inputs_raise_clear_errors(monkeypatch):
 
 
 def test_the_references_check_their_arguments_as_the_fast_paths_do():
-    """The dense references used to answer window 0, a perm that is no permutation, delta 0 or MoBA's block 0
+    """The dense references used to answer window 0, a perm that is no permutation, delta 0 or MoBA's chunk 0
     (silently, or with ZeroDivisionError); SWA's pos of the wrong length was a RuntimeError in tiled.py; a delta
     that fp32 rounds to 0 hid every key, even the query's own."""
     q, k, v = qkv(1, 2, 8, 4)
@@ -634,8 +634,8 @@ def train_on_pairs(model, steps=50):
         opt.zero_grad()
         loss.backward()
         if model.config.attn == "sa+swa":
-            for block in model.transformer.h:
-                assert block.attn.gate.weight.grad.abs().sum() > 0, "no gradient reached the SA/SWA gates"
+            for layer in model.transformer.h:
+                assert layer.attn.gate.weight.grad.abs().sum() > 0, "no gradient reached the SA/SWA gates"
         opt.step()
         losses.append(loss.item())
     return sum(losses[-5:]) / 5
@@ -672,7 +672,7 @@ def test_sa_permutations_are_seeded_and_fresh_per_layer():
 def test_swap_attention_refuses_untrained_gates():
     model = tiny("full")
     model.swap_attention(attn="sa", window=4)
-    assert all(block.attn.config.attn == "sa" for block in model.transformer.h)
+    assert all(layer.attn.config.attn == "sa" for layer in model.transformer.h)
     with pytest.raises(ValueError, match="gates"):
         model.swap_attention(attn="sa+swa")
     with pytest.raises(ValueError, match="window"):

@@ -64,7 +64,7 @@ else:
                 swap_windows=[2, 4, 8, 16, 32, 64], swap_seeds=3, swap_seqs=300, data=["--mqar_val_seqs=1000"],
                 train=[])
     LM = dict(iters=500, seeds=[0, 1], eval_interval=50, extra={})
-    SWAP = dict(fractions=[32, 16, 8, 4, 2], seeds=3, tokens=131072)  # windows T / fractions, tokens // T val windows
+    SWAP = dict(fractions=[32, 16, 8, 4, 2], seeds=3, tokens=131072)  # windows T / fractions, tokens // T val sequences
     COVER = []
     SPEED = []
     LM1024 = dict(T=1024, window=32, wide=128, windows=[32, 64, 128], seeds=[0, 1, 2], plain_iters=4500, copy_iters=4000, val_windows=48,
@@ -180,7 +180,7 @@ def figure():
 # from a vocabulary of 32 (15 cues, 16 values), then 4 queries at random positions of the second
 # half, each asking a random pair, at least 25 tokens after it: the answer must be found by
 # content (which earlier cue equals mine). Window 4 (SWA reaches 3 tokens per layer, 12 in 4
-# layers), MoBA at the same key budget (2 blocks of 2), fresh training sequences every batch, a
+# layers), MoBA at the same key budget (2 chunks of 2), fresh training sequences every batch, a
 # fixed val set.
 MQAR_DATA = ["--mqar_seq_len=64", "--mqar_num_pairs=4", "--mqar_num_queries=4", "--mqar_vocab=32"]
 # The recipe (config/mqar.py) and the search around it, full attention at depth 2. The grid
@@ -286,7 +286,7 @@ def retrievable(kind, sa_draw, n_head, depth, x, y, window, draws=200):
     masks (sa_mask, swa_mask) and fresh permutations per layer (per head with sa_draw=head);
     mean over `draws` draws. The value token learns its cue (the binding) at layer 1, from its
     neighbour; a query can match that binding only by reading the value token afterwards. Full
-    attention sees it at depth >= 2 (1.0); MoBA's router may pick any past block (1.0: whether
+    attention sees it at depth >= 2 (1.0); MoBA's router may pick any past chunk (1.0: whether
     it does is learned); SWA sees nothing farther than window - 1. A relay (the value token's
     binding copied onward at layer 2, read at layer 3) is not counted: a lower bound for L >= 3."""
     import numpy as np
@@ -407,8 +407,8 @@ def mqar():
 
 # The pre-registered experiment (issue 22), at the depth where SA can work: 3 layers, window 8, 4
 # heads of 16 dimensions, each with its own permutation (sa_draw=head; receptive_field.py: every
-# pair connected in 2 layers at n=64), MoBA at the same key budget (4 blocks of 2). The pairs start
-# at token 1, so no MoBA block holds a whole (cue, value) pair. Arm P=1: one pair, one query (a
+# pair connected in 2 layers at n=64), MoBA at the same key budget (4 chunks of 2). The pairs start
+# at token 1, so no MoBA chunk holds a whole (cue, value) pair. Arm P=1: one pair, one query (a
 # pure long-range broadcast: any path carries the value); arm P=4: content recall. Every cell trains
 # with Zoology's optimiser settings (lr 3e-4, warmup, cosine to 0, beta2 0.999, weight decay 0.01, no
 # clipping): config/mqar.py's depth-2 recipe left full attention on the plateau at depth 3 (mqar_probes.json).
@@ -561,7 +561,7 @@ def recall_swap():
         ax.errorbar([r["window"] for r in rs], [statistics.mean(r["accs"]) for r in rs],
                     yerr=[statistics.pstdev(r["accs"]) for r in rs], marker="o", capsize=3, label=kind)
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("window (MoBA: 4 blocks of window/4)")
+    ax.set_xlabel("window (MoBA: 4 chunks of window/4)")
     ax.set_ylabel("MQAR answer accuracy (val)")
     ax.set_title("full-attention model, attention swapped, no training", fontsize=9)
     ax.legend(fontsize=8)
@@ -670,7 +670,7 @@ CONTEXT = 8  # bytes of context that make a repeat (copy_distance)
 
 
 def moba_budget(window):
-    """MoBA's blocks at a window's key budget, as eval.py's swaps: 4 blocks of window // 4."""
+    """MoBA's chunks at a window's key budget, as eval.py's swaps: 4 chunks of window // 4."""
     return dict(moba_chunk=max(1, window // 4), moba_topk=4)
 
 
@@ -691,7 +691,7 @@ def sink_attention(q, k, v, window):
 
 
 def lm_val(n, T):
-    """n windows of T + 1 bytes spread evenly over the LM's val split: inputs and targets, (n, T) each."""
+    """n sequences of T + 1 bytes spread evenly over the LM's val split: inputs and targets, (n, T) each."""
     import numpy as np
     import torch
 
@@ -727,8 +727,8 @@ def copy_distance(x, y, context=CONTEXT):
 
 def visible_keys(kind, window, T, draws=64):
     """The mean number of keys the query at each position sees, (T,), counted on the masks: attention.py's
-    (SA over `draws` permutations), sink_mask. MoBA's count does not depend on its routing (its own block
-    up to the query, plus moba_topk - 1 whole past blocks while there are that many), so random q, k
+    (SA over `draws` permutations), sink_mask. MoBA's count does not depend on its routing (its own chunk
+    up to the query, plus moba_topk - 1 whole past chunks while there are that many), so random q, k
     give it. Over all T queries SA sees exactly as many keys as SWA at the same window: a permutation
     keeps T - d token pairs at slot distance d, and the later token of each pair sees the earlier; SA
     spreads them, late queries seeing up to 2 * window - 1 keys, early ones fewer."""
@@ -779,7 +779,7 @@ def swap_at(T):
     """Training-free, the paper's protocol in miniature: the full-attention byte LM from lm (4 layers, 4
     heads, T=256; another T trains its own, config/quick.py at that block_size) evaluated with swa,
     swa + sink, sa (SWAP["seeds"] permutation draws) and moba at windows w = T / SWAP["fractions"], on
-    SWAP["tokens"] // T val windows. The loss is split by copy_distance into long-range and local tokens
+    SWAP["tokens"] // T val sequences. The loss is split by copy_distance into long-range and local tokens
     at each window; each kind's keys are measured (visible_keys), over all queries and over the
     long-range tokens' queries, and the plot compares the kinds at equal measured keys."""
     import numpy as np
@@ -845,7 +845,7 @@ def swap_at(T):
 
     fmt = lambda r, part: "-" if r[part] is None else (
         mean_std(r[part]) + ("" if r["attn"] == "full" else f" ({statistics.mean(excess(r, part)):+.3f})"))
-    lines = [f"{name} (full attention, T={T}) swapped without training, {len(x)} val windows ({x.numel():,} "
+    lines = [f"{name} (full attention, T={T}) swapped without training, {len(x)} val sequences ({x.numel():,} "
              f"tokens); loss in nats per byte (in brackets: minus full's on the same tokens); keys: mean visible "
              f"keys per query, over all queries / over the long-range tokens' queries:", "",
              "| w (w/T) | long-range tokens | attn | keys: all / long-range | loss, long-range tokens "

@@ -37,7 +37,7 @@ aot = False             # internal: run the compiles (b) in this process, with t
 # -----------------------------------------------------------------------------
 exec(open(os.path.join(ROOT, "configurator.py")).read())
 
-SHARED_KB = {80: 163, 90: 227}  # shared memory a block may opt into on sm_80 (A100) and sm_90 (H100)
+SHARED_KB = {80: 163, 90: 227}  # shared memory a program may opt into on sm_80 (A100) and sm_90 (H100)
 
 
 def ast_source(fn, dtype, consts):

@@ -32,7 +32,7 @@ def commands(text):
     """The `python ...` and `torchrun ...` commands of a text: code lines and inline `code` spans, continuation
     lines joined, `&&` chains split, leading VAR=value assignments and trailing comments dropped."""
     text = text.replace("\\\n", " ")
-    prose = re.sub(r"```.*?```", "", text, flags=re.S)  # inline spans outside the fenced blocks
+    prose = re.sub(r"```.*?```", "", text, flags=re.S)  # inline spans outside the fences
     found = text.splitlines() + [" ".join(span.split()) for span in re.findall(r"`([^`]+)`", prose)]
     out = []
     for line in found:

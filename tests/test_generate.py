@@ -14,7 +14,7 @@ from checkpoint import save_checkpoint
 from model import GPT, KINDS, GPTConfig
 from test_attention import MaxNumel
 
-# lengths that are no multiple of the window (7) or the MoBA block (8)
+# lengths that are no multiple of the window (7) or the MoBA chunk (8)
 PROMPT, TOTAL = 13, 90
 
 
@@ -59,7 +59,7 @@ def cached_draws(model, cache, B, T):
                                      ("sa", dict(VALUE, window=200)), ("sa", dict(VALUE, sa_draw="head")),
                                      ("sa+swa", VALUE), ("sa+swa", dict(VALUE, sa_draw="head"))])
 def test_cached_logits_equal_one_full_forward(attn, kw):
-    """Teacher forcing: a prefill, then one token at a time across many windows and MoBA blocks,
+    """Teacher forcing: a prefill, then one token at a time across many windows and MoBA chunks,
     gives at every step the logits of one forward over all the tokens (value-rule SA: with the
     numbers r the cache drew, one per token and layer)."""
     model, idx = tiny(attn, **kw), tokens(2, TOTAL)
@@ -84,14 +84,14 @@ def test_greedy_with_cache_equals_without(attn):
 
 
 def test_moba_cache_breaks_ties_as_moba_select():
-    """With the query weights zeroed every MoBA routing score ties, and which blocks topk picks
-    depends on the width of the row it sees. Each cached step must pick the blocks that
+    """With the query weights zeroed every MoBA routing score ties, and which chunks topk picks
+    depends on the width of the row it sees. Each cached step must pick the chunks that
     generate without a cache picks: those of a forward over the tokens so far, its last row.
     One layer: under ties moba_select's choice for a row depends on T, so in a deeper model
     the earlier rows of that forward differ from the ones the cache computed, by design."""
     model, idx = tiny("moba", n_layer=1), tokens(2, TOTAL)
-    for block in model.transformer.h:
-        block.attn.c_attn.weight.data[:model.config.n_embd] = 0
+    for layer in model.transformer.h:
+        layer.attn.c_attn.weight.data[:model.config.n_embd] = 0
     cache = KVCache(model.config)
     with torch.no_grad():
         model(idx[:, :PROMPT], cache=cache)
@@ -222,7 +222,7 @@ def kind_id(case):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("attn,kw", EVERY_KIND, ids=[kind_id(c) for c in EVERY_KIND])
 def test_generate_under_autocast(attn, kw, dtype, use_cache):
-    """generate under bf16 and fp16 autocast, past several windows, MoBA blocks and one cache refill."""
+    """generate under bf16 and fp16 autocast, past several windows, MoBA chunks and one cache refill."""
     model = tiny(attn, block_size=16, **kw)
     with torch.autocast("cpu", dtype=dtype):
         out = model.generate(tokens(2, 5), 20, temperature=0.8, top_k=10, use_cache=use_cache)

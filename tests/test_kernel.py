@@ -33,7 +33,7 @@ import kernel  # noqa: E402  (after the skip)
 # the interpreter also computes padding rows past T, which may see no key (0 / 0); they are never stored
 pytestmark = pytest.mark.filterwarnings("ignore:.*encountered in:RuntimeWarning")
 KDEV = "cuda" if torch.cuda.is_available() else "cpu"  # conftest.py turns on the interpreter without a GPU
-# small blocks, so that T <= 130 spans several blocks: edge and interior blocks are both exercised
+# small tiles, so that T <= 130 spans several tiles: edge and interior tiles are both exercised
 SMALL = kernel.Tiling(32, 16, 32, 16, num_warps=4, num_stages=2, precision=None, min_shared_kb=0)
 
 
@@ -379,7 +379,7 @@ def test_check_passes_under_the_interpreter():
 # Ahead-of-time compiles for real GPUs: the configuration choose_tiling picks for each target
 # fits its shared memory, and fp16/bf16 never spill registers.
 
-# shared memory a block may opt into (CUDA programming guide's table; AMD's LDS), in bytes
+# shared memory a program (a CUDA thread block) may opt into (CUDA programming guide's table; AMD's LDS), in bytes
 TARGETS = {"sm_75": kernel.Target("cuda", 75, 64 * 1024), "sm_80": kernel.Target("cuda", 80, 163 * 1024),
            "sm_86": kernel.Target("cuda", 86, 99 * 1024), "sm_89": kernel.Target("cuda", 89, 99 * 1024),
            "sm_90": kernel.Target("cuda", 90, 227 * 1024), "gfx942": kernel.Target("hip", "gfx942", 64 * 1024)}

@@ -177,12 +177,12 @@ def test_copy_distance_finds_the_nearest_earlier_copy(reproduce):
 
 def test_visible_keys_counts_what_the_masks_show(reproduce):
     """Over all queries SA sees exactly as many keys as SWA at the same window, spread: late queries see
-    more; the sink adds token 0 to SWA beyond the window; MoBA sees its own block plus 3 past ones."""
+    more; the sink adds token 0 to SWA beyond the window; MoBA sees its own chunk plus 3 past ones."""
     T, w = 64, 8
     swa, sa, sink, moba = (reproduce.visible_keys(k, w, T) for k in ("swa", "sa", "sink", "moba"))
     assert abs(sa.mean() - swa.mean()) < 1e-4 and sa[-8:].mean() > 1.5 * w and sa[:8].mean() < w
     assert (sink[w:] == swa[w:] + 1).all() and (sink[:w] == swa[:w]).all()
-    assert moba[-1] == w and moba[0] == 1  # blocks of w // 4 = 2, 4 blocks at most
+    assert moba[-1] == w and moba[0] == 1  # chunks of w // 4 = 2, 4 chunks at most
 
 
 def test_sink_swap_adds_token_zero_to_swa(reproduce):
