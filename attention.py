@@ -38,7 +38,7 @@ TRITON_VERSIONS = ((3, 2), (3, 9))  # Triton minors tested: results/kernel_trito
 VALUE_MARGIN = 1e-6  # the value rule's key spans reach this far past delta: fp32 rounding of |r_i - r_j| (r < 1)
 
 
-# The dense references: O(T^2), every test's oracle, each beside its fast path.
+# The dense references: O(T^2), every test's oracle, each beside its fast function.
 
 def rule_mask(slot, pos, width):
     """THE rule, dense: (..., T, T) bool, True where query i may see key j; slot and pos (T,) or (..., T)."""
@@ -275,7 +275,7 @@ def _triton_supported():
         _TRITON_OK = version is not None and TRITON_VERSIONS[0] <= version <= TRITON_VERSIONS[1]
         if version and not _TRITON_OK:
             warnings.warn(f"Triton {triton.__version__} is outside the tested range {TRITON_VERSIONS}: using the torch "
-                          "path")
+                          "engine")
     return _TRITON_OK
 
 

@@ -48,7 +48,7 @@ def assert_same(fast, q, k, v, ref, ref_dtype=torch.float32):
 
 
 # -----------------------------------------------------------------------------
-# The fast paths agree with the dense-mask references, forward and backward.
+# The fast functions agree with the dense-mask references, forward and backward.
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("T", TS)
@@ -64,7 +64,7 @@ def test_swa_fast_equals_reference(T, window, dtype):
 @pytest.mark.parametrize("T", TS)
 @pytest.mark.parametrize("window", [1, 5, 64, 300])
 def test_sa_fast_equals_reference(T, window, perm_shape, dtype):
-    """The gather -> SWA(pos=perm) -> scatter path against SA's mask written directly in token order."""
+    """The gather -> SWA(pos=perm) -> scatter route against SA's mask written directly in token order."""
     q, k, v = qkv(2, 3, T, 16, dtype=dtype)
     perm = random_perm(perm_shape, T)
     assert_same(lambda q, k, v: A.stochastic_attention(q, k, v, window, perm), q, k, v,
@@ -85,7 +85,7 @@ def test_sa_value_fast_equals_reference(T, window, r_shape, dtype):
 
 def test_sa_value_spans_are_exact_at_the_edge_of_delta():
     """Keys whose r lies at delta from a query's, within a few fp32 ulps either side: the fast
-    path's spans must keep exactly the pairs that the rule's |r_i - r_j| < delta keeps."""
+    function's spans must keep exactly the pairs that the rule's |r_i - r_j| < delta keeps."""
     T, delta = 200, 0.1
     r, (q, k, v) = edge_pairs(T, delta, seed=3), qkv(1, 2, T, 8)
     assert_same(lambda q, k, v: A.stochastic_value_attention(q, k, v, delta, r), q, k, v,
@@ -202,7 +202,7 @@ def test_sa_sees_window_keys_on_average():
 
 
 # -----------------------------------------------------------------------------
-# The fast path is O(T * window): no T x T tensor is ever created.
+# The fast functions are O(T * window): no T x T tensor is ever created.
 
 class MaxNumel(TorchDispatchMode):
     def __init__(self):
@@ -245,7 +245,7 @@ def test_moba_memory_follows_t_not_the_block(moba_chunk):
 
 
 def test_moba_memory_is_bounded_at_32k():
-    """MoBA's fast path works in chunks: at T=32768, H=8, D=64 no op output is larger than about
+    """MoBA's fast function works in chunks: at T=32768, H=8, D=64 no op output is larger than about
     one input (64 MB in fp32), where gathering K/V per query tile needed 12 GB (192 inputs)."""
     T = 32768
     q, k, v = (torch.randn(1, 8, T, 64) for _ in range(3))
@@ -290,7 +290,7 @@ def test_moba_routes_in_fp32():
 
 def test_moba_mask_follows_its_rule_by_brute_force():
     """moba_mask, row by row from the paper's rule: query i sees j <= i in its own chunk, and every key of the
-    top_k - 1 strictly-past chunks whose mean key scores highest against q_i (the reference and the fast path share
+    top_k - 1 strictly-past chunks whose mean key scores highest against q_i (the reference and the fast function share
     moba_select, so only this test states how many chunks it picks)."""
     B, H, T, D, chunk, top_k = 1, 2, 45, 8, 4, 3
     q, k = qkv(B, H, T, D)[:2]
@@ -329,7 +329,7 @@ def attention_kinds(T, window=16, B=2, H=3):
 @pytest.mark.parametrize("kind", ["full", "swa", "sa", "sa-bht", "sa-value", "moba"])
 def test_every_kind_runs_under_autocast(kind, dtype):
     """fp32 inputs under torch.autocast: forward and backward run, the output has SDPA's dtype
-    under the same autocast, and the fast path equals its reference (under autocast too)."""
+    under the same autocast, and the fast function equals its reference (under autocast too)."""
     T = 100
     fast, ref = attention_kinds(T)[kind]
     q, k, v = qkv(2, 3, T, 16)
@@ -683,7 +683,7 @@ def test_swap_attention_refuses_untrained_gates():
 
 
 # -----------------------------------------------------------------------------
-# torch.compile: each fast path is a registered op (tiled.py, kernel.py), and so are SA's draws
+# torch.compile: each engine is a registered op (tiled.py, kernel.py), and so are SA's draws
 # (model.sa_draws), so the GPT traces as one graph and trains as it does eagerly.
 
 COMPILED = [(a, "rank") for a in KINDS] + [("sa+swa", "value")]

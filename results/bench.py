@@ -1,5 +1,5 @@
 """
-Benchmark of attention.py's paths against full attention (SDPA) and against FlexAttention, forward
+Benchmark of attention.py's functions against full attention (SDPA) and against FlexAttention, forward
 and forward+backward, with peak memory. Prints one table; ratios within one run are what count.
 
     python results/bench.py                                  # T = 1024, 4096, 16384 on the CPU

@@ -673,7 +673,7 @@ def test_the_self_check_covers_per_head_permutations(monkeypatch, rule, kind):
 
 
 # -----------------------------------------------------------------------------
-# The hot path (issue 55): no host-device sync, few ops. Counted as dispatched, with the kernels' launches stubbed
+# The hot code (issue 55): no host-device sync, few ops. Counted as dispatched, with the kernels' launches stubbed
 # (the interpreter's own work is no GPU's). On a GPU, each sync stops the CPU from running ahead of it.
 
 SYNCS = ("aten._local_scalar_dense", "aten.item", "aten.is_nonzero")
