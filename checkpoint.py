@@ -128,7 +128,7 @@ def check_resume(path, ckpt, settings, meta):
          "train.py wrote")
 
 
-def restore(ckpt, optimizer, scaler, sampler, model, rank):
+def restore(ckpt, optimizer, scaler, data_rng, model, rank):
     """A resume's optimizer, GradScaler and this rank's RNG states, from ckpt."""
     try:
         optimizer.load_state_dict(ckpt["optimizer"])
@@ -146,15 +146,15 @@ def restore(ckpt, optimizer, scaler, sampler, model, rank):
         torch.cuda.set_rng_state(s["cuda"])
     np.random.set_state((s["numpy"][0], np.array(s["numpy"][1], np.uint32), *s["numpy"][2:]))
     random.setstate(s["python"])
-    sampler.set_state(s["sampler"])
+    data_rng.set_state(s["sampler"])  # its stored name
     model.sa_state.copy_(s["sa"])
 
 
-def rng_states(sampler, model, ddp):
+def rng_states(data_rng, model, ddp):
     """Every rank's RNG states (a collective under DDP), numpy's and python's included."""
     name, words, *rest = np.random.get_state()
     state = {"torch": torch.get_rng_state(), "numpy": (name, words.tolist(), *rest),
-             "python": random.getstate(), "sampler": sampler.get_state(), "sa": model.sa_state.clone()}
+             "python": random.getstate(), "sampler": data_rng.get_state(), "sa": model.sa_state.clone()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state()
     if not ddp:

@@ -4,7 +4,7 @@ after its plain globals, which each config file and --key=value then override, l
     python train.py config/quick.py --attn=swa
 A value must fit its default's type (a None default: its annotation's) and range (guards.SETTINGS), else the script
 ends in one line, as on any InputError, a config file's error or Ctrl-C; other exceptions keep their traceback.
-`settings` then holds every setting, for logs and checkpoints; --help lists them.
+`setting_names` then names every setting (train.py builds its `settings` from them); --help lists them.
 """
 import ast
 import builtins
@@ -52,19 +52,18 @@ def _configure(g, argv):
                 line = e.lineno if isinstance(e, SyntaxError) else next((t.lineno for t in traceback.extract_tb(
                     e.__traceback__)[::-1] if t.filename == arg), None)
                 raise InputError(f"{arg}{f':{line}' if line else ''}: {type(e).__name__}: {e}") from None
-            for name, value in ns.items():  # settings are lower case: `N = 2` is the file's own helper
-                if name[:1].islower() and (name in settings or not callable(value)
-                                           and type(value).__name__ != "module"):
-                    setting(name, value, arg)
+            for k, value in ns.items():  # settings are lower case: `N = 2` is the file's own helper
+                if k[:1].islower() and (k in settings or not callable(value) and type(value).__name__ != "module"):
+                    setting(k, value, arg)
         else:
             raise InputError(f"unexpected argument {arg!r}: use --key=value or a config file ending in .py")
     for name, value in settings.items():  # every final value, the script's own edits too
         if problem := setting_problem(name, value, settings):
             raise InputError(f"{name}={value!r}: {problem}")
-    return dict(settings)
+    return list(settings)
 
 
 if globals().get("__name__") == "__main__":  # a script, not a test that runs this on a dict
     sys.excepthook = one_line
-settings = _configure(globals(), sys.argv[1:])
+setting_names = _configure(globals(), sys.argv[1:])
 del _configure

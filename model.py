@@ -40,7 +40,10 @@ class CausalSelfAttention(nn.Module):
         that a prefill fills and a one-token step reads."""
         B, T, C = x.size()
         nh = self.config.n_head
-        q, k, v = [t.view(B, T, nh, C // nh).transpose(1, 2) for t in self.c_attn(x).split(C, dim=2)]  # (B, nh, T, hs)
+        q, k, v = self.c_attn(x).split(C, dim=2)  # (B, T, C) each
+        q = q.view(B, T, nh, C // nh).transpose(1, 2)  # (B, nh, T, hs)
+        k = k.view(B, T, nh, C // nh).transpose(1, 2)  # (B, nh, T, hs)
+        v = v.view(B, T, nh, C // nh).transpose(1, 2)  # (B, nh, T, hs)
         if rope is not None:  # by true positions, before SA permutes (the paper)
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         if cache is not None:

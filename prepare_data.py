@@ -517,7 +517,7 @@ if __name__ == "__main__":
         elif name == "pystdlib":
             prepare_pystdlib(data_dir, val_fraction)
         elif name == "mqar":
-            prepare_mqar(data_dir, **{k[5:]: v for k, v in settings.items() if k.startswith("mqar_")})
+            prepare_mqar(data_dir, **{k[5:]: globals()[k] for k in setting_names if k.startswith("mqar_")})
         elif name == "shakespeare_char":
             prepare_shakespeare_char(data_dir, val_fraction)
         elif name == "fineweb-edu":

@@ -937,7 +937,7 @@ def test_configurator(monkeypatch, tmp_path):
     path.write_text("import math\nN = 5\nn = N\nname = 'b'\n_scratch = math.pi\n")  # N: the file's own helper
     g = configure(monkeypatch, str(path), "--n=7", "--lr=1", "--flag=True", "--name=hello world", "--opt=abc",
                   "--iters=9")
-    assert g["settings"] == dict(n=7, lr=1.0, flag=True, name="hello world", opt="abc", iters=9)
+    assert {k: g[k] for k in g["setting_names"]} == dict(n=7, lr=1.0, flag=True, name="hello world", opt="abc", iters=9)
     assert configure(monkeypatch, "--iters=9", "--iters=None")["iters"] is None
     assert type(g["lr"]) is float and configure(monkeypatch, str(path))["n"] == 5
     for argv, message in [(["--m=1"], "unknown setting 'm'"), (["--CONSTANT=y"], "unknown setting"),
