@@ -622,7 +622,7 @@ def test_no_future_leakage(attn, sa_rule, sa_draw, pos_emb):
 
 
 def train_on_pairs(model, steps=50):
-    """Losses of `steps` Adam steps on fresh batches of a b a b ... (a != b, drawn per row): the token after x
+    """Losses of `steps` Adam steps on fresh batches of a b a b ... (a != b, random per row): the token after x
     is the other of its row's pair, uniform over 63 to a model that cannot look back (loss log 63 = 4.14);
     one look back (any earlier token of the other parity) gives it, so only attention can learn this."""
     g = torch.Generator().manual_seed(0)

@@ -82,8 +82,8 @@ exec(open("configurator.py").read())  # overrides from config files and --key=va
 settings = {k: globals()[k] for k in setting_names}  # every setting, for logs and checkpoints
 # -----------------------------------------------------------------------------
 
-# setup. DDP: torchrun sets RANK. Each rank and micro-step draws its own SA permutations: N ranks x K micro-steps
-# average gradients over N*K independent draws, as one process would.
+# setup. DDP: torchrun sets RANK. Each rank and micro-step draws its own SA permutations: N ranks x M micro-steps
+# average gradients over N*M independent draws, as one process would.
 ddp = "RANK" in os.environ
 rank, local_rank, world_size = 0, 0, 1
 if ddp:
