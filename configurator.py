@@ -4,7 +4,7 @@ after its plain globals, which each config file and --key=value then override, l
     python train.py config/quick.py --attn=swa
 A value must fit its default's type (a None default: its annotation's) and range (guards.SETTINGS), else the script
 ends in one line, as on any InputError, a config file's error or Ctrl-C; other exceptions keep their traceback.
-`setting_names` then names every setting (train.py builds its `settings` from them); --help lists them.
+`setting_names` then names every setting; --help lists them.
 """
 import ast
 import builtins

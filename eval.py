@@ -524,5 +524,4 @@ def plot_sweep(ws, panels, path):
 
 if __name__ == "__main__":
     exec(open("configurator.py").read())
-    settings = {k: globals()[k] for k in setting_names}
-    run(settings)  # an InputError (it names the setting or file, and the fix) is one line: guards.one_line
+    run({k: globals()[k] for k in setting_names})  # an InputError is one line (guards.one_line)

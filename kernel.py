@@ -254,7 +254,7 @@ def _attn_bwd(Q, K, V, DO, DQ, DK, DV, LSE, RowDot, Perm, R, sq_b, sq_h, sq_t, s
 class Target(NamedTuple):
     platform: str  # "cuda" or "hip" (ROCm)
     arch: object  # 80 for sm_80, or "gfx942"
-    max_shared: int  # bytes of shared memory a program (a CUDA thread block) may opt into
+    max_shared: int  # bytes of shared memory a program may opt into
 
 
 class Tiling(NamedTuple):

@@ -57,7 +57,7 @@ data_root = "data"
 gradient_accumulation_steps = 32  # micro-steps per iteration, the total over DDP ranks
 batch_size = 8  # sequences per micro-step per rank
 block_size = 2048  # tokens per sequence (mqar: the data's seq_len; a GPT-2: at most its 1024)
-copy_task = False  # far copying: each sequence is a random passage of block_size/2 tokens, then that passage again
+copy_task = False  # far copying: each sequence is a random passage of block_size/2 tokens, twice
 # AdamW, warmup and cosine decay
 learning_rate = 6e-4
 max_iters = 5000  # iterations of batch_size * block_size * gradient_accumulation_steps tokens
