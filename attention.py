@@ -29,16 +29,16 @@ from guards import InputError, check_count, check_delta, check_inputs
 
 # What runs SWA's and SA's band: "auto": the Triton kernel on CUDA (Triton in TRITON_VERSIONS, a head dim and dtype it
 # has, its checks passed), else "torch": tiled.py, O(T * window); "triton": the kernel (CPU: TRITON_INTERPRET=1; SWA
-# over a given pos, which SA's one launch replaces, runs on tiled.py); "reference": a dense rule_mask in slot order.
+# over a given pos, which SA's one launch replaces, runs on tiled.py); "dense": _dense, a rule_mask in slot order.
 # Full attention is always SDPA.
-IMPL = "auto"
-IMPLS = ("auto", "torch", "triton", "reference")
+ENGINE = "auto"
+ENGINES = ("auto", "torch", "triton", "dense")
 KERNEL_DEVICES = ("cuda",)  # where "auto" may run the kernel (a test adds "cpu": the interpreter plays a GPU)
 TRITON_VERSIONS = ((3, 2), (3, 9))  # Triton minors tested: results/kernel_triton_versions.txt
 VALUE_MARGIN = 1e-6  # the value rule's key spans reach this far past delta: fp32 rounding of |r_i - r_j| (r < 1)
 
 
-# The dense references: O(T^2), every test's oracle, each beside its fast path.
+# The dense references: O(T^2), every test's oracle, each beside its fast function.
 
 def rule_mask(slot, pos, width):
     """THE rule, dense: (..., T, T) bool, True where query i may see key j; slot and pos (T,) or (..., T)."""
@@ -207,7 +207,7 @@ def _dense(q, k, v, pos, r, width, margin):
     return masked_attention(q, k, v, mask)
 
 
-BANDS = {"torch": tiled.band_attention, "reference": _dense}  # (q, k, v, pos, r, width, margin) in slot order
+BANDS = {"torch": tiled.band_attention, "dense": _dense}  # (q, k, v, pos, r, width, margin) in slot order
 
 
 def _kernel(q, k, v, *args):
@@ -216,21 +216,21 @@ def _kernel(q, k, v, *args):
 
 
 def _engine(q, rule):
-    """What runs q's band by IMPL: "triton" (the kernel, for rule "swa", "sa rank" or "sa value"; None: a band it has
-    no rule for), "torch" or "reference"."""
-    if IMPL not in IMPLS:
-        raise InputError(f"attention.IMPL must be one of {IMPLS}, got {IMPL!r}")
-    if IMPL == "triton" and rule:
+    """What runs q's band by ENGINE: "triton" (the kernel, for rule "swa", "sa rank" or "sa value"; None: a band it has
+    no rule for), "torch" or "dense"."""
+    if ENGINE not in ENGINES:
+        raise InputError(f"attention.ENGINE must be one of {ENGINES}, got {ENGINE!r}")
+    if ENGINE == "triton" and rule:
         if not _has_triton():
-            raise InputError("attn_impl 'triton' needs the triton package (pip install triton); 'auto' or 'torch' runs "
-                             "without it")
+            raise InputError("attn_engine 'triton' needs the triton package (pip install triton); 'auto' or 'torch' "
+                             "runs without it")
         if not q.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
-            raise InputError(f"attn_impl 'triton' runs the Triton kernel on a CUDA GPU, not on {q.device} (or on the "
-                             "CPU under TRITON_INTERPRET=1, slowly, for tests): use attn_impl 'auto' or 'torch'")
+            raise InputError(f"attn_engine 'triton' runs the Triton kernel on a CUDA GPU, not on {q.device} (or on the "
+                             "CPU under TRITON_INTERPRET=1, slowly, for tests): use attn_engine 'auto' or 'torch'")
         return "triton"
-    if IMPL == "auto" and rule and _kernel_ok(q.device, q.dtype, q.shape[-1], rule):
+    if ENGINE == "auto" and rule and _kernel_ok(q.device, q.dtype, q.shape[-1], rule):
         return "triton"
-    return "reference" if IMPL == "reference" else "torch"
+    return "dense" if ENGINE == "dense" else "torch"
 
 
 @torch.compiler.assume_constant_result  # decided before tracing: a compiled graph never holds a kernel that refuses
@@ -238,7 +238,7 @@ def _kernel_ok(device, dtype, D, rule):
     """Whether "auto" runs the kernel here (_refusal); where it failed a check, one warning."""
     why = _refusal(device, dtype, D, rule)
     if why:
-        warnings.warn(f"the Triton kernel cannot run, using the torch path instead: {why}")
+        warnings.warn(f"the Triton kernel cannot run, using the torch engine instead: {why}")
     return why is None
 
 
@@ -275,7 +275,7 @@ def _triton_supported():
         _TRITON_OK = version is not None and TRITON_VERSIONS[0] <= version <= TRITON_VERSIONS[1]
         if version and not _TRITON_OK:
             warnings.warn(f"Triton {triton.__version__} is outside the tested range {TRITON_VERSIONS}: using the torch "
-                          "path")
+                          "engine")
     return _TRITON_OK
 
 
@@ -284,7 +284,7 @@ def _why(e):
     return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"
 
 
-def impl_line(device, dtype, head_dim, kinds, sa_rule="rank"):
+def engine_line(device, dtype, head_dim, kinds, sa_rule="rank"):
     """The line train.py, sample.py and eval.py print: what runs the SWA and SA of kinds (a list, or one) in dtype on
     device. On a GPU, the kernel's checks for each rule run now, before any training."""
     q = torch.empty(0, 0, 0, head_dim, device=device, dtype=dtype)
@@ -293,23 +293,23 @@ def impl_line(device, dtype, head_dim, kinds, sa_rule="rank"):
     if not rules:
         return f"attention: no SWA or SA on {q.device}"
     start, failed = time.perf_counter(), {}
-    if IMPL == "triton":
+    if ENGINE == "triton":
         _engine(q, rules[0])  # its one-line refusals
         import kernel
         for rule in rules:
             kernel.check_once(q.device, dtype, head_dim, rule, VALUE_MARGIN)  # raises where the kernel cannot run
-    elif IMPL == "auto":
+    elif ENGINE == "auto":
         why = {rule: _refusal(q.device, dtype, head_dim, rule) for rule in rules}
         if "" in why.values():
-            return f"attention: the torch path on {q.device}"
+            return f"attention: the torch engine on {q.device}"
         failed = {rule: reason for rule, reason in why.items() if reason}
     else:
-        return f"attention: the {_engine(q, None)} path on {q.device}"
+        return f"attention: the {_engine(q, None)} engine on {q.device}"
     import kernel
     where = f"{kernel.where(q.device)} {str(dtype)[6:]}"
     if failed:
         reasons = "; ".join(dict.fromkeys(failed.values()))  # each once, in order
-        return f"attention: the torch path for {', '.join(failed)} on {where}: {reasons}"
+        return f"attention: the torch engine for {', '.join(failed)} on {where}: {reasons}"
     if not kernel.SELF_CHECK:
         return f"attention: Triton kernel on {where}, self-check off"
     err = max(kernel.SELF_CHECKS[q.device, dtype, head_dim, rule] for rule in rules)

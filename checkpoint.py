@@ -82,6 +82,9 @@ def load_checkpoint(path, device="cpu", require=(), resume=None):
                          "and plain values; restore it or train again") from None
     need(not damaged, f"checkpoint {path} is damaged: its entry {damaged} fails its checksum; restore it or train "
          "again")
+    for args in (ckpt.get("model_args"), ckpt.get("settings")) if isinstance(ckpt, dict) else ():
+        if isinstance(args, dict) and "sa_perm" in args:  # written before sa_perm was named sa_draw
+            args["sa_draw"] = {"shared": "layer"}.get(old := args.pop("sa_perm"), old)
     check_schema(ckpt, CHECKPOINT, path, required=("model", "model_args", *require))
     try:
         with torch.device("meta"):  # shapes only: no allocation
@@ -125,7 +128,7 @@ def check_resume(path, ckpt, settings, meta):
          "train.py wrote")
 
 
-def restore(ckpt, optimizer, scaler, sampler, model, rank):
+def restore(ckpt, optimizer, scaler, data_rng, model, rank):
     """A resume's optimizer, GradScaler and this rank's RNG states, from ckpt."""
     try:
         optimizer.load_state_dict(ckpt["optimizer"])
@@ -143,15 +146,15 @@ def restore(ckpt, optimizer, scaler, sampler, model, rank):
         torch.cuda.set_rng_state(s["cuda"])
     np.random.set_state((s["numpy"][0], np.array(s["numpy"][1], np.uint32), *s["numpy"][2:]))
     random.setstate(s["python"])
-    sampler.set_state(s["sampler"])
+    data_rng.set_state(s["sampler"])  # its stored name
     model.sa_state.copy_(s["sa"])
 
 
-def rng_states(sampler, model, ddp):
+def rng_states(data_rng, model, ddp):
     """Every rank's RNG states (a collective under DDP), numpy's and python's included."""
     name, words, *rest = np.random.get_state()
     state = {"torch": torch.get_rng_state(), "numpy": (name, words.tolist(), *rest),
-             "python": random.getstate(), "sampler": sampler.get_state(), "sa": model.sa_state.clone()}
+             "python": random.getstate(), "sampler": data_rng.get_state(), "sa": model.sa_state.clone()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state()
     if not ddp:

@@ -4,7 +4,7 @@ after its plain globals, which each config file and --key=value then override, l
     python train.py config/quick.py --attn=swa
 A value must fit its default's type (a None default: its annotation's) and range (guards.SETTINGS), else the script
 ends in one line, as on any InputError, a config file's error or Ctrl-C; other exceptions keep their traceback.
-`settings` then holds every setting, for logs and checkpoints; --help lists them.
+`setting_names` then names every setting; --help lists them.
 """
 import ast
 import builtins
@@ -17,32 +17,32 @@ from guards import InputError, one_line, setting_problem
 
 
 def _configure(g, argv):
-    keys = {k: v for k, v in g.items() if k[:1].islower() and isinstance(v, (int, float, bool, str, type(None)))}
+    settings = {k: v for k, v in g.items() if k[:1].islower() and isinstance(v, (int, float, bool, str, type(None)))}
     hints = g.get("__annotations__", {})
 
-    def setting(key, value, where):
-        if key not in keys:
-            raise InputError(f"{where}: unknown setting {key!r}; --help lists them")
-        want = typing.get_args(hints[key])[0] if key in hints else type(keys[key])
+    def setting(name, value, where):
+        if name not in settings:
+            raise InputError(f"{where}: unknown setting {name!r}; --help lists them")
+        want = typing.get_args(hints[name])[0] if name in hints else type(settings[name])
         value = float(value) if want is float and type(value) is int else value
-        if not (type(value) is want or value is None and key in hints):
-            raise InputError(f"{where}: {key} must be of type {want.__name__}{' or None' * (key in hints)} (like "
-                             f"{keys[key]!r}), got {value!r}")
-        g[key] = keys[key] = value
+        if not (type(value) is want or value is None and name in hints):
+            raise InputError(f"{where}: {name} must be of type {want.__name__}{' or None' * (name in hints)} (like "
+                             f"{settings[name]!r}), got {value!r}")
+        g[name] = settings[name] = value
         if os.environ.get("RANK", "0") == "0":  # under torchrun, once
-            print(f"{'overriding' if where[:2] == '--' else where}: {key} = {value!r}", file=sys.stderr)
+            print(f"{'overriding' if where[:2] == '--' else where}: {name} = {value!r}", file=sys.stderr)
 
     for arg in argv:
-        key, eq, text = arg.removeprefix("--").partition("=")
+        name, eq, text = arg.removeprefix("--").partition("=")
         if arg in ("-h", "--help"):
-            print("\n".join(f"--{k}={v!r}" for k, v in keys.items()))
+            print("\n".join(f"--{k}={v!r}" for k, v in settings.items()))
             sys.exit(0)
         elif arg.startswith("--") and eq:
             try:
-                value = text if isinstance(keys.get(key), str) else ast.literal_eval(text)
+                value = text if isinstance(settings.get(name), str) else ast.literal_eval(text)
             except (ValueError, SyntaxError):
                 value = text  # a bare word: a str
-            setting(key, value, arg)
+            setting(name, value, arg)
         elif arg.endswith(".py"):
             ns = {}
             try:
@@ -52,18 +52,18 @@ def _configure(g, argv):
                 line = e.lineno if isinstance(e, SyntaxError) else next((t.lineno for t in traceback.extract_tb(
                     e.__traceback__)[::-1] if t.filename == arg), None)
                 raise InputError(f"{arg}{f':{line}' if line else ''}: {type(e).__name__}: {e}") from None
-            for key, value in ns.items():  # settings are lower case: `N = 2` is the file's own helper
-                if key[:1].islower() and (key in keys or not callable(value) and type(value).__name__ != "module"):
-                    setting(key, value, arg)
+            for k, value in ns.items():  # settings are lower case: `N = 2` is the file's own helper
+                if k[:1].islower() and (k in settings or not callable(value) and type(value).__name__ != "module"):
+                    setting(k, value, arg)
         else:
             raise InputError(f"unexpected argument {arg!r}: use --key=value or a config file ending in .py")
-    for key, value in keys.items():  # every final value, the script's own edits too
-        if problem := setting_problem(key, value, keys):
-            raise InputError(f"{key}={value!r}: {problem}")
-    return dict(keys)
+    for name, value in settings.items():  # every final value, the script's own edits too
+        if problem := setting_problem(name, value, settings):
+            raise InputError(f"{name}={value!r}: {problem}")
+    return list(settings)
 
 
 if globals().get("__name__") == "__main__":  # a script, not a test that runs this on a dict
     sys.excepthook = one_line
-settings = _configure(globals(), sys.argv[1:])
+setting_names = _configure(globals(), sys.argv[1:])
 del _configure

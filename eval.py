@@ -51,7 +51,7 @@ device = "cuda" if torch.cuda.is_available() else "cpu"
 dtype = "bfloat16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "float32"
 json_out = ""  # also write the results to this JSON file
 plot = "sweep.png"  # a sweep's plot; a bare name goes into --json_out's directory if any, else out_dir ("" = none)
-for _field in fields(GPTConfig):  # every other kind setting (KINDS rows: sa_perm, sa_rule...), for a swap
+for _field in fields(GPTConfig):  # every other kind setting (KINDS rows: sa_draw, sa_rule...), for a swap
     if _field.name not in globals() and any(_field.name in row.settings for row in KINDS.values()):
         globals()[_field.name], __annotations__[_field.name] = None, _field.type | None  # None = the model's own
 # -----------------------------------------------------------------------------
@@ -65,7 +65,7 @@ def run(settings):
     task_list = [load_task_file(f, s["limit"]) for f in files] + [load_task(t, s["limit"]) for t in names]
     lm, trained = load_model(s)
     swaps = plan(lm, kinds, ws, s)
-    print(attention.impl_line(s["device"], DTYPES[s["dtype"]], lm.head_dim, [(w or lm.native)["attn"] for w in swaps],
+    print(attention.engine_line(s["device"], DTYPES[s["dtype"]], lm.head_dim, [(w or lm.native)["attn"] for w in swaps],
                               getattr(lm.model.config, "sa_rule", "rank")))
     ppl_name, tokens = perplexity_tokens(s, lm, trained) if ppl else (None, None)
     rows, bs = [], s["batch_size"]
@@ -107,15 +107,15 @@ def check_settings(s):
         need(problem is None and type(v) in types, f"{k}={v!r}: {problem or 'its type'}")
     repeat = lambda xs: next((x for i, x in enumerate(xs) if x in xs[:i]), None)  # noqa: E731
 
-    def items(key, parse=str, known=None):
+    def items(name, parse=str, known=None):
         try:
-            got = [parse(x.strip()) for x in s[key].split(",") if x.strip()]
+            got = [parse(x.strip()) for x in s[name].split(",") if x.strip()]
         except ValueError:
-            raise InputError(f"{key}={s[key]!r}: use a comma list of integers") from None
+            raise InputError(f"{name}={s[name]!r}: use a comma list of integers") from None
         dup, unknown = repeat(got), next((x for x in got if known and x not in known), None)
-        need(dup is None, f"{key}={s[key]!r}: lists {dup!r} twice: give each once (a repeat would be averaged in as "
+        need(dup is None, f"{name}={s[name]!r}: lists {dup!r} twice: give each once (a repeat would be averaged in as "
              "another seed)")
-        need(unknown is None, f"{key}={s[key]!r}: unknown {unknown!r}: choose from {', '.join(known or ())}")
+        need(unknown is None, f"{name}={s[name]!r}: unknown {unknown!r}: choose from {', '.join(known or ())}")
         return got
     names, files = items("tasks", known=("ppl", *TASKS)), items("task_file")
     kinds, ws = items("attn", known=tuple(KINDS)), items("windows", int)
@@ -245,7 +245,7 @@ def winogrande_doc(d):
             "continuation": d["sentence"][i + 1:].strip(), "label": int(d["answer"]) - 1}
 
 
-TASKS = {  # name: (Hugging Face dataset, its config, split, row -> doc)
+TASKS = {  # name: (Hugging Face dataset, its subset, split, row -> doc)
     "lambada": ("EleutherAI/lambada_openai", "default", "test", lambda d: {"text": d["text"]}),
     "hellaswag": ("Rowan/hellaswag", None, "validation", hellaswag_doc),
     "piqa": ("baber/piqa", None, "validation", lambda d: {"context": f"Question: {d['goal']}\nAnswer:",
@@ -307,13 +307,13 @@ def load_task_file(path, limit=0):
 
 def load_task(name, limit=0):
     """(name, scoring, docs) of a task of TASKS, through `datasets`."""
-    path, config, split, convert = TASKS[name]
+    path, subset, split, convert = TASKS[name]
     try:
         import datasets
     except ImportError:
         raise InputError(f"task {name}: pip install datasets, or pass the task as --task_file=FILE.jsonl") from None
     try:
-        rows = datasets.load_dataset(path, config, split=split)
+        rows = datasets.load_dataset(path, subset, split=split)
     except Exception as e:  # offline shows up as several exception types
         raise InputError(f"task {name}: cannot load {path} ({type(e).__name__}: {str(e)[:200]}); offline? pass it as "
                          "--task_file=FILE.jsonl") from None
@@ -371,17 +371,17 @@ def mean_stderr(xs):
 
 
 def bootstrap_stderr(f, xs, iters):
-    """lm-eval's bootstrap_stderr: the std of f over iters // chunk chunks of chunk = min(1000, iters) resamples of
-    xs, chunk i drawn by random.Random(i).choices, which numpy replays; f maps (chunk, n) resamples to (chunk,)."""
-    xs, n, chunk = np.asarray(xs, dtype=np.float64), len(xs), min(1000, iters)
+    """lm-eval's bootstrap_stderr: the std of f over iters // m rounds of m = min(1000, iters) resamples of xs,
+    round i by random.Random(i).choices, which numpy replays; f maps (m, n) resamples to (m,)."""
+    xs, n, m = np.asarray(xs, dtype=np.float64), len(xs), min(1000, iters)
     if n < 2 or iters < 1:
         return None
     res = []
-    for i in range(iters // chunk):
+    for i in range(iters // m):
         state = random.Random(i).getstate()[1]  # 624 words, then a position
         rng = np.random.RandomState()
         rng.set_state(("MT19937", np.array(state[:-1], dtype=np.uint32), state[-1]))
-        res.append(f(xs[np.floor(rng.random_sample((chunk, n)) * n).astype(np.int64)]))  # choices: xs[floor(rand * n)]
+        res.append(f(xs[np.floor(rng.random_sample((m, n)) * n).astype(np.int64)]))  # choices: xs[floor(rand * n)]
     return float(np.std(np.concatenate(res), ddof=1))
 
 
@@ -450,12 +450,12 @@ def perplexity_tokens(s, lm, trained):
 
 def aggregate(rows):
     """Per (attn, window, task, metric): the mean over seeds, its seed_std, the mean stderr."""
-    keys, groups, out = ("attn", "window", "task", "metric"), {}, []
+    by, groups, out = ("attn", "window", "task", "metric"), {}, []
     for r in rows:
-        groups.setdefault(tuple(r[k] for k in keys), []).append(r)
-    for key, rs in groups.items():
+        groups.setdefault(tuple(r[k] for k in by), []).append(r)
+    for group, rs in groups.items():
         v, e = [r["value"] for r in rs], [r["stderr"] for r in rs if r["stderr"] is not None]
-        out.append({**dict(zip(keys, key)), "value": float(np.mean(v)), "stderr": float(np.mean(e)) if e else None,
+        out.append({**dict(zip(by, group)), "value": float(np.mean(v)), "stderr": float(np.mean(e)) if e else None,
                     "seed_std": float(np.std(v, ddof=1)) if len(v) > 1 else None, "seeds": len(v)})
     return out
 
@@ -524,4 +524,4 @@ def plot_sweep(ws, panels, path):
 
 if __name__ == "__main__":
     exec(open("configurator.py").read())
-    run(settings)  # an InputError (it names the setting or file, and the fix) is one line: guards.one_line
+    run({k: globals()[k] for k in setting_names})  # an InputError is one line (guards.one_line)

@@ -96,8 +96,7 @@ SETTINGS = {
     "device": (lambda x, s: device_problem(x) or True, None),
     "backend": (lambda x, s: x in ("", "nccl", "gloo", "mpi", "ucc", "xccl"), "use \"\" (nccl on CUDA, gloo on the "
                 "CPU) or one of nccl, gloo, mpi, ucc, xccl"),
-    "attn_impl": (lambda x, s: x in ("auto", "torch", "triton", "reference"), "use one of auto, torch, triton, "
-                  "reference"),
+    "attn_engine": (lambda x, s: x in ("auto", "torch", "triton", "dense"), "use one of auto, torch, triton, dense"),
     "out_dir": (lambda x, s: x != "" and (path_problem(x) or True), "name a directory"),
     "overwrite": (lambda x, s: x or s.get("init_from") == "resume" or not os.path.exists(p := os.path.join(
         s["out_dir"], "ckpt.pt")) or f"{p} exists: continue it with --init_from=resume, train in a new --out_dir, or "
@@ -108,9 +107,9 @@ SETTINGS = {
 }
 
 
-def setting_problem(key, value, settings=None):
-    """What is wrong with setting key's value (SETTINGS; any number: finite, >= 0 if not named), or None."""
-    rule, why = SETTINGS.get(key, (None, None))
+def setting_problem(name, value, settings=None):
+    """What is wrong with setting name's value (SETTINGS; any number: finite, >= 0 if not named), or None."""
+    rule, why = SETTINGS.get(name, (None, None))
     number = isinstance(value, (int, float)) and not isinstance(value, bool)
     if number and not math.isfinite(value) or isinstance(value, int) and not -2**63 <= value < 2**63:
         return "use a finite number" + " (an integer within 64 bits)" * isinstance(value, int)
@@ -129,7 +128,7 @@ def memory(device):
 
 def check_memory(device, n_layer, n_embd, vocab_size, batch_size, T):
     """One line, not the OOM killer, for a model (n_params a lower bound) or a batch too large for device."""
-    n_params, have = n_layer * 12 * n_embd ** 2 + vocab_size * n_embd, memory(device)  # the blocks, the embedding
+    n_params, have = n_layer * 12 * n_embd ** 2 + vocab_size * n_embd, memory(device)  # the layers, the embedding
     states, logits = 16 * n_params, 8 * batch_size * T * vocab_size  # fp32 logits and their gradient
     has = f"{device} has {have / 2**30:,.0f} GiB"
     need(states <= have, f"n_layer={n_layer}, n_embd={n_embd}, vocab_size={vocab_size}: {n_params / 1e9:,.1f}B "
@@ -149,10 +148,10 @@ def schema_problem(record, schema, required=()):
     missing = [k for k in required if k not in record]
     if missing:
         return f"no {' and no '.join(map(repr, missing))} entry"
-    for key, (test, want) in schema.items():
-        got = key not in record or test(record[key], record)
+    for entry, (test, want) in schema.items():
+        got = entry not in record or test(record[entry], record)
         if got is not True:
-            return f"{key!r} {got}" if isinstance(got, str) else f"{key!r} is {shown(record[key])}, not {want}"
+            return f"{entry!r} {got}" if isinstance(got, str) else f"{entry!r} is {shown(record[entry])}, not {want}"
     return None
 
 

@@ -9,9 +9,9 @@ import attention
 from guards import InputError, check_count, need
 
 
-def hf_context_length(config, tokenizer_max=None):
-    """lm-eval's resolve_max_length: the config's length, else the tokenizer's unless unset (~1e30), else 2048."""
-    text = getattr(config, "text_config", None) or config
+def hf_context_length(hf_config, tokenizer_max=None):
+    """lm-eval's resolve_max_length: the model's length, else the tokenizer's unless unset (~1e30), else 2048."""
+    text = getattr(hf_config, "text_config", None) or hf_config
     own = [n for a in ("n_positions", "max_position_embeddings", "n_ctx") if (n := getattr(text, a, None)) is not None]
     return int(own[0] if own else tokenizer_max if tokenizer_max is not None and tokenizer_max < 1e29 else 2048)
 
@@ -19,12 +19,12 @@ def hf_context_length(config, tokenizer_max=None):
 class HFLM:  # as eval.OurLM, for a transformers model
 
     def __init__(self, model, tok, block_size, device, tokenizer_max=None):
-        self.model, self.tok, self.device, c = model.eval(), tok, device, model.config
-        own, text = hf_context_length(c, tokenizer_max), c.get_text_config()
+        self.model, self.tok, self.device, hf_config = model.eval(), tok, device, model.config
+        own, text = hf_context_length(hf_config, tokenizer_max), hf_config.get_text_config()
         self.block_size, self.native = min(block_size or own, own), {"attn": "full"}
         # Qwen3's head_dim is not hidden_size // heads
         self.head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
-        self.native_impl, self.generator = c._attn_implementation, torch.Generator()  # "full"; SA's seeds
+        self.native_impl, self.generator = hf_config._attn_implementation, torch.Generator()  # "full"; SA's seeds
         self.seed = self.generator.manual_seed
 
     def logits(self, idx, lengths=None):

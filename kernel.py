@@ -260,7 +260,7 @@ def _attn_bwd(Q, K, V, DO, DQ, DK, DV, LSE, RowDot, Perm, R, sq_b, sq_h, sq_t, s
 class Target(NamedTuple):
     platform: str  # "cuda" or "hip" (ROCm)
     arch: object  # 80 for sm_80, or "gfx942"
-    max_shared: int  # bytes of shared memory a block may opt into
+    max_shared: int  # bytes of shared memory a program may opt into
 
 
 class Tiling(NamedTuple):
@@ -413,7 +413,7 @@ def triton_swa(q, k, v, width, perm=None, r=None, margin=0.0):
     B, H, T, D = q.shape
     if D not in HEAD_DIMS or q.dtype not in SUPPORTED_DTYPES:
         raise Unsupported(f"triton_swa supports head dims {HEAD_DIMS} in {SUPPORTED_DTYPES}, got {D} in {q.dtype}; "
-                          "pad it or use the torch path")
+                          "pad it or use the torch engine")
     if any((t.shape, t.dtype, t.device) != (q.shape, q.dtype, q.device) for t in (k, v)):
         raise ValueError(f"q, k, v must share one shape, device and dtype, got "
                          f"{[(tuple(t.shape), t.dtype, str(t.device)) for t in (q, k, v)]}")
@@ -458,7 +458,7 @@ def dense(q, k, v, width, perm=None, r=None, dout=None):
 
 def self_check(device, dtype, D, rule, T=300, window=100, B=1, H=2, margin=0.0, seed=0):
     """Max |error| of the kernel's out, dq, dk, dv / max(1, |dense's|) on random input, SA's rules with one perm
-    shared by the heads and with one per head; NaN counts as inf."""
+    for all heads and with one per head; NaN counts as inf."""
     g = torch.Generator().manual_seed(seed)
     q, k, v, do = (torch.randn(B, H, T, D, generator=g).to(device, dtype) for _ in range(4))
     errors = []
@@ -480,18 +480,18 @@ def where(device):
 def check_once(device, dtype, D, rule, margin=0.0):
     """Unsupported where the kernel cannot run this (device, dtype, D, rule), or its self-check, run at the first use,
     failed; else nothing, in a dict lookup."""
-    key = (device, dtype, D, rule)
-    if key in SELF_CHECKS and SELF_CHECKS[key] <= TOLERANCE[dtype]:
+    case = (device, dtype, D, rule)
+    if case in SELF_CHECKS and SELF_CHECKS[case] <= TOLERANCE[dtype]:
         return
     if D not in HEAD_DIMS or dtype not in SUPPORTED_DTYPES:
         raise Unsupported(f"triton_swa supports head dims {HEAD_DIMS} in {SUPPORTED_DTYPES}, got {D} in {dtype}")
     choose_tiling(dtype, D, device_target(device))
-    if SELF_CHECK and key not in SELF_CHECKS:
+    if SELF_CHECK and case not in SELF_CHECKS:
         with torch.autocast(device.type, enabled=False):
-            SELF_CHECKS[key] = self_check(*key, margin=margin)
-    if not SELF_CHECKS.get(key, 0.0) <= TOLERANCE[dtype]:  # NaN fails too; SELF_CHECK off: no entry
+            SELF_CHECKS[case] = self_check(*case, margin=margin)
+    if not SELF_CHECKS.get(case, 0.0) <= TOLERANCE[dtype]:  # NaN fails too; SELF_CHECK off: no entry
         raise Unsupported(f"the Triton kernel failed its self-check on {where(device)} {str(dtype)[6:]} for {rule} "
-                          f"(head dim {D}): max error {SELF_CHECKS[key]:.1e} against the dense fp32 reference")
+                          f"(head dim {D}): max error {SELF_CHECKS[case]:.1e} against the dense fp32 reference")
 
 
 if __name__ == "__main__":

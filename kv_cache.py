@@ -2,7 +2,7 @@
 Support, which a first reading skips. GPT.generate's exact KV cache: a step's output is the last row of a forward over
 the tokens it holds (all so far, until generate refills it); tests/test_generate.py checks each kind.
 
-Per layer: k, v (B, nh, S, hs), position p in slot p % S, and what the layout its KINDS row names keeps (LAYOUTS):
+Per layer: k, v (B, nh, S, hs), position p in cell p % S, and what the layout its KINDS row names keeps (LAYOUTS):
 "all" (full): S = block_size. "window" (SWA): S = min(window, block_size); a key is overwritten once no query sees it.
 "chunks" (MoBA): S = block_size in whole chunks, and each complete chunk's fp32 mean key.
 "sorted" (value-rule SA): S = block_size, and r sorted with positions: two binary searches find a step's keys
@@ -64,9 +64,9 @@ class KVCache:
                 cache["kmean"] = k.new_zeros(B, nh, S // chunk, hs, dtype=torch.float32)
         S = cache["k"].shape[2]
         n = min(T, S)  # the last S positions only
-        slots = torch.arange(start + T - n, start + T, device=k.device) % S
-        cache["k"][:, :, slots] = k[:, :, T - n:]  # (B, nh, n, hs)
-        cache["v"][:, :, slots] = v[:, :, T - n:]
+        cells = torch.arange(start + T - n, start + T, device=k.device) % S
+        cache["k"][:, :, cells] = k[:, :, T - n:]  # (B, nh, n, hs)
+        cache["v"][:, :, cells] = v[:, :, T - n:]
         lo, hi = start // chunk, (start + T) // chunk
         if self.layout == "chunks" and hi > lo:  # chunks completed, averaged as moba_select does
             cache["kmean"][:, :, lo:hi] = tiled.chunk_means(cache["k"][:, :, lo * chunk:hi * chunk], chunk)
@@ -105,9 +105,9 @@ class KVCache:
             keys, vals, mask = cache["k"].gather(2, at), cache["v"].gather(2, at), mask.view(B, nh, 1, -1)
         else:  # positions first..start: all, the last `window`, or MoBA's own chunk so far
             first = {"all": 0, "window": max(0, start + 1 - c.window), "chunks": nc * chunk}[layout]
-            slots = torch.arange(first, start + 1, device=q.device) % S
-            keys, vals = cache["k"][:, :, slots], cache["v"][:, :, slots]  # (B, nh, n, hs)
-            mask = torch.ones_like(slots, dtype=torch.bool)
+            cells = torch.arange(first, start + 1, device=q.device) % S
+            keys, vals = cache["k"][:, :, cells], cache["v"][:, :, cells]  # (B, nh, n, hs)
+            mask = torch.ones_like(cells, dtype=torch.bool)
         if layout == "chunks":  # and the top_k - 1 past chunks of largest q . kmean, if any
             # moba_select's row (fp32, own chunk at -inf), so topk breaks ties alike
             with torch.autocast(q.device.type, enabled=False):

@@ -40,7 +40,10 @@ class CausalSelfAttention(nn.Module):
         that a prefill fills and a one-token step reads."""
         B, T, C = x.size()
         nh = self.config.n_head
-        q, k, v = [t.view(B, T, nh, C // nh).transpose(1, 2) for t in self.c_attn(x).split(C, dim=2)]  # (B, nh, T, hs)
+        q, k, v = self.c_attn(x).split(C, dim=2)  # (B, T, C) each
+        q = q.view(B, T, nh, C // nh).transpose(1, 2)  # (B, nh, T, hs)
+        k = k.view(B, T, nh, C // nh).transpose(1, 2)  # (B, nh, T, hs)
+        v = v.view(B, T, nh, C // nh).transpose(1, 2)  # (B, nh, T, hs)
         if rope is not None:  # by true positions, before SA permutes (the paper)
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         if cache is not None:
@@ -100,7 +103,7 @@ def sa_by_rule(q, k, v, window, sa_rule, sa_delta, draw):
 
 
 POSITIVE = range(1, 2**63)  # an integer >= 1
-SA = {"window": POSITIVE, "sa_perm": ("shared", "head"), "sa_rule": ("rank", "value")}
+SA = {"window": POSITIVE, "sa_draw": ("layer", "head"), "sa_rule": ("rank", "value")}
 # Every kind. A new one: its function, a row here, a GPTConfig field per setting of its own (README's "Add a kind").
 KINDS = {
     "full": Kind(attention.full_attention, (), {}, lambda c, T: (T + 1) / 2, lambda c: "all"),
@@ -129,7 +132,7 @@ class GPTConfig:
     window: int = 256  # SWA/SA keys per query, itself included (value-rule SA: at T = block_size)
     moba_chunk: int = 64  # MoBA's key chunk (its paper's "block")
     moba_topk: int = 4  # MoBA's chunks per query, its own included
-    sa_perm: str = "shared"  # "shared": one permutation per layer (the paper); "head": one per row and head
+    sa_draw: str = "layer"  # "layer": one SA draw per layer (the paper); "head": one per layer, row and head
     sa_rule: str = "rank"  # "rank": windows over permuted slots (the paper); "value": a number r per token
     pos_emb: str = "rope"  # "rope" rotates q, k before SA permutes; "learned": GPT-2's, to load its weights
     rope_base: float = 10000.0
@@ -248,7 +251,7 @@ class GPT(nn.Module):
 
     def draw_sa(self, B, T, device, lengths=None):
         """SA's fresh draw per layer (None for other kinds): a permutation, or numbers r in [0, 1) by sa_rule="value";
-        (T,) or (B, nh, T) by sa_perm. With lengths (B,) of right-padded rows: (B, 1 or nh, T), the value rule's
+        (T,) or (B, nh, T) by sa_draw. With lengths (B,) of right-padded rows: (B, 1 or nh, T), the value rule's
         (1, 1 or nh, T), each row drawn from a seed and its length alone."""
         c = self.config
         if not KINDS[c.attn].draws:
@@ -256,7 +259,7 @@ class GPT(nn.Module):
         for name, n in (("B", B), ("T", T)):  # no call when valid: runs in every forward
             if type(n) is not int or n < 0:
                 raise InputError(f"{name} must be an integer >= 0, got {n!r}")
-        heads = 1 if c.sa_perm == "shared" else c.n_head
+        heads = 1 if c.sa_draw == "layer" else c.n_head
         draws = sa_draws(self.sa_state, c.n_layer, B, heads, T, c.sa_rule == "value", lengths, torch.device(device))
         return [checked(d) for d in draws]  # valid as drawn: check_inputs skips their values
 

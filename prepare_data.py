@@ -33,11 +33,11 @@ mqar_seq_len = 64  # see prepare_mqar; defaults: config/mqar.py's data
 mqar_num_pairs = 4
 mqar_num_queries = 4
 mqar_vocab = 32
-mqar_train_seqs = 1000  # a sample: train.py draws fresh sequences every batch
+mqar_train_seqs = 1000  # a sample: train.py makes fresh sequences every batch
 mqar_val_seqs = 1000
 mqar_seed = 0
 mqar_ordered = False
-mqar_offset = 0  # 1: no MoBA block of 2 tokens holds a whole pair
+mqar_offset = 0  # 1: no MoBA chunk of 2 tokens holds a whole pair
 hf_max_docs = 0  # fineweb-edu: documents read, val's included (0: all, ~10B tokens, ~20 GB)
 hf_val_docs = 5000  # fineweb-edu: the first documents, as val
 # -----------------------------------------------------------------------------
@@ -134,10 +134,10 @@ def load_tokens(data_dir, split, meta, least=1):
     need(n >= least, f"block_size={least - 1} is larger than the data: {path} holds {n} tokens; lower "
          "--block_size or prepare more data")
     tokens = np.memmap(path, dtype=dtype, mode="r")
-    for i in range(0, n, 1 << 24):  # in chunks: memory stays small
-        chunk = tokens[i:i + (1 << 24)]
-        if chunk.max() >= V:
-            at = i + int(np.argmax(chunk >= V))
+    for i in range(0, n, 1 << 24):  # in pieces: memory stays small
+        piece = tokens[i:i + (1 << 24)]
+        if piece.max() >= V:
+            at = i + int(np.argmax(piece >= V))
             raise InputError(f"{path} holds token id {tokens[at]} at token {at}, but vocab_size is {V}: {fix}")
     return tokens
 
@@ -148,28 +148,29 @@ def load_data(data_dir, block_size, copy_task=False):
     T = meta["mqar"]["seq_len"] if "mqar" in meta else block_size
     need(not copy_task or "mqar" not in meta, f"copy_task=True needs text: {data_dir} holds MQAR sequences")
     need(T <= block_size, f"block_size={block_size} is smaller than the MQAR sequences: use --block_size={T}")
-    least = T + ("mqar" not in meta)  # text: a window and its next token; MQAR: whole sequences
+    least = T + ("mqar" not in meta)  # text: a sequence and its next token; MQAR: whole sequences
     return meta, {split: load_tokens(data_dir, split, meta, least) for split in ("train", "val")}, T
 
 
-def draw_batch(tokens, meta, B, T, gen, train, copy_task=False):
-    """B sequences drawn with torch generator gen, (x, y) int64 numpy (B, T): random windows, y shifted one on; the
-    copy task's chunk of T/2 twice, y shifted one on (-1 last); MQAR's, y the answers (-1 elsewhere), fresh when
+def random_batch(tokens, meta, B, T, gen, train, copy_task=False):
+    """B random sequences from torch generator gen, (x, y) int64 numpy (B, T): text, y shifted one on; the copy task's
+    passage of T/2 tokens twice, y shifted one on (-1 last); MQAR's, y the answers (-1 elsewhere), fresh when
     training."""
     import torch
     if "mqar" in meta and train:
         return mqar_batch(np.random.default_rng(torch.randint(2**62, (), generator=gen).item()), B, meta)
-    starts = lambda high: torch.randint(high, (B,), generator=gen).numpy()
-    window = lambda at, n: np.stack([tokens[i:i + n] for i in at]).astype(np.int64)
+    n = T // 2 if copy_task else T  # tokens read per sequence
+    if "mqar" in meta:  # whole sequences
+        ix = torch.randint(len(tokens) // T, (B,), generator=gen).numpy() * T
+    else:
+        ix = torch.randint(len(tokens) - n, (B,), generator=gen).numpy()
+    x = np.stack([tokens[i:i + n] for i in ix]).astype(np.int64)  # (B, n)
     if "mqar" in meta:
-        x = window(starts(len(tokens) // T) * T, T)  # (B, T)
         return x, mqar_targets(x, meta)
     if copy_task:
-        chunk = window(starts(len(tokens) - T // 2), T // 2)  # (B, T/2)
-        x = np.concatenate([chunk, chunk], 1)  # (B, T)
+        x = np.concatenate([x, x], 1)  # (B, T): the passage twice
         return x, np.concatenate([x[:, 1:], np.full((B, 1), -1)], 1)  # (B, T)
-    at = starts(len(tokens) - T)
-    return window(at, T), window(at + 1, T)  # (B, T) each
+    return x, np.stack([tokens[i + 1:i + 1 + T] for i in ix]).astype(np.int64)  # (B, T)
 
 
 def task_metrics(logits, y, meta, copy_task=False):
@@ -213,29 +214,29 @@ def get_tokenizer(meta, source=""):
 
 
 def mqar_targets(x, meta):
-    """Targets of MQAR sequences x (..., seq_len): at each query the value paired with its key, else -1."""
+    """Targets of MQAR sequences x (..., seq_len): at each query the value paired with its cue, else -1."""
     P, half, o = meta["mqar"]["num_pairs"], meta["mqar"]["seq_len"] // 2, meta["mqar"].get("offset", 0)
-    keys, values = x[..., o:o + 2 * P:2], x[..., o + 1:o + 2 * P:2]  # (..., P) each
-    match = x[..., half:, None] == keys[..., None, :]  # (..., T/2, P); filler 0 is no key
+    cues, values = x[..., o:o + 2 * P:2], x[..., o + 1:o + 2 * P:2]  # (..., P) each
+    match = x[..., half:, None] == cues[..., None, :]  # (..., T/2, P); filler 0 is no cue
     y = np.full_like(x, -1)
     y[..., half:] = np.where(match.any(-1), (match * values[..., None, :]).sum(-1), -1)
     return y
 
 
 def mqar_batch(rng, n, meta):
-    """n fresh MQAR sequences drawn with numpy Generator rng: (x, y) int64 (n, seq_len) each."""
+    """n fresh MQAR sequences made with numpy Generator rng: (x, y) int64 (n, seq_len) each."""
     m, V = meta["mqar"], meta["vocab_size"]
-    T, P, Q, K, o = m["seq_len"], m["num_pairs"], m["num_queries"], m["num_keys"], m.get("offset", 0)
+    T, P, Q, C, o = m["seq_len"], m["num_pairs"], m["num_queries"], m["num_keys"], m.get("offset", 0)
     firsts = lambda lo, hi, k: rng.permuted(np.tile(np.arange(lo, hi), (n, 1)), axis=1)[:, :k]  # k distinct per row
-    keys, values = firsts(1, K + 1, P), firsts(K + 1, V, P)  # (n, P) each
+    cues, values = firsts(1, C + 1, P), firsts(C + 1, V, P)  # (n, P) each
     x = np.zeros((n, T), np.int64)  # (n, T), filler 0
-    x[:, o:o + 2 * P:2], x[:, o + 1:o + 2 * P:2] = keys, values
+    x[:, o:o + 2 * P:2], x[:, o + 1:o + 2 * P:2] = cues, values
     if m.get("ordered"):  # pair i asked at T/2 + 2i
-        x[:, T // 2:T // 2 + 2 * P:2] = keys
-    else:  # a key asked twice is a second, wrong source of its value: learning slows a lot
+        x[:, T // 2:T // 2 + 2 * P:2] = cues
+    else:  # a cue asked twice is a second, wrong source of its value: learning slows a lot
         where = firsts(T // 2, T, Q)  # (n, Q) query positions
         asked = firsts(0, P, Q) if Q <= P else rng.integers(P, size=(n, Q))  # (n, Q) pair each query asks for
-        np.put_along_axis(x, where, np.take_along_axis(keys, asked, 1), 1)
+        np.put_along_axis(x, where, np.take_along_axis(cues, asked, 1), 1)
     return x, mqar_targets(x, meta)
 
 
@@ -304,7 +305,7 @@ def token_dtype(vocab_size):
 
 @contextlib.contextmanager
 def writing(data_dir, meta):
-    """{split: <split>.bin.tmp} for the block to fill, removed if it fails or a split is empty; else the old
+    """{split: <split>.bin.tmp} for the with statement to fill, removed if it fails or a split is empty; else the old
     meta.json goes (the dataset reads as incomplete), they move into place, and meta.json is written."""
     tmps = {split: os.path.join(data_dir, f"{split}.bin.tmp") for split in meta["tokens"]}
     try:
@@ -401,29 +402,29 @@ def prepare_pystdlib(data_dir, frac, root=None):
 
 def mqar_layout(seq_len, num_pairs, num_queries, vocab, ordered=False, offset=0):
     """(num_keys, min_gap) of prepare_mqar's layout, or the rule it breaks."""
-    K, room = (vocab - 1) // 2, seq_len // 2 - 2 * num_pairs  # room: filler before the second half
-    need(1 <= num_pairs <= K and 1 <= num_queries <= seq_len - seq_len // 2 and room >= 0, f"mqar needs 1 <= "
-         f"num_pairs ({num_pairs}) <= (vocab-1)//2 ({K}), 1 <= num_queries ({num_queries}) <= seq_len - seq_len // 2 "
+    C, room = (vocab - 1) // 2, seq_len // 2 - 2 * num_pairs  # room: filler before the second half
+    need(1 <= num_pairs <= C and 1 <= num_queries <= seq_len - seq_len // 2 and room >= 0, f"mqar needs 1 <= "
+         f"num_pairs ({num_pairs}) <= (vocab-1)//2 ({C}), 1 <= num_queries ({num_queries}) <= seq_len - seq_len // 2 "
          f"and seq_len ({seq_len}) >= 4 * num_pairs")
     need(0 <= offset <= room, f"mqar needs 0 <= mqar_offset ({offset}) <= seq_len // 2 - 2 * num_pairs ({room})")
     need(not ordered or num_queries == num_pairs, f"mqar_ordered needs num_queries = num_pairs ({num_pairs})")
-    return K, seq_len // 2 - 1 - offset if ordered else room + 1 - offset
+    return C, seq_len // 2 - 1 - offset if ordered else room + 1 - offset
 
 
 def prepare_mqar(data_dir, seq_len, num_pairs, num_queries, vocab, train_seqs, val_seqs, seed, ordered=False, offset=0):
     """Multi-query associative recall, Zoology's layout (Arora et al. 2023):
 
-        k1 v1 k2 v2 ... kP vP  0 0 ... 0  |  0 q 0 0 q q 0 ... q 0   (| = seq_len // 2)
+        c1 v1 c2 v2 ... cP vP  0 0 ... 0  |  0 q 0 0 q q 0 ... q 0   (| = seq_len // 2)
 
-    P pairs of distinct keys from [1, K] and values from [K+1, vocab), after `offset` 0s; then num_queries keys
-    (distinct pairs if num_queries <= P) at random positions, min_gap = seq_len // 2 - (2P - 1) - offset or more
-    after their values: SWA of reach n_layer * (w - 1) < min_gap can only guess. ordered=True asks pair i at
-    seq_len // 2 + 2i (min_gap = seq_len // 2 - 1 - offset)."""
-    K, min_gap = mqar_layout(seq_len, num_pairs, num_queries, vocab, ordered, offset)
-    n, key = max((train_seqs, "mqar_train_seqs"), (val_seqs, "mqar_val_seqs"))
+    P pairs of distinct cues (MQAR's keys: meta's num_keys) from [1, C] and values from [C+1, vocab), after `offset`
+    0s; then num_queries cues (distinct pairs if num_queries <= P) at random positions,
+    min_gap = seq_len // 2 - (2P - 1) - offset or more after their values: SWA of reach n_layer * (w - 1) < min_gap
+    can only guess. ordered=True asks pair i at seq_len // 2 + 2i (min_gap = seq_len // 2 - 1 - offset)."""
+    C, min_gap = mqar_layout(seq_len, num_pairs, num_queries, vocab, ordered, offset)
+    n, name = max((train_seqs, "mqar_train_seqs"), (val_seqs, "mqar_val_seqs"))
     # ram: mqar_batch's arrays, measured within 1.6x
     ram, have = n * (8 * (2 * vocab + 3 * seq_len + seq_len * num_pairs // 2) + seq_len * num_pairs // 2), memory("cpu")
-    need(ram <= have, f"{key}={n}: drawing {n:,} sequences of {seq_len} tokens (vocab {vocab:,}) takes about "
+    need(ram <= have, f"{name}={n}: making {n:,} sequences of {seq_len} tokens (vocab {vocab:,}) takes about "
          f"{ram / 2**30:,.0f} GiB of memory, of {have / 2**30:,.0f} GiB here: use fewer, or a smaller mqar_vocab")
     tokens, dtype, where = (train_seqs + val_seqs) * seq_len, token_dtype(vocab), nearest_dir(data_dir)
     need(where, f"{data_dir}: a file is in the way: choose another --data_root")
@@ -433,7 +434,7 @@ def prepare_mqar(data_dir, seq_len, num_pairs, num_queries, vocab, train_seqs, v
     os.makedirs(data_dir, exist_ok=True)
     meta = dict(vocab_size=vocab, tokenizer="ids", dtype=np.dtype(dtype).name, source=f"synthetic MQAR, seed {seed}",
                 tokens={"train": train_seqs * seq_len, "val": val_seqs * seq_len}, eot=None, mqar=dict(
-                    seq_len=seq_len, num_pairs=num_pairs, num_queries=num_queries, num_keys=K, min_gap=min_gap,
+                    seq_len=seq_len, num_pairs=num_pairs, num_queries=num_queries, num_keys=C, min_gap=min_gap,
                     seed=seed, ordered=ordered, offset=offset))
     with writing(data_dir, meta) as tmps:
         for path, n, rng in zip(tmps.values(), (train_seqs, val_seqs), np.random.default_rng(seed).spawn(2)):
@@ -445,11 +446,11 @@ def download_text(url):
     import urllib.request
     try:
         with urllib.request.urlopen(url, timeout=30) as r:
-            chunks = list(progress(iter(lambda: r.read(1 << 16), b""), desc="download", unit=" chunks"))
+            pieces = list(progress(iter(lambda: r.read(1 << 16), b""), desc="download", unit=" pieces"))
     except OSError as e:  # URLError too
         raise InputError(f"could not download {url} ({getattr(e, 'reason', e)}); offline? fetch it by hand and "
                          "pass it as --input_file=FILE --tokenizer=chars --dataset=shakespeare_char") from None
-    return b"".join(chunks).decode("utf-8")
+    return b"".join(pieces).decode("utf-8")
 
 
 def hf_dataset(path, name, split, streaming=False):
@@ -516,7 +517,7 @@ if __name__ == "__main__":
         elif name == "pystdlib":
             prepare_pystdlib(data_dir, val_fraction)
         elif name == "mqar":
-            prepare_mqar(data_dir, **{k[5:]: v for k, v in settings.items() if k.startswith("mqar_")})
+            prepare_mqar(data_dir, **{k[5:]: globals()[k] for k in setting_names if k.startswith("mqar_")})
         elif name == "shakespeare_char":
             prepare_shakespeare_char(data_dir, val_fraction)
         elif name == "fineweb-edu":

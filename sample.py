@@ -18,7 +18,7 @@ import sys
 
 import torch
 
-from attention import impl_line
+from attention import engine_line
 from checkpoint import GPT2_META, from_gpt2, load_checkpoint
 from guards import need
 from kv_cache import use_kv_cache
@@ -62,7 +62,7 @@ start_ids = encode(prompt)
 need(start_ids and max(start_ids) < c.vocab_size, f"--start must encode to at least one token, each < the model's "
      f"vocab_size {c.vocab_size}")
 # what runs the attention (on a GPU, the kernel's self-check runs now)
-print(impl_line(device, DTYPES[dtype], c.n_embd // c.n_head, [c.attn], c.sa_rule), file=sys.stderr)
+print(engine_line(device, DTYPES[dtype], c.n_embd // c.n_head, [c.attn], c.sa_rule), file=sys.stderr)
 use_cache = use_kv_cache(c, use_cache)  # warns once here, not once per sample
 
 model.eval()

@@ -15,7 +15,7 @@ import tiled
 import model as M
 from model import GPT, GPTConfig
 
-TS = [1, 7, 100, 257]  # sequence lengths that are not multiples of any block size
+TS = [1, 7, 100, 257]  # sequence lengths that are not multiples of any tile size
 
 
 def qkv(B, H, T, D, seed=0, dtype=torch.float32, device="cpu"):
@@ -48,7 +48,7 @@ def assert_same(fast, q, k, v, ref, ref_dtype=torch.float32):
 
 
 # -----------------------------------------------------------------------------
-# The fast paths agree with the dense-mask references, forward and backward.
+# The fast functions agree with the dense-mask references, forward and backward.
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("T", TS)
@@ -64,7 +64,7 @@ def test_swa_fast_equals_reference(T, window, dtype):
 @pytest.mark.parametrize("T", TS)
 @pytest.mark.parametrize("window", [1, 5, 64, 300])
 def test_sa_fast_equals_reference(T, window, perm_shape, dtype):
-    """The gather -> SWA(pos=perm) -> scatter path against SA's mask written directly in token order."""
+    """The gather -> SWA(pos=perm) -> scatter route against SA's mask written directly in token order."""
     q, k, v = qkv(2, 3, T, 16, dtype=dtype)
     perm = random_perm(perm_shape, T)
     assert_same(lambda q, k, v: A.stochastic_attention(q, k, v, window, perm), q, k, v,
@@ -76,7 +76,7 @@ def test_sa_fast_equals_reference(T, window, perm_shape, dtype):
 @pytest.mark.parametrize("T", TS)
 @pytest.mark.parametrize("window", [1, 5, 64, 300])
 def test_sa_value_fast_equals_reference(T, window, r_shape, dtype):
-    """The value rule's per-block key spans (sorted by r) against its mask written in token order."""
+    """The value rule's per-tile key spans (sorted by r) against its mask written in token order."""
     q, k, v = qkv(2, 3, T, 16, dtype=dtype)
     r = torch.rand(*r_shape, T, generator=torch.Generator().manual_seed(1))
     assert_same(lambda q, k, v: A.stochastic_value_attention(q, k, v, window / T, r), q, k, v,
@@ -85,7 +85,7 @@ def test_sa_value_fast_equals_reference(T, window, r_shape, dtype):
 
 def test_sa_value_spans_are_exact_at_the_edge_of_delta():
     """Keys whose r lies at delta from a query's, within a few fp32 ulps either side: the fast
-    path's spans must keep exactly the pairs that the rule's |r_i - r_j| < delta keeps."""
+    function's spans must keep exactly the pairs that the rule's |r_i - r_j| < delta keeps."""
     T, delta = 200, 0.1
     r, (q, k, v) = edge_pairs(T, delta, seed=3), qkv(1, 2, T, 8)
     assert_same(lambda q, k, v: A.stochastic_value_attention(q, k, v, delta, r), q, k, v,
@@ -126,7 +126,7 @@ def test_value_spans_hold_every_key_within_delta():
 def test_moba_fast_equals_reference(T, moba_chunk, top_k, dtype):
     q, k, v = qkv(2, 3, T, 16, dtype=dtype)
     # the reference runs in the same dtype: top-k routing is discontinuous, so
-    # fp32 and bf16 block scores may legitimately pick different blocks
+    # fp32 and bf16 chunk scores may legitimately pick different chunks
     assert_same(lambda q, k, v: A.moba_attention(q, k, v, moba_chunk, top_k), q, k, v,
                 lambda q, k, v: A.moba_reference(q, k, v, moba_chunk, top_k), ref_dtype=dtype)
 
@@ -202,7 +202,7 @@ def test_sa_sees_window_keys_on_average():
 
 
 # -----------------------------------------------------------------------------
-# The fast path is O(T * window): no T x T tensor is ever created.
+# The fast functions are O(T * window): no T x T tensor is ever created.
 
 class MaxNumel(TorchDispatchMode):
     def __init__(self):
@@ -234,7 +234,7 @@ def test_fast_path_never_materialises_t_by_t(kind):
 
 @pytest.mark.parametrize("moba_chunk", [300, 10**9])
 def test_moba_memory_follows_t_not_the_block(moba_chunk):
-    """A block of T keys or more is one block: full causal attention, in memory of T, not of moba_chunk
+    """A chunk of T keys or more is one chunk: full causal attention, in memory of T, not of moba_chunk
     (--moba_chunk=1000000000 used to allocate 128 GB)."""
     q, k, v = qkv(1, 2, 300, 8)
     with MaxNumel() as seen:
@@ -245,8 +245,8 @@ def test_moba_memory_follows_t_not_the_block(moba_chunk):
 
 
 def test_moba_memory_is_bounded_at_32k():
-    """MoBA's fast path works in chunks: at T=32768, H=8, D=64 no op output is larger than about
-    one input (64 MB in fp32), where gathering K/V per query block needed 12 GB (192 inputs)."""
+    """MoBA's fast function works in chunks: at T=32768, H=8, D=64 no op output is larger than about
+    one input (64 MB in fp32), where gathering K/V per query tile needed 12 GB (192 inputs)."""
     T = 32768
     q, k, v = (torch.randn(1, 8, T, 64) for _ in range(3))
     with MaxNumel() as seen, torch.no_grad():
@@ -258,11 +258,11 @@ def test_moba_memory_is_bounded_at_32k():
 # Numerics: no kind produces NaN or inf where PyTorch's SDPA stays finite.
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("backend", ["torch", "reference"])
-def test_finite_wherever_sdpa_is_finite(monkeypatch, backend, dtype):
+@pytest.mark.parametrize("engine", ["torch", "dense"])
+def test_finite_wherever_sdpa_is_finite(monkeypatch, engine, dtype):
     """q, k = 150 * randn at D=64: q.k reaches ~1e6, past fp16's 65504 when computed in fp16; SDPA
     scales first and stays finite. So must every kind, forward and gradients."""
-    monkeypatch.setattr(A, "IMPL", backend)
+    monkeypatch.setattr(A, "ENGINE", engine)
     T, perm = 100, random_perm((), 100)
     kinds = {"full": A.full_attention, "swa": lambda q, k, v: A.sliding_window_attention(q, k, v, 16),
              "sa": lambda q, k, v: A.stochastic_attention(q, k, v, 16, perm),
@@ -279,8 +279,8 @@ def test_finite_wherever_sdpa_is_finite(monkeypatch, backend, dtype):
 
 
 def test_moba_routes_in_fp32():
-    """bf16 inputs are routed by fp32 scores, as MoBA's own code does: the same blocks as for the
-    same (rounded) values in fp32. Scoring in bf16 picks other blocks on some rows."""
+    """bf16 inputs are routed by fp32 scores, as MoBA's own code does: the same chunks as for the
+    same (rounded) values in fp32. Scoring in bf16 picks other chunks on some rows."""
     q, k = (x.detach().to(torch.bfloat16) for x in qkv(2, 4, 2048, 64)[:2])
     idx16, ok16 = tiled.moba_select(q, k, 16, 4)
     idx32, ok32 = tiled.moba_select(q.float(), k.float(), 16, 4)
@@ -290,7 +290,7 @@ def test_moba_routes_in_fp32():
 
 def test_moba_mask_follows_its_rule_by_brute_force():
     """moba_mask, row by row from the paper's rule: query i sees j <= i in its own chunk, and every key of the
-    top_k - 1 strictly-past chunks whose mean key scores highest against q_i (the reference and the fast path share
+    top_k - 1 strictly-past chunks whose mean key scores highest against q_i (the reference and the fast function share
     moba_select, so only this test states how many chunks it picks)."""
     B, H, T, D, chunk, top_k = 1, 2, 45, 8, 4, 3
     q, k = qkv(B, H, T, D)[:2]
@@ -329,7 +329,7 @@ def attention_kinds(T, window=16, B=2, H=3):
 @pytest.mark.parametrize("kind", ["full", "swa", "sa", "sa-bht", "sa-value", "moba"])
 def test_every_kind_runs_under_autocast(kind, dtype):
     """fp32 inputs under torch.autocast: forward and backward run, the output has SDPA's dtype
-    under the same autocast, and the fast path equals its reference (under autocast too)."""
+    under the same autocast, and the fast function equals its reference (under autocast too)."""
     T = 100
     fast, ref = attention_kinds(T)[kind]
     q, k, v = qkv(2, 3, T, 16)
@@ -357,9 +357,9 @@ def test_model_trains_under_autocast(attn, sa_rule):
 @pytest.mark.parametrize("size", [1, 1 << 30])
 @pytest.mark.parametrize("fused", [True, False])
 @pytest.mark.parametrize("kind", ["swa", "sa", "sa-bht", "sa-value", "moba"])
-def test_any_chunk_size_equals_reference(monkeypatch, kind, fused, size):
-    """The engine's chunks, one group each (size 1) or every head's groups at once (as the defaults do at
-    T=300), on PyTorch's fused CPU kernel and on the matmul path used off the CPU: equal too."""
+def test_any_call_size_equals_reference(monkeypatch, kind, fused, size):
+    """The engine's calls, one group each (size 1) or every head's groups at once (as the defaults do at
+    T=300), on PyTorch's fused CPU kernel and on the matmul code used off the CPU: equal too."""
     monkeypatch.setattr(tiled, "CALL", size)
     monkeypatch.setattr(tiled, "FUSED_CALL", size)
     if not fused:
@@ -475,13 +475,13 @@ def test_bad_inputs_raise_clear_errors(monkeypatch):
         A.stochastic_value_attention(q, k, v, 0.2, [0.5] * 10)
     with pytest.raises(ValueError, match="q, k, v must be tensors, got list"):
         A.sliding_window_attention(q.tolist(), k, v, 4)
-    monkeypatch.setattr(A, "IMPL", "cuda-magic")
-    with pytest.raises(ValueError, match="IMPL"):
+    monkeypatch.setattr(A, "ENGINE", "cuda-magic")
+    with pytest.raises(ValueError, match="ENGINE"):
         A.sliding_window_attention(q, k, v, 4)
 
 
 def test_the_references_check_their_arguments_as_the_fast_paths_do():
-    """The dense references used to answer window 0, a perm that is no permutation, delta 0 or MoBA's block 0
+    """The dense references used to answer window 0, a perm that is no permutation, delta 0 or MoBA's chunk 0
     (silently, or with ZeroDivisionError); SWA's pos of the wrong length was a RuntimeError in tiled.py; a delta
     that fp32 rounds to 0 hid every key, even the query's own."""
     q, k, v = qkv(1, 2, 8, 4)
@@ -508,18 +508,18 @@ def test_the_references_check_their_arguments_as_the_fast_paths_do():
             A.sa_value_mask(bad, r)
     with pytest.raises(ValueError, match="window must be an integer >= 1, got -1"):  # a mask of no key, even its own
         A.sa_mask(-1, perm)
-    assert A.impl_line("cpu", torch.float32, 8, "swa") == "attention: the torch path on cpu"  # a str, one kind
+    assert A.engine_line("cpu", torch.float32, 8, "swa") == "attention: the torch engine on cpu"  # a str, one kind
 
 
-def test_the_triton_backend_on_a_cpu_says_why_in_one_line(monkeypatch):
-    """--attn_impl=triton on a CPU used to end in ModuleNotFoundError (no triton) or `0 active drivers`."""
+def test_the_triton_engine_on_a_cpu_says_why_in_one_line(monkeypatch):
+    """--attn_engine=triton on a CPU used to end in ModuleNotFoundError (no triton) or `0 active drivers`."""
     q, k, v = qkv(1, 2, 10, 8)
-    monkeypatch.setattr(A, "IMPL", "triton")
+    monkeypatch.setattr(A, "ENGINE", "triton")
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    with pytest.raises(ValueError, match="runs the Triton kernel on a CUDA GPU, not on cpu .* use attn_impl 'auto'"):
+    with pytest.raises(ValueError, match="runs the Triton kernel on a CUDA GPU, not on cpu .* use attn_engine 'auto'"):
         A.sliding_window_attention(q, k, v, 4)
     with pytest.raises(ValueError, match="runs the Triton kernel on a CUDA GPU"):
-        A.impl_line("cpu", torch.float32, 8, ["sa+swa"])
+        A.engine_line("cpu", torch.float32, 8, ["sa+swa"])
     monkeypatch.setattr(A.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ValueError, match="needs the triton package"):
         A.stochastic_attention(q, k, v, 4, torch.arange(10))
@@ -535,7 +535,7 @@ def test_integer_inputs_raise_as_sdpa_does(dtype):
                 fn(q, k, v)
 
 
-@pytest.mark.parametrize("field,value", [("attn", "linear"), ("window", 0), ("n_embd", 30), ("sa_perm", "batch"),
+@pytest.mark.parametrize("field,value", [("attn", "linear"), ("window", 0), ("n_embd", 30), ("sa_draw", "batch"),
                                          ("sa_rule", "slot"), ("pos_emb", "alibi"), ("moba_topk", 0), ("dropout", 1.0),
                                          ("dropout", math.nan), ("dropout", "0.1"), ("rope_base", 0),
                                          ("rope_base", -1.0),
@@ -565,7 +565,7 @@ def test_bad_model_inputs_raise_one_line():
     """Each of these used to run (lengths=[3] on a batch of 2 treated row 1 as of length 3; lengths > T ran)
     or end in a traceback (draws of None, float or out-of-vocabulary ids, a huge seed)."""
     model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=64, window=4, attn="sa+swa",
-                          sa_perm="head"))
+                          sa_draw="head"))
     idx = torch.zeros(2, 8, dtype=torch.long)
     for lengths in (torch.tensor([3]), torch.tensor([3, 9]), torch.tensor([0, 4]), torch.tensor([-1, 4]),
                     torch.tensor([3.0, 4.0]), [3, 4], torch.tensor([[3, 4]])):
@@ -597,18 +597,18 @@ def test_bad_model_inputs_raise_one_line():
 KINDS = list(M.KINDS)
 
 
-def tiny(attn, sa_perm="shared", seed=0, **kw):
+def tiny(attn, sa_draw="layer", seed=0, **kw):
     torch.manual_seed(seed)
-    cfg = dict(block_size=128, vocab_size=64, n_layer=2, n_head=2, n_embd=32, attn=attn, window=8,
-               moba_chunk=8, moba_topk=3, sa_perm=sa_perm)
-    return GPT(GPTConfig(**{**cfg, **kw}), sa_seed=seed)
+    args = dict(block_size=128, vocab_size=64, n_layer=2, n_head=2, n_embd=32, attn=attn, window=8,
+               moba_chunk=8, moba_topk=3, sa_draw=sa_draw)
+    return GPT(GPTConfig(**{**args, **kw}), sa_seed=seed)
 
 
 @pytest.mark.parametrize("pos_emb", ["rope", "learned"])
-@pytest.mark.parametrize("sa_perm", ["shared", "head"])
+@pytest.mark.parametrize("sa_draw", ["layer", "head"])
 @pytest.mark.parametrize("attn,sa_rule", [(a, "rank") for a in KINDS] + [("sa", "value"), ("sa+swa", "value")])
-def test_no_future_leakage(attn, sa_rule, sa_perm, pos_emb):
-    model = tiny(attn, sa_perm, pos_emb=pos_emb, sa_rule=sa_rule).eval()
+def test_no_future_leakage(attn, sa_rule, sa_draw, pos_emb):
+    model = tiny(attn, sa_draw, pos_emb=pos_emb, sa_rule=sa_rule).eval()
     T, t = 100, 37
     x = torch.randint(0, 64, (2, T), generator=torch.Generator().manual_seed(0))
     y = x.clone()
@@ -622,7 +622,7 @@ def test_no_future_leakage(attn, sa_rule, sa_perm, pos_emb):
 
 
 def train_on_pairs(model, steps=50):
-    """Losses of `steps` Adam steps on fresh batches of a b a b ... (a != b, drawn per row): the token after x
+    """Losses of `steps` Adam steps on fresh batches of a b a b ... (a != b, random per row): the token after x
     is the other of its row's pair, uniform over 63 to a model that cannot look back (loss log 63 = 4.14);
     one look back (any earlier token of the other parity) gives it, so only attention can learn this."""
     g = torch.Generator().manual_seed(0)
@@ -634,8 +634,8 @@ def train_on_pairs(model, steps=50):
         opt.zero_grad()
         loss.backward()
         if model.config.attn == "sa+swa":
-            for block in model.transformer.h:
-                assert block.attn.gate.weight.grad.abs().sum() > 0, "no gradient reached the SA/SWA gates"
+            for layer in model.transformer.h:
+                assert layer.attn.gate.weight.grad.abs().sum() > 0, "no gradient reached the SA/SWA gates"
         opt.step()
         losses.append(loss.item())
     return sum(losses[-5:]) / 5
@@ -663,16 +663,16 @@ def test_sa_permutations_are_seeded_and_fresh_per_layer():
     perms = a.draw_sa(2, 50, "cpu")
     assert all(sorted(p.tolist()) == list(range(50)) for p in perms)
     assert not torch.equal(perms[0], perms[1])
-    heads = tiny("sa", sa_perm="head").draw_sa(2, 50, "cpu")
+    heads = tiny("sa", sa_draw="head").draw_sa(2, 50, "cpu")
     assert heads[0].shape == (2, 2, 50) and not torch.equal(heads[0][0, 0], heads[0][1, 1])
-    keys = tiny("sa", sa_rule="value").draw_sa(2, 50, "cpu")
-    assert keys[0].shape == (50,) and keys[0].dtype == torch.float32 and 0 <= keys[0].min() < keys[0].max() < 1
+    rs = tiny("sa", sa_rule="value").draw_sa(2, 50, "cpu")
+    assert rs[0].shape == (50,) and rs[0].dtype == torch.float32 and 0 <= rs[0].min() < rs[0].max() < 1
 
 
 def test_swap_attention_refuses_untrained_gates():
     model = tiny("full")
     model.swap_attention(attn="sa", window=4)
-    assert all(block.attn.config.attn == "sa" for block in model.transformer.h)
+    assert all(layer.attn.config.attn == "sa" for layer in model.transformer.h)
     with pytest.raises(ValueError, match="gates"):
         model.swap_attention(attn="sa+swa")
     with pytest.raises(ValueError, match="window"):
@@ -683,7 +683,7 @@ def test_swap_attention_refuses_untrained_gates():
 
 
 # -----------------------------------------------------------------------------
-# torch.compile: each fast path is a registered op (tiled.py, kernel.py), and so are SA's draws
+# torch.compile: each engine is a registered op (tiled.py, kernel.py), and so are SA's draws
 # (model.sa_draws), so the GPT traces as one graph and trains as it does eagerly.
 
 COMPILED = [(a, "rank") for a in KINDS] + [("sa+swa", "value")]
@@ -692,7 +692,7 @@ COMPILED = [(a, "rank") for a in KINDS] + [("sa+swa", "value")]
 @pytest.mark.parametrize("attn,sa_rule", COMPILED)
 def test_the_model_compiles_without_graph_breaks(attn, sa_rule, T=50):
     x = torch.randint(0, 64, (2, T), generator=torch.Generator().manual_seed(0))
-    assert torch._dynamo.explain(tiny(attn, sa_perm="head", sa_rule=sa_rule))(x, x).graph_break_count == 0
+    assert torch._dynamo.explain(tiny(attn, sa_draw="head", sa_rule=sa_rule))(x, x).graph_break_count == 0
 
 
 @pytest.mark.parametrize("attn,sa_rule", COMPILED)
@@ -718,7 +718,7 @@ def test_compiled_training_equals_eager(attn, sa_rule, steps=5, T=50):
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the interpreter computes rows past T too (0 / 0), never stored
 def test_the_kernel_route_compiles_as_eager(monkeypatch):
     """The same through the Triton kernel (its interpreter here: short): no graph break, eager's losses."""
-    monkeypatch.setattr(A, "IMPL", "triton")
+    monkeypatch.setattr(A, "ENGINE", "triton")
     test_the_model_compiles_without_graph_breaks("sa+swa", "value", T=20)
     test_compiled_training_equals_eager("sa+swa", "rank", steps=2, T=20)
 
@@ -845,8 +845,8 @@ def test_sa_swa_gates_weigh_each_path():
     """Y = sigmoid(x W_sa) Y_sa + sigmoid(x W_swa) Y_swa, W_sa the gate's first n_head rows (results/reproduce.py
     reads them so). Untrained gates are all sigmoid(0) = 0.5, which hides a swapped or repeated half: random ones."""
     torch.manual_seed(0)
-    cfg = GPTConfig(attn="sa+swa", block_size=32, vocab_size=61, n_layer=1, n_head=2, n_embd=16, window=4)
-    attn = M.CausalSelfAttention(cfg)
+    config = GPTConfig(attn="sa+swa", block_size=32, vocab_size=61, n_layer=1, n_head=2, n_embd=16, window=4)
+    attn = M.CausalSelfAttention(config)
     torch.nn.init.normal_(attn.gate.weight)
     (B, T, C), nh = (2, 20, 16), 2
     x, perm = torch.randn(B, T, C), random_perm((), T)

@@ -1,7 +1,7 @@
 """Support, which a first reading skips. The tiled torch engine: attention in O(T * w) time and memory, forward and
 backward, on any device.
 
-attention.py's torch path runs SWA's and SA's band here (Band), and moba_attention always (Moba). A layout cuts the
+attention.py's torch engine runs SWA's and SA's band here (Band), and moba_attention always (Moba). A layout cuts the
 pairs a rule allows into groups (nq query rows, the nk key rows they see, a mask), batched in calls whose scores fit in
 cache. The backward recomputes probabilities from each row's logsumexp (autograd would keep them: O(T * nk)).
 """
@@ -118,11 +118,11 @@ class Band:
         m = max(1, size // (nq * nk * nb))  # heads per call
         for s in range(0, nb, n):
             e = min(s + n, nb)
-            shared = self.mask(slice(0, 1), s, e) if len(self.pos) == 1 else None  # one mask for all heads
+            common = self.mask(slice(0, 1), s, e) if len(self.pos) == 1 else None  # one mask for all heads
             for h in range(0, len(self.rows), m):
                 heads = slice(h, h + m)
                 qrows = self.rows[heads, self.left + s * nq:self.left + e * nq].unflatten(1, (e - s, nq))
-                yield qrows, self.spans(self.rows, heads, s, e), self.mask(heads, s, e) if shared is None else shared
+                yield qrows, self.spans(self.rows, heads, s, e), self.mask(heads, s, e) if common is None else common
 
 
 def _gather(f, rows):

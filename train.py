@@ -33,7 +33,7 @@ import attention
 from checkpoint import RunDir, from_gpt2, load_checkpoint, restore, rng_states
 from guards import check_memory, need
 from model import DTYPES, GPT, GPTConfig, autocast, swap_fields
-from prepare_data import dataset_dir, draw_batch, load_data, task_metrics
+from prepare_data import dataset_dir, load_data, random_batch, task_metrics
 
 # -----------------------------------------------------------------------------
 # Defaults: a GPT-2-small-sized (124M) SA+SWA model on FineWeb-Edu, 5000 iterations of 0.5M tokens (2.6B); its peak,
@@ -57,7 +57,7 @@ data_root = "data"
 gradient_accumulation_steps = 32  # micro-steps per iteration, the total over DDP ranks
 batch_size = 8  # sequences per micro-step per rank
 block_size = 2048  # tokens per sequence (mqar: the data's seq_len; a GPT-2: at most its 1024)
-copy_task = False  # far copying: each sequence is a random block_size/2-token chunk, then that chunk again
+copy_task = False  # far copying: each sequence is a random passage of block_size/2 tokens, twice
 # AdamW, warmup and cosine decay
 learning_rate = 6e-4
 max_iters = 5000  # iterations of batch_size * block_size * gradient_accumulation_steps tokens
@@ -74,15 +74,16 @@ device = "cuda" if torch.cuda.is_available() else "cpu"
 # autocast: float32 | bfloat16 | float16 (with loss scaling: GPUs without bf16, a T4)
 dtype = "bfloat16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "float32"
 compile: bool | None = None  # torch.compile the model; None: on CUDA only (the CPU is slow to compile)
-attn_impl = "auto"  # attention.IMPL: auto (the Triton kernel where it runs), torch, triton or reference
+attn_engine = "auto"  # attention.ENGINE: auto (the Triton kernel where it runs), torch, triton or dense
 backend = ""  # DDP's: "" = nccl on CUDA, gloo on the CPU
 seed = 1337
 # -----------------------------------------------------------------------------
-exec(open("configurator.py").read())  # overrides from config files and --key=value; `settings` holds them all
+exec(open("configurator.py").read())  # overrides from config files and --key=value, each checked
+settings = {k: globals()[k] for k in setting_names}  # every setting, for logs and checkpoints
 # -----------------------------------------------------------------------------
 
-# setup. DDP: torchrun sets RANK. Each rank and micro-step draws its own SA permutations: N ranks x K micro-steps
-# average gradients over N*K independent draws, as one process would.
+# setup. DDP: torchrun sets RANK. Each rank and micro-step draws its own SA permutations: N ranks x M micro-steps
+# average gradients over N*M independent draws, as one process would.
 ddp = "RANK" in os.environ
 rank, local_rank, world_size = 0, 0, 1
 if ddp:
@@ -112,8 +113,9 @@ if "mqar" in meta and config.attn == "swa" and config.n_layer * (config.window -
 
 
 def get_batch(split, gen):
-    """batch_size sequences (x, y), (B, T) each, drawn with gen: text, copy or MQAR (draw_batch)."""
-    x, y = (torch.from_numpy(a) for a in draw_batch(data[split], meta, batch_size, T, gen, split == "train", copy_task))
+    """batch_size random sequences (x, y), (B, T) each, from generator gen: text, copy or MQAR (random_batch)."""
+    x, y = random_batch(data[split], meta, batch_size, T, gen, split == "train", copy_task)  # numpy (B, T) each
+    x, y = torch.from_numpy(x), torch.from_numpy(y)
     if device_type == "cuda":
         x, y = (t.pin_memory().to(device, non_blocking=True) for t in (x, y))
     return x, y
@@ -126,7 +128,7 @@ need(model_args["vocab_size"] >= meta["vocab_size"], f"vocab_size={vocab_size} i
 check_memory(device, config.n_layer, config.n_embd, model_args["vocab_size"], batch_size, T)
 ckpt_path = os.path.join(out_dir, "ckpt.pt")
 torch.manual_seed(seed)
-dropout_seed, sampler_seed, sa_seed = np.random.SeedSequence([seed, rank]).generate_state(3).tolist()
+dropout_seed, data_seed, sa_seed = np.random.SeedSequence([seed, rank]).generate_state(3).tolist()
 iter_num, best_val_loss, ckpt = 0, float("inf"), None
 if init_from == "scratch":
     model = GPT(GPTConfig(**model_args))
@@ -141,21 +143,23 @@ else:  # GPT-2's weights with this run's attention (its swap), cropped to block_
 model.seed_sa(sa_seed)  # a resume restores the saved state, except on ranks the checkpoint lacks
 model.to(device)
 torch.manual_seed(dropout_seed)
-sampler = torch.Generator().manual_seed(sampler_seed)
+data_rng = torch.Generator().manual_seed(data_seed)
 # fp16 gradients underflow unless the loss is scaled
 scaler = torch.amp.GradScaler(device_type, enabled=dtype == "float16")
 optimizer = model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type)
 if ckpt is not None:  # AdamW's, the GradScaler's and every RNG's states: where the run stopped
-    restore(ckpt, optimizer, scaler, sampler, model, rank)
+    restore(ckpt, optimizer, scaler, data_rng, model, rank)
     need(max_iters >= iter_num or eval_only, f"max_iters={max_iters}: {ckpt_path} is at iteration {iter_num} already: "
          "raise max_iters to train on")
 ckpt = None  # free up memory
 
-raw_model = model  # for checkpoints and SA's state; evals run model (compiled if set), training train_model
-if device_type == "cuda" if compile is None else compile:
+raw_model = model  # the GPT itself: checkpoints, SA's state, MFU
+compile = device_type == "cuda" if compile is None else compile  # None: on CUDA only
+if compile:
     model = torch.compile(model)
-train_model = DDP(model, device_ids=[local_rank] if device_type == "cuda" else None,
-                  broadcast_buffers=False) if ddp else model  # the RoPE tables are constant: nothing to broadcast
+eval_model = model  # estimate_loss's: rank 0 evaluates alone, without DDP
+if ddp:  # the RoPE tables are constant: no buffers to broadcast
+    model = DDP(model, device_ids=[local_rank] if device_type == "cuda" else None, broadcast_buffers=False)
 
 
 @torch.no_grad()
@@ -163,7 +167,7 @@ def estimate_loss():
     """Mean loss per split over eval_iters batches, and the task's measures (prepare_data.task_metrics). Its batches
     and SA draws are fixed, SA's generator restored after: an eval leaves training unchanged."""
     out, sa_state = {}, raw_model.sa_state.clone()
-    model.eval()
+    eval_model.eval()
     for split in ("train", "val"):
         gen = torch.Generator().manual_seed(seed)
         raw_model.seed_sa(seed)
@@ -171,13 +175,13 @@ def estimate_loss():
         for _ in range(eval_iters):
             X, Y = get_batch(split, gen)
             with ctx:
-                logits, loss = model(X, Y)
+                logits, loss = eval_model(X, Y)
             losses.append(loss.item())
             sums.update(task_metrics(logits, Y, meta, copy_task))
         out[f"{split}_loss"] = sum(losses) / len(losses)
         out.update({f"{split}_{k}": v / sums["n"] for k, v in sums.items() if k != "n"})
     raw_model.sa_state.copy_(sa_state)
-    model.train()
+    eval_model.train()
     return out
 
 
@@ -213,8 +217,8 @@ if master:
           f"{raw_model.get_num_params() / 1e6:.2f}M parameters, attn={config.attn}, window={config.window}; "
           f"{tokens_per_iter:,} tokens per iteration ({world_size} x {gradient_accumulation_steps} x {batch_size} x "
           f"{T}) on {device}")
-attention.IMPL = attn_impl
-line = attention.impl_line(device, DTYPES[dtype], config.n_embd // config.n_head, [config.attn],
+attention.ENGINE = attn_engine
+line = attention.engine_line(device, DTYPES[dtype], config.n_embd // config.n_head, [config.attn],
                            config.sa_rule)  # each rank's GPU checks itself
 if master:
     print(line)
@@ -228,7 +232,7 @@ while True:
         group["lr"] = lr
 
     if iter_num % eval_interval == 0 or iter_num >= max_iters or eval_only:
-        states = rng_states(sampler, raw_model, ddp)  # a collective under DDP: every rank takes part
+        states = rng_states(data_rng, raw_model, ddp)  # a collective under DDP: every rank takes part
         ev = estimate_loss() if master else {}
         stop_if_diverged(ev.get("train_loss", 0.0) + ev.get("val_loss", 0.0), "eval's train + val loss")
         if master:
@@ -244,15 +248,15 @@ while True:
     if iter_num >= max_iters or eval_only:
         break
 
-    # forward backward update, with gradient accumulation. No prefetch: the sampler in a checkpoint is where the next
+    # forward backward update, with gradient accumulation. No prefetch: the data RNG in a checkpoint is where the next
     # iteration starts
     losses = torch.zeros((), device=device)  # summed, checked before the step
     for micro_step in range(gradient_accumulation_steps):
         if ddp:  # all-reduce gradients on the last micro-step only
-            train_model.require_backward_grad_sync = micro_step == gradient_accumulation_steps - 1
-        X, Y = get_batch("train", sampler)
+            model.require_backward_grad_sync = micro_step == gradient_accumulation_steps - 1
+        X, Y = get_batch("train", data_rng)
         with ctx:
-            _, loss = train_model(X, Y)
+            _, loss = model(X, Y)
         scaler.scale(loss / gradient_accumulation_steps).backward()
         losses += loss.detach()
     stop_if_diverged(losses, "training loss")

@@ -1,10 +1,10 @@
 # Recall (MQAR) at 2 layers, BELOW SA+SWA's coverage: SA+SWA fails here as SWA does (see config/recall_demo.py).
 # Data: python prepare_data.py --dataset=mqar   (its mqar defaults are this recipe's data),
 # then python train.py config/mqar.py --attn=swa --out_dir=out-mqar-swa     (or full, sa, sa+swa, moba)
-# 64-token sequences: 4 key-value pairs first, then 4 queries at random positions of the second
+# 64-token sequences: 4 cue-value pairs first, then 4 queries at random positions of the second
 # half, each at least min_gap = 25 tokens after its pair; the answer is found by content (which
-# earlier key equals mine). Only the answers are scored, every eval reports their accuracy, and
-# training draws fresh sequences every batch. SWA's reach is n_layer * (window - 1) = 6 tokens
+# earlier cue equals mine). Only the answers are scored, every eval reports their accuracy, and
+# training makes fresh sequences every batch. SWA's reach is n_layer * (window - 1) = 6 tokens
 # here, so it can only guess. The learning rate is what makes full attention learn it: with
 # model.py's init (GPT-2's: N(0, 0.02), residual projections scaled down) it stays on the
 # "one of the 4 values" plateau at lr 1e-3 or more; at 1e-4 it leaves it after 2,000 to 8,000

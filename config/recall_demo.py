@@ -1,5 +1,5 @@
 # The class demo: recall beyond SWA's reach, within SA+SWA's coverage (python results/reproduce.py --only=demo).
-# 64-token sequences, one key-value pair, its key asked once in the second half: every answer is >= 30 tokens back,
+# 64-token sequences, one cue-value pair, its cue asked once in the second half: every answer is >= 30 tokens back,
 # beyond SWA's reach of 3 x (10 - 1) = 27, while SA+SWA's permuted windows reach it (results/README.md, the demo).
 # Prepare its data: python prepare_data.py --dataset=mqar --mqar_num_pairs=1 --mqar_num_queries=1 --mqar_offset=1
 #   --mqar_vocab=32 --data_root=data-demo   (results/reproduce.py --only=demo does it for you)
@@ -19,7 +19,7 @@ n_embd = 64
 block_size = 64
 attn = "sa+swa"
 window = 10
-sa_perm = "head"  # one permutation per (row, head): 4 per row and layer
+sa_draw = "head"  # one permutation per (row, head): 4 per row and layer
 
 batch_size = 32
 gradient_accumulation_steps = 1

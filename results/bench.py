@@ -1,10 +1,10 @@
 """
-Benchmark of attention.py's paths against full attention (SDPA) and against FlexAttention, forward
+Benchmark of attention.py's functions against full attention (SDPA) and against FlexAttention, forward
 and forward+backward, with peak memory. Prints one table; ratios within one run are what count.
 
     python results/bench.py                                  # T = 1024, 4096, 16384 on the CPU
     python results/bench.py --sizes=4096 --json_out=speed.json   # one size, and the table as JSON
-    python results/bench.py --device=cuda --dtype=bfloat16 --attn_impl=auto   # a GPU: the Triton kernel (gpu_check.py)
+    python results/bench.py --device=cuda --dtype=bfloat16 --attn_engine=auto  # a GPU: the Triton kernel (gpu_check.py)
     python results/bench.py --generation=True                # GPT.generate, with and without the KV cache
 
 On the CPU each measurement runs in a fresh process, so that its peak resident memory can be read
@@ -49,7 +49,7 @@ moba_chunk, moba_topk = 64, 4
 flex_block = 128           # FlexAttention's block size (its default)
 device = "cpu"             # cpu or cuda
 dtype = "float32"          # float32, bfloat16 or float16: the dtype of q, k, v
-attn_impl = "torch"        # attention.IMPL: "auto" runs the Triton kernel on a GPU
+attn_engine = "torch"      # attention.ENGINE: "auto" runs the Triton kernel on a GPU
 json_out = ""              # also write the rows and the table here
 modules = ""               # another checkout whose attention.py to time (a change's base: gpu_check.py --base)
 case = ""                  # internal: "kind,mode,T" measures one case in this process
@@ -116,7 +116,7 @@ def measure(kind, mode, T):
     on the CPU (so run each case in a fresh process there), torch.cuda's peak allocation on a GPU."""
     torch.set_num_threads(threads)
     torch.manual_seed(0)
-    A.IMPL = attn_impl
+    setattr(A, "ENGINE" if hasattr(A, "ENGINE") else "IMPL", attn_engine)  # a --modules checkout may predate ENGINE
     fn = attention_fn(kind, T)
     shape = (batch, heads, T, head_dim)  # (B, H, T, D)
     q, k, v, dout = (torch.randn(shape, device=device, dtype=getattr(torch, dtype)) for _ in range(4))
@@ -178,7 +178,7 @@ def benchmark_generation(lengths=(256, 1024, 4096), new_tokens=(5, 33), vocab_si
                 vocab_size=vocab_size, block_size=max(lengths) + max(new_tokens))
     print(f"generate, greedy, batch 1, fp32, {torch.get_num_threads()} threads, torch {torch.__version__}; a random "
           f"GPT {', '.join(f'{k}={v}' for k, v in arch.items())}; median ms per generated token, prefill excluded; "
-          f"cache slots per layer: window for swa, block_size for the others")
+          f"cache cells per layer: window for swa, block_size for the others")
     print(f"{'attn':>7} {'sa_rule':>7} {'prompt':>6} {'no cache':>9} {'cache':>9} {'speedup':>8}")
     for attn, rule in [(a, "rank") for a in KINDS] + [("sa", "value"), ("sa+swa", "value")]:
         torch.manual_seed(0)
@@ -218,7 +218,7 @@ if __name__ == "__main__":
              if cuda else f"{threads} threads on {os.cpu_count()} CPUs ({os.uname().machine}), peak RSS above "
              f"the inputs, each case in a fresh process with THP_MEM_ALLOC_ENABLE={thp}")
     head = (f"B={batch} H={heads} D={head_dim} {dtype}, window {window}, MoBA chunk {moba_chunk} top_k "
-            f"{moba_topk}, Flex block {flex_block}, attention.IMPL={attn_impl} of {MODULES}; torch "
+            f"{moba_topk}, Flex block {flex_block}, attention.ENGINE={attn_engine} of {MODULES}; torch "
             f"{torch.__version__}; median of {reps} after a warm-up; {where}")
     lines = [head, f"{'mode':>8} {'T':>6} {'kind':>10} {'wall ms':>9} {'device ms':>9} {'peak MiB':>9} "
              f"{'full/this':>10}"]

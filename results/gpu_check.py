@@ -75,7 +75,7 @@ def self_check_and_memory_stage(batch_size=8, T=2048):
     import attention
     from model import GPT, GPTConfig
     start = time.time()
-    lines = [attention.impl_line("cuda", dtype, 64, ["sa+swa"], rule) for dtype in (torch.bfloat16, torch.float32)
+    lines = [attention.engine_line("cuda", dtype, 64, ["sa+swa"], rule) for dtype in (torch.bfloat16, torch.float32)
              for rule in ("rank", "value")]
     model = GPT(GPTConfig(block_size=T)).cuda()
     optimizer = model.configure_optimizers(0.1, 6e-4, (0.9, 0.95), "cuda")
@@ -124,8 +124,8 @@ def run(cmd, timeout):
 
 def kernel_stage():
     """`python kernel.py --check`: the Triton kernel against its own dense fp32 rule (kernel.dense), every rule (SA's
-    with one permutation shared and one per head) at T = 4099, no multiple of a tile, windows 64 and 300; a time-out
-    after its "all checks PASS" line still passes."""
+    with one permutation for all heads and one per head) at T = 4099, no multiple of a tile, windows 64 and 300; a
+    time-out after its "all checks PASS" line still passes."""
     record = run([sys.executable, "kernel.py", "--check", "--check_T=4099", "--check_windows=64,300"], check_timeout)
     if record["status"] == "timeout" and "all checks PASS" in record["output"]:
         record["status"] = "pass"  # every check finished; only the exit was cut off
@@ -152,7 +152,7 @@ def sweep_stage(B=4, H=12, D=64, window=256, dtype=torch.bfloat16, device="cuda"
     import kernel
     from torch.profiler import ProfilerActivity, profile
     start, T, rows = time.time(), sweep_T, []
-    attention.IMPL = "triton"
+    attention.ENGINE = "triton"
     g = torch.Generator(device=device).manual_seed(0)
     q, k, v, dout = (torch.randn(B, H, T, D, device=device, dtype=dtype, generator=g) for _ in range(4))
     q, k, v = (t.requires_grad_() for t in (q, k, v))
@@ -282,7 +282,7 @@ if __name__ == "__main__":
     if "sweep" in todo:
         save("sweep", in_process(sweep_stage))
         print(result["stages"]["sweep"]["output"])
-    kinds = ["--dtype=bfloat16", "--attn_impl=triton", "--kinds=full,swa,sa,flex-swa,flex-sa"]
+    kinds = ["--dtype=bfloat16", "--attn_engine=triton", "--kinds=full,swa,sa,flex-swa,flex-sa"]
     for name, where in (("speed", []), ("speed of the base", [f"--modules={base}"]) if base else ()):
         if "speed" in todo:
             save(name, bench_stage(extra=kinds + where))

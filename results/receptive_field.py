@@ -46,7 +46,7 @@ plot = ""               # plot coverage against depth here (needs matplotlib)
 KINDS = ("swa", "sa", "sa+swa")
 SA_RULES = ("rank", "value")
 SETTINGS = ("causal", "bidirectional")
-CHUNK_WORDS = 1 << 18   # uint64 words gathered at once (2 MiB: stays in cache for the OR-reduce)
+PIECE_WORDS = 1 << 18   # uint64 words gathered at once (2 MiB: stays in cache for the OR-reduce)
 PROGRESS_BYTES = 1 << 28  # print every layer's progress above this many bytes of bitsets (n > ~46000)
 
 
@@ -120,11 +120,11 @@ def identity_bits(n):
 
 
 def apply_layer(R, keys, count, causal):
-    """R'[i] = OR of R[j] over the keys j that query i reads, in row chunks.
-    Causal rows i < b only hold bits j <= i, so chunk a:b reads b/64 words."""
+    """R'[i] = OR of R[j] over the keys j that query i reads, in pieces of rows.
+    Causal rows i < b only hold bits j <= i, so piece a:b reads b/64 words."""
     n, W = R.shape
     out = np.zeros_like(R)
-    rows = max(1, CHUNK_WORDS // (W * keys.shape[1]))
+    rows = max(1, PIECE_WORDS // (W * keys.shape[1]))
     for a in range(0, n, rows):
         b = min(a + rows, n)
         K, Wb = count[a:b].max(), (-(-b // 64) if causal else W)

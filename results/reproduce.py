@@ -64,7 +64,7 @@ else:
                 swap_windows=[2, 4, 8, 16, 32, 64], swap_seeds=3, swap_seqs=300, data=["--mqar_val_seqs=1000"],
                 train=[])
     LM = dict(iters=500, seeds=[0, 1], eval_interval=50, extra={})
-    SWAP = dict(fractions=[32, 16, 8, 4, 2], seeds=3, tokens=131072)  # windows T / fractions, tokens // T val windows
+    SWAP = dict(fractions=[32, 16, 8, 4, 2], seeds=3, tokens=131072)  # windows T / fractions, tokens // T val sequences
     COVER = []
     SPEED = []
     LM1024 = dict(T=1024, window=32, wide=128, windows=[32, 64, 128], seeds=[0, 1, 2], plain_iters=4500, copy_iters=4000, val_windows=48,
@@ -176,22 +176,22 @@ def figure():
     return "sa_picture.png"
 
 
-# Recall: prepare_data.prepare_mqar's layout (Zoology's MQAR), 64 tokens: 4 key-value pairs
-# from a vocabulary of 32 (15 keys, 16 values), then 4 queries at random positions of the second
+# Recall: prepare_data.prepare_mqar's layout (Zoology's MQAR), 64 tokens: 4 cue-value pairs
+# from a vocabulary of 32 (15 cues, 16 values), then 4 queries at random positions of the second
 # half, each asking a random pair, at least 25 tokens after it: the answer must be found by
-# content (which earlier key equals mine). Window 4 (SWA reaches 3 tokens per layer, 12 in 4
-# layers), MoBA at the same key budget (2 blocks of 2), fresh training sequences every batch, a
+# content (which earlier cue equals mine). Window 4 (SWA reaches 3 tokens per layer, 12 in 4
+# layers), MoBA at the same key budget (2 chunks of 2), fresh training sequences every batch, a
 # fixed val set.
 MQAR_DATA = ["--mqar_seq_len=64", "--mqar_num_pairs=4", "--mqar_num_queries=4", "--mqar_vocab=32"]
 # The recipe (config/mqar.py) and the search around it, full attention at depth 2. The grid
 # trains with RECIPE; the learning rate decides whether the recall circuit forms at all.
 RECIPE = dict(n_embd=64, n_head=1, learning_rate=1e-4, weight_decay=0.0, batch_size=32)
 SEARCH = [dict(learning_rate=lr) for lr in (3e-4, 1e-3)]
-# The grid's cells, named as --kinds names them: (attn, sa_perm, n_head). sa+swa-head gives each of
+# The grid's cells, named as --kinds names them: (attn, sa_draw, n_head). sa+swa-head gives each of
 # 4 heads of 16 dimensions its own permutation (more shortcuts for the same key budget); full-4heads
-# is its control.
-CELLS = {**{k: (k, "shared", RECIPE["n_head"]) for k in KINDS}, "sa+swa-head": ("sa+swa", "head", 4),
-         "full-4heads": ("full", "shared", 4)}
+# is its control. The rows of mqar.json and lm1024.json keep sa_draw's old name, sa_perm.
+CELLS = {**{k: (k, "layer", RECIPE["n_head"]) for k in KINDS}, "sa+swa-head": ("sa+swa", "head", 4),
+         "full-4heads": ("full", "layer", 4)}
 PERM_DRAWS = (1, 4, 16)  # SA evaluated with its logits averaged over K draws of the permutations
 
 
@@ -254,7 +254,7 @@ def answers(x, y):
     return query, (x[row] == y[row, query][:, None]).argmax(1)                 # (A,) each
 
 
-def reachable(kind, sa_perm, n_head, depth, x, y, window, seeds=20):
+def reachable(kind, sa_draw, n_head, depth, x, y, window, seeds=20):
     """Coverage: with receptive_field.py's exact graph (causal), the fraction of the (query,
     answer) pairs of x, y that `depth` layers connect by any path; mean over seeds of the
     permutations. Full attention connects all in one layer; MoBA's graph is chosen by content,
@@ -268,7 +268,7 @@ def reachable(kind, sa_perm, n_head, depth, x, y, window, seeds=20):
         return 1.0
     T = x.shape[1]
     query, answer = answers(x, y)                                              # (A,) each
-    heads = n_head if sa_perm == "head" else 1  # sa_perm=head: a permutation per head, the graph their union
+    heads = n_head if sa_draw == "head" else 1  # sa_draw=head: a permutation per head, the graph their union
     fractions = []
     for s in range(1 if kind == "swa" else seeds):
         rng = np.random.default_rng(s)
@@ -280,13 +280,13 @@ def reachable(kind, sa_perm, n_head, depth, x, y, window, seeds=20):
     return float(np.mean(fractions))
 
 
-def retrievable(kind, sa_perm, n_head, depth, x, y, window, draws=200):
+def retrievable(kind, sa_draw, n_head, depth, x, y, window, draws=200):
     """What content recall needs: the fraction of the (query, answer) pairs of x, y in which the
     query sees its answer's value token directly in some layer >= 2, with attention.py's own
-    masks (sa_mask, swa_mask) and fresh permutations per layer (per head with sa_perm=head);
-    mean over `draws` draws. The value token learns its key (the binding) at layer 1, from its
+    masks (sa_mask, swa_mask) and fresh permutations per layer (per head with sa_draw=head);
+    mean over `draws` draws. The value token learns its cue (the binding) at layer 1, from its
     neighbour; a query can match that binding only by reading the value token afterwards. Full
-    attention sees it at depth >= 2 (1.0); MoBA's router may pick any past block (1.0: whether
+    attention sees it at depth >= 2 (1.0); MoBA's router may pick any past chunk (1.0: whether
     it does is learned); SWA sees nothing farther than window - 1. A relay (the value token's
     binding copied onward at layer 2, read at layer 3) is not counted: a lower bound for L >= 3."""
     import numpy as np
@@ -302,7 +302,7 @@ def retrievable(kind, sa_perm, n_head, depth, x, y, window, draws=200):
     local = attention.swa_mask(T, window)[q, a]                                # (A,) SWA's path, every layer
     if kind == "swa":
         return local.float().mean().item()
-    heads = n_head if sa_perm == "head" else 1
+    heads = n_head if sa_draw == "head" else 1
     g = torch.Generator().manual_seed(0)
     seen = []
     for _ in range(draws):
@@ -328,12 +328,12 @@ def committed(name):
     return json.load(open(path)) if os.path.exists(path) else {}
 
 
-def predictions(kind, sa_perm, n_head, depth, x, y, window, pairs):
+def predictions(kind, sa_draw, n_head, depth, x, y, window, pairs):
     """The graph's reach, the retrievable fraction r, and the accuracy ceiling r + (1 - r) / pairs:
     a model that misses the binding guesses among the sequence's values, or among all 16 values
     of the vocabulary where the graph reaches none of them (SWA)."""
-    r = retrievable(kind, sa_perm, n_head, depth, x, y, window)
-    reach = reachable(kind, sa_perm, n_head, depth, x, y, window)
+    r = retrievable(kind, sa_draw, n_head, depth, x, y, window)
+    reach = reachable(kind, sa_draw, n_head, depth, x, y, window)
     return dict(reachable=reach, retrievable=r, ceiling=r + (1 - r) / (pairs if reach > 0 else 16))
 
 
@@ -349,7 +349,7 @@ def mqar():
     chosen = lambda c, d, s: (train and s in MQAR["seeds"][:seeds] and (not depths or str(d) in depths.split(","))
                               and (c in kinds.split(",") if kinds else d == first or c in deeper))
     train_all([(out_dir(c, d, s), dict(presets=["config/mqar.py", *MQAR["train"]], data_root=data, attn=CELLS[c][0],
-                                       sa_perm=CELLS[c][1], n_head=CELLS[c][2], n_layer=d, seed=s,
+                                       sa_draw=CELLS[c][1], n_head=CELLS[c][2], n_layer=d, seed=s,
                                        max_iters=MQAR["iters"], eval_interval=MQAR["iters"] // 4))
                for c, d, s in grid if chosen(c, d, s)])
     old = committed("mqar.json") if not fast else {}
@@ -373,7 +373,7 @@ def mqar():
                            recipe=RECIPE, cells=CELLS, runs=rows, predicted=predicted,
                            permutation_average=averaged))
 
-    cell = lambda c, d, key="val_acc": [r[key] for r in rows if (r["cell"], r["n_layer"]) == (c, d)]
+    cell = lambda c, d, field="val_acc": [r[field] for r in rows if (r["cell"], r["n_layer"]) == (c, d)]
     p = plt()
     fig, ax = p.subplots(figsize=(5.5, 3.6))
     for i, c in enumerate(CELLS):
@@ -406,13 +406,13 @@ def mqar():
 
 
 # The pre-registered experiment (issue 22), at the depth where SA can work: 3 layers, window 8, 4
-# heads of 16 dimensions, each with its own permutation (sa_perm=head; receptive_field.py: every
-# pair connected in 2 layers at n=64), MoBA at the same key budget (4 blocks of 2). The pairs start
-# at token 1, so no MoBA block holds a whole (key, value) pair. Arm P=1: one pair, one query (a
+# heads of 16 dimensions, each with its own permutation (sa_draw=head; receptive_field.py: every
+# pair connected in 2 layers at n=64), MoBA at the same key budget (4 chunks of 2). The pairs start
+# at token 1, so no MoBA chunk holds a whole (cue, value) pair. Arm P=1: one pair, one query (a
 # pure long-range broadcast: any path carries the value); arm P=4: content recall. Every cell trains
 # with Zoology's optimiser settings (lr 3e-4, warmup, cosine to 0, beta2 0.999, weight decay 0.01, no
 # clipping): config/mqar.py's depth-2 recipe left full attention on the plateau at depth 3 (mqar_probes.json).
-DECISIVE = dict(n_layer=3, window=8, n_head=4, sa_perm="head", moba_chunk=2, moba_topk=4, learning_rate=3e-4,
+DECISIVE = dict(n_layer=3, window=8, n_head=4, sa_draw="head", moba_chunk=2, moba_topk=4, learning_rate=3e-4,
                 decay_lr=True, warmup_iters=200, min_lr=0.0, beta2=0.999, weight_decay=0.01, grad_clip=0.0)
 ARMS = {1: dict(iters=3000, cells={"full": 1, "swa": 1, "sa+swa": 2}, confirm=0.9, refute=0.5,
                 data=["--mqar_seq_len=64", "--mqar_num_pairs=1", "--mqar_num_queries=1", "--mqar_vocab=32",
@@ -468,7 +468,7 @@ def mqar_decisive():
                                  curve=[(r["iter"], r["val_acc"]) for r in log]))
         x, y = recall_val(300, data)
         for c in a["cells"]:
-            predicted[f"P{P}/{c}"] = predictions(c, DECISIVE["sa_perm"], DECISIVE["n_head"], DECISIVE["n_layer"], x, y,
+            predicted[f"P{P}/{c}"] = predictions(c, DECISIVE["sa_draw"], DECISIVE["n_head"], DECISIVE["n_layer"], x, y,
                                                  DECISIVE["window"], P)
         verdicts[P] = arm_verdict(P, {c: [r["val_acc"] for r in rows if (r["P"], r["cell"]) == (P, c)] for c in a["cells"]})
     v = list(verdicts.values())
@@ -561,7 +561,7 @@ def recall_swap():
         ax.errorbar([r["window"] for r in rs], [statistics.mean(r["accs"]) for r in rs],
                     yerr=[statistics.pstdev(r["accs"]) for r in rs], marker="o", capsize=3, label=kind)
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("window (MoBA: 4 blocks of window/4)")
+    ax.set_xlabel("window (MoBA: 4 chunks of window/4)")
     ax.set_ylabel("MQAR answer accuracy (val)")
     ax.set_title("full-attention model, attention swapped, no training", fontsize=9)
     ax.legend(fontsize=8)
@@ -649,7 +649,7 @@ def sa_rules():
                                recall_data=RULES_RECALL_DATA, runs=rows))
 
     metric = dict(lm="val_loss", recall="val_acc")
-    cell = lambda t, k, r, key: [x[key] for x in rows if (x["task"], x["attn"], x["sa_rule"]) == (t, k, r)]
+    cell = lambda t, k, r, field: [x[field] for x in rows if (x["task"], x["attn"], x["sa_rule"]) == (t, k, r)]
     lines = ["| task: metric | attn | rank | value | value − rank | seeds | wall time per run: rank, value |",
              "|---|---|---|---|---|---|---|"]
     for t in setups:
@@ -670,7 +670,7 @@ CONTEXT = 8  # bytes of context that make a repeat (copy_distance)
 
 
 def moba_budget(window):
-    """MoBA's blocks at a window's key budget, as eval.py's swaps: 4 blocks of window // 4."""
+    """MoBA's chunks at a window's key budget, as eval.py's swaps: 4 chunks of window // 4."""
     return dict(moba_chunk=max(1, window // 4), moba_topk=4)
 
 
@@ -691,7 +691,7 @@ def sink_attention(q, k, v, window):
 
 
 def lm_val(n, T):
-    """n windows of T + 1 bytes spread evenly over the LM's val split: inputs and targets, (n, T) each."""
+    """n sequences of T + 1 bytes spread evenly over the LM's val split: inputs and targets, (n, T) each."""
     import numpy as np
     import torch
 
@@ -718,17 +718,17 @@ def copy_distance(x, y, context=CONTEXT):
         row = bytes(np.concatenate([x[n], y[n, -1:]]).astype(np.uint8))       # T + 1 bytes
         last = {}  # context + target -> the latest query that had them
         for t in range(context - 1, T):
-            key = row[t - context + 1:t + 2]
-            if key in last:
-                dist[n, t] = t - last[key] - 1
-            last[key] = t
+            gram = row[t - context + 1:t + 2]
+            if gram in last:
+                dist[n, t] = t - last[gram] - 1
+            last[gram] = t
     return dist
 
 
 def visible_keys(kind, window, T, draws=64):
     """The mean number of keys the query at each position sees, (T,), counted on the masks: attention.py's
-    (SA over `draws` permutations), sink_mask. MoBA's count does not depend on its routing (its own block
-    up to the query, plus moba_topk - 1 whole past blocks while there are that many), so random q, k
+    (SA over `draws` permutations), sink_mask. MoBA's count does not depend on its routing (its own chunk
+    up to the query, plus moba_topk - 1 whole past chunks while there are that many), so random q, k
     give it. Over all T queries SA sees exactly as many keys as SWA at the same window: a permutation
     keeps T - d token pairs at slot distance d, and the later token of each pair sees the earlier; SA
     spreads them, late queries seeing up to 2 * window - 1 keys, early ones fewer."""
@@ -779,7 +779,7 @@ def swap_at(T):
     """Training-free, the paper's protocol in miniature: the full-attention byte LM from lm (4 layers, 4
     heads, T=256; another T trains its own, config/quick.py at that block_size) evaluated with swa,
     swa + sink, sa (SWAP["seeds"] permutation draws) and moba at windows w = T / SWAP["fractions"], on
-    SWAP["tokens"] // T val windows. The loss is split by copy_distance into long-range and local tokens
+    SWAP["tokens"] // T val sequences. The loss is split by copy_distance into long-range and local tokens
     at each window; each kind's keys are measured (visible_keys), over all queries and over the
     long-range tokens' queries, and the plot compares the kinds at equal measured keys."""
     import numpy as np
@@ -845,7 +845,7 @@ def swap_at(T):
 
     fmt = lambda r, part: "-" if r[part] is None else (
         mean_std(r[part]) + ("" if r["attn"] == "full" else f" ({statistics.mean(excess(r, part)):+.3f})"))
-    lines = [f"{name} (full attention, T={T}) swapped without training, {len(x)} val windows ({x.numel():,} "
+    lines = [f"{name} (full attention, T={T}) swapped without training, {len(x)} val sequences ({x.numel():,} "
              f"tokens); loss in nats per byte (in brackets: minus full's on the same tokens); keys: mean visible "
              f"keys per query, over all queries / over the long-range tokens' queries:", "",
              "| w (w/T) | long-range tokens | attn | keys: all / long-range | loss, long-range tokens "
@@ -881,14 +881,14 @@ def lm1024_runs(data):
         long = dict(max_iters=iters, lr_decay_iters=iters, eval_interval=c["long_eval"]) if iters else {}
         runs.setdefault(name, (os.path.join(work, "lm1024", name), dict(
             presets=["config/quick.py"], data_root=data, attn=kind, window=window, **moba_budget(window),
-            sa_perm={"layer": "shared"}.get(perm, perm or "head"), block_size=c["T"], batch_size=2, seed=seed,
+            sa_draw=perm or "head", block_size=c["T"], batch_size=2, seed=seed,
             copy_task=task == "copy",
             **{"max_iters": c[f"{task}_iters"], **c["extra"], **long})))
     return runs
 
 
 def lm1024_cell(name):
-    """A run name's task, attn, window, seed, sa_perm and iterations (None: the task's own):
+    """A run name's task, attn, window, seed, sa_draw and iterations (None: the task's own):
     copy-sa+swa-w128-s0-layer -> copy, sa+swa, 128, 0, layer, None; copy-swa-w128-s1-i12000 -> ..., head, 12000."""
     task, kind, window, seed, *rest = name.split("-")
     iters = int(rest.pop()[1:]) if rest and rest[-1].startswith("i") else None
@@ -912,7 +912,7 @@ def copy_r_prime(rows, seeds):
     """R' (issue 38's secondary measure, no verdict): R on D = second - first half of each run, per seed."""
     if any((kind, s) not in rows for kind in ("full", "swa", "sa+swa") for s in seeds):
         return []
-    D = {key: second - first for key, (first, second) in rows.items()}
+    D = {run: second - first for run, (first, second) in rows.items()}
     return [(D["swa", s] - D["sa+swa", s]) / (D["swa", s] - D["full", s]) for s in seeds]
 
 
@@ -1078,7 +1078,7 @@ def unseen_in_train(x, y, n=CONTEXT + 1):
 
 
 def copy_val(n, T):
-    """n copy sequences from the val split (a random T/2-byte chunk twice, seeded): inputs and targets,
+    """n copy sequences from the val split (a random T/2-byte passage twice, seeded): inputs and targets,
     (n, T) each; the last target is a placeholder (the halves never score it)."""
     import numpy as np
     import torch
@@ -1087,8 +1087,8 @@ def copy_val(n, T):
     path = os.path.join(work, "data", "pystdlib")
     tokens = load_tokens(path, "val", load_meta(path))
     starts = np.random.default_rng(0).integers(0, len(tokens) - T // 2, n)
-    chunk = np.stack([np.asarray(tokens[s:s + T // 2], np.int64) for s in starts])   # (n, T/2)
-    x = torch.from_numpy(np.concatenate([chunk, chunk], 1))                           # (n, T)
+    passage = np.stack([np.asarray(tokens[s:s + T // 2], np.int64) for s in starts])  # (n, T/2)
+    x = torch.from_numpy(np.concatenate([passage, passage], 1))                       # (n, T)
     return x, torch.cat([x[:, 1:], x[:, :1]], 1)                                     # (n, T)
 
 
@@ -1119,7 +1119,7 @@ def copy_paths(model, x, y, draws=8):
     import torch
     import torch.nn.functional as F
     c, (n, T) = model.config, x.shape
-    L, heads, half = c.n_layer, c.n_head if c.sa_perm == "head" else 1, slice(T // 2 - 1, T - 1)
+    L, heads, half = c.n_layer, c.n_head if c.sa_draw == "head" else 1, slice(T // 2 - 1, T - 1)
     gates = []
     hooks = [b.attn.gate.register_forward_hook(lambda m, i, o: gates.append(torch.sigmoid(o[:, half].float())))
              for b in model.transformer.h]                                     # (n, T/2, 2 * nh) per layer
@@ -1194,11 +1194,11 @@ def copy_paths_plot(p, paths, T):
     windows = sorted({q["window"] for q in paths.values()})
     for q in paths.values():
         layer = q["sa_perm"] == "layer"
-        for key, color, label in (("first", "0.6", "first half"), ("loss_other", "C0", "copied half, other"),
-                                  ("loss_direct", "C3", "copied half, direct")):
-            if q[key] is not None:
-                axes[0].scatter(q["window"] * (1.1 if layer else 1), q[key], color=color, marker="s" if layer else "o",
-                                s=14, label=label)
+        for field, color, label in (("first", "0.6", "first half"), ("loss_other", "C0", "copied half, other"),
+                                    ("loss_direct", "C3", "copied half, direct")):
+            if q[field] is not None:
+                axes[0].scatter(q["window"] * (1.1 if layer else 1), q[field], color=color,
+                                marker="s" if layer else "o", s=14, label=label)
         axes[1].plot(range(1, len(q["layers"]) + 1), [x["gate_sa"] for x in q["layers"]], marker=".", alpha=0.7,
                      color=f"C{windows.index(q['window'])}", ls="-." if layer else "-",
                      label=f"w={q['window']}" + ", one permutation per layer" * layer)
@@ -1263,15 +1263,15 @@ def lm1024():
     parts["far_unseen"] = parts["far"] & unseen_in_train(x.numpy(), y.numpy())
     # a run finished here is read from its log; one finished on a machine whose checkpoints are gone keeps its
     # committed row (committed: True)
-    old = {r["name"]: r for key in ("runs", "long_runs") for r in committed("lm1024.json").get(key, [])}
+    old = {r["name"]: r for part in ("runs", "long_runs") for r in committed("lm1024.json").get(part, [])}
     rows, long_rows = [], []  # issue 45's runs (-i<iters>) kept apart, so that the rule above reads only its own runs
     for name, r in old.items():
         if name not in done:
             (long_rows if lm1024_cell(name)[5] else rows).append(dict(r, committed=True))
     for name, od in done.items():
-        task, kind, window, seed, sa_perm, long = lm1024_cell(name)
+        task, kind, window, seed, sa_draw, long = lm1024_cell(name)
         log = evals(od)
-        row = dict(name=name, task=task, attn=kind, window=window, seed=seed, sa_perm=sa_perm, n_layer=4, T=T,
+        row = dict(name=name, task=task, attn=kind, window=window, seed=seed, sa_perm=sa_draw, n_layer=4, T=T,
                    iters=log[-1]["iter"], val_loss=log[-1]["val_loss"], **wall_and_resumes(od))
         if task == "copy":
             row.update(first=log[-1]["val_first"], second=log[-1]["val_second"],
@@ -1290,10 +1290,10 @@ def lm1024():
     xc, yc = copy_val(c["copy_val"], T)                                        # (n, T) each: one set for all
     paths = committed("lm1024.json").get("copy_paths", {})  # what carries the copy, per SA+SWA copy model
     for name, od in done.items():
-        task, kind, window, seed, sa_perm, long = lm1024_cell(name)
+        task, kind, window, seed, sa_draw, long = lm1024_cell(name)
         if (task, kind) == ("copy", "sa+swa") and not long:
             model = load_checkpoint(os.path.join(od, "ckpt.pt"))[0].eval()
-            paths[name] = dict(window=window, seed=seed, sa_perm=sa_perm, **copy_paths(model, xc, yc, c["path_draws"]))
+            paths[name] = dict(window=window, seed=seed, sa_perm=sa_draw, **copy_paths(model, xc, yc, c["path_draws"]))
     verdicts = {}  # the rule per window; full attention's runs at w0 serve every window
     for w in c["windows"]:
         halves = {(r["attn"], r["seed"]): (r["first"], r["second"]) for r in rows if r["task"] == "copy"
@@ -1341,9 +1341,8 @@ def lm1024():
     cells = sorted({cell(r) for r in rows if r["task"] == "copy"}, key=lambda k: (k[1], k[0], k[2]))
     color = {"swa": "C0", "sink": "C1", "sa": "C2", "moba": "C3", "full": "k", "sa+swa": "C4"}  # both panels alike
     style = dict(zip(c["windows"], ["-", "--", ":"]))
-    for key in cells:
-        kind, w, perm = key
-        for r in [r for r in rows if r["task"] == "copy" and cell(r) == key]:
+    for kind, w, perm in cells:
+        for r in [r for r in rows if r["task"] == "copy" and cell(r) == (kind, w, perm)]:
             it, _, second = zip(*r["curve"])
             axes[0].plot(it, second, color=color[kind], ls="-." if perm == "layer" else style.get(w, "-"), lw=1,
                          alpha=1 if r["seed"] == c["seeds"][0] else 0.5,
@@ -1393,9 +1392,8 @@ def lm1024():
               f"Copy task (T={T}, {c['copy_iters']} iterations): val loss on the first half / the copied half, per seed "
               f"(each seed's own val sequences); full attention's runs at w = {w0} serve every window", "",
               "| attn | window (w/T) | seeds | first half | copied half | copied − first |", "|---|---|---|---|---|---|"]
-    for key in cells:
-        kind, w, perm = key
-        rs = [r for r in rows if r["task"] == "copy" and cell(r) == key]
+    for kind, w, perm in cells:
+        rs = [r for r in rows if r["task"] == "copy" and cell(r) == (kind, w, perm)]
         lines.append(f"| {kind}{' (one permutation per layer)' * (perm == 'layer')} | {w} (1/{T // w}) | "
                      + ", ".join(str(r["seed"]) for r in rs) + " | "
                      + " | ".join(", ".join(f"{r[h]:.3f}" for r in rs) for h in ("first", "second")) + " | "
@@ -1478,7 +1476,7 @@ def demo():
     from model import KINDS, GPTConfig
     recipe = {}
     exec(open(os.path.join(ROOT, DEMO["preset"])).read(), recipe)
-    c = GPTConfig(**{k: recipe[k] for k in ("block_size", "n_layer", "n_head", "n_embd", "window", "sa_perm")})
+    c = GPTConfig(**{k: recipe[k] for k in ("block_size", "n_layer", "n_head", "n_embd", "window", "sa_draw")})
     iters = 8 if fast else recipe["max_iters"]
     data = mqar_data("data-demo", DEMO["data"])
     run_dir = lambda kind, s: os.path.join(work, f"demo-{kind}-s{s}")  # noqa: E731
@@ -1487,8 +1485,8 @@ def demo():
                                        eval_interval=max(1, iters // 10))) for s in seeds_ for kind in DEMO["kinds"]])
     x, y = recall_val(300, data)
     meta = json.load(open(os.path.join(data, "mqar", "meta.json")))["mqar"]
-    heads = c.n_head if c.sa_perm == "head" else 1
-    reach = {kind: predictions(kind, c.sa_perm, c.n_head, c.n_layer, x, y, c.window, 1)["reachable"]
+    heads = c.n_head if c.sa_draw == "head" else 1
+    reach = {kind: predictions(kind, c.sa_draw, c.n_head, c.n_layer, x, y, c.window, 1)["reachable"]
              for kind in DEMO["kinds"]}
     rows = [dict(attn=kind, seed=s, val_acc=log[-1]["val_acc"], val_loss=log[-1]["val_loss"],
                  keys=KINDS[kind].keys_seen(c, c.block_size), reachable=reach[kind],

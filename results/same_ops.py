@@ -21,13 +21,13 @@ exec(open(os.path.join(ROOT, "configurator.py")).read())
 
 def load(path):
     """attention.py (with the guards.py, tiled.py or blocked.py and kernel.py beside it) of the checkout at path, on the
-    torch path."""
+    torch engine."""
     for name in ("attention", "guards", "blocked", "tiled", "kernel"):
         sys.modules.pop(name, None)
     sys.path.insert(0, path)
     module = importlib.import_module("attention")
     sys.path.pop(0)
-    setattr(module, "IMPL" if hasattr(module, "IMPL") else "BACKEND", "torch")
+    setattr(module, next(n for n in ("ENGINE", "IMPL", "BACKEND") if hasattr(module, n)), "torch")  # older: IMPL...
     return module
 
 

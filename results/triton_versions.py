@@ -37,7 +37,7 @@ aot = False             # internal: run the compiles (b) in this process, with t
 # -----------------------------------------------------------------------------
 exec(open(os.path.join(ROOT, "configurator.py")).read())
 
-SHARED_KB = {80: 163, 90: 227}  # shared memory a block may opt into on sm_80 (A100) and sm_90 (H100)
+SHARED_KB = {80: 163, 90: 227}  # shared memory a program may opt into on sm_80 (A100) and sm_90 (H100)
 
 
 def ast_source(fn, dtype, consts):
@@ -141,13 +141,13 @@ if __name__ == "__main__":
         sys.exit()
     import numpy
     import torch
-    key = lambda line: re.split(r" +(?:PASS|FAIL) ", line)[0]  # the version (and pip_extra)
+    which = lambda line: re.split(r" +(?:PASS|FAIL) ", line)[0]  # the version (and pip_extra)
     lines = {}
     if os.path.exists(out):
-        lines = {key(line): line for line in open(out).read().splitlines() if line.strip() and line[0] != "#"}
+        lines = {which(line): line for line in open(out).read().splitlines() if line.strip() and line[0] != "#"}
     for version in versions.split(","):
         line = check(version)
-        lines[key(line)] = line
+        lines[which(line)] = line
         print(line, flush=True)
         with open(out, "w") as f:  # after each version, so that a long run keeps what it measured
             f.write(f"# python results/triton_versions.py   (torch {torch.__version__}, numpy {numpy.__version__}, "

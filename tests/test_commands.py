@@ -1,6 +1,6 @@
 """Every `python ...` command that README.md, results/README.md and the scripts' docstrings give a reader names real
-files and real settings: its script exists, each --key=value is a global of that script (configurator.py's keys) of
-a fitting type, each config file exists and sets only that script's keys, and a `python -c` imports what it can
+files and real settings: its script exists, each --key=value is a global of that script (configurator.py's settings)
+of a fitting type, each config file exists and sets only that script's settings, and a `python -c` imports what it can
 from the repo root. Cheap and offline: nothing here trains or downloads. Run: python -m pytest -q tests/test_commands.py"""
 import ast
 import glob
@@ -32,7 +32,7 @@ def commands(text):
     """The `python ...` and `torchrun ...` commands of a text: code lines and inline `code` spans, continuation
     lines joined, `&&` chains split, leading VAR=value assignments and trailing comments dropped."""
     text = text.replace("\\\n", " ")
-    prose = re.sub(r"```.*?```", "", text, flags=re.S)  # inline spans outside the fenced blocks
+    prose = re.sub(r"```.*?```", "", text, flags=re.S)  # inline spans outside the fences
     found = text.splitlines() + [" ".join(span.split()) for span in re.findall(r"`([^`]+)`", prose)]
     out = []
     for line in found:
@@ -57,14 +57,14 @@ def every_command():
 
 
 def script_settings(path):
-    """configurator.py's keys of a script: its module-level lowercase globals, with their literal defaults."""
-    keys = {}
+    """configurator.py's settings of a script: its module-level lowercase globals, with their literal defaults."""
+    defaults = {}
     for node in ast.parse(open(path).read()).body:
         statement = ast.unparse(node)
         if statement == "globals().update(asdict(GPTConfig()))":  # train.py: every GPTConfig field, its default
-            keys.update(asdict(model.GPTConfig()))
+            defaults.update(asdict(model.GPTConfig()))
         if statement.startswith("for _field in fields(GPTConfig):"):  # eval.py: each kind setting it lacks, None
-            keys.update({name: None for row in model.KINDS.values() for name in row.settings if name not in keys})
+            defaults.update({n: None for row in model.KINDS.values() for n in row.settings if n not in defaults})
         if isinstance(node, ast.Assign):
             pairs = [(t, node.value) for t in node.targets]
         elif isinstance(node, ast.AnnAssign) and node.value is not None:
@@ -76,10 +76,10 @@ def script_settings(path):
                 pairs += list(zip(target.elts, value.elts))
             elif isinstance(target, ast.Name) and target.id[:1].islower():
                 try:
-                    keys[target.id] = ast.literal_eval(value)
+                    defaults[target.id] = ast.literal_eval(value)
                 except ValueError:
-                    keys[target.id] = ANY
-    return keys
+                    defaults[target.id] = ANY
+    return defaults
 
 
 def fits(default, text):
@@ -112,10 +112,10 @@ def check(command):
     script = os.path.join(REPO, words[1])
     if not os.path.isfile(script):
         return [f"no script {words[1]}"]
-    keys, problems = script_settings(script), []
+    defaults, problems = script_settings(script), []
     if words[1] == "kernel.py":  # a leaf file: its own flags (kernel.py --check's usage line), no configurator
-        keys = dict(check="", B=1, H=1, D=1, check_T="", check_windows="")
-    values = {k: v for k, v in keys.items() if v is not ANY}  # the final settings, as far as literals tell
+        defaults = dict(check="", B=1, H=1, D=1, check_T="", check_windows="")
+    values = {k: v for k, v in defaults.items() if v is not ANY}  # the final settings, as far as literals tell
     for arg in words[2:]:
         if arg in ("...", "-h", "--help"):
             continue
@@ -124,22 +124,22 @@ def check(command):
                 problems.append(f"no config file {arg}")
             else:
                 ns = script_settings(os.path.join(REPO, arg))
-                problems += [f"{arg} sets {k}, not a setting of {words[1]}" for k in ns if k not in keys]
+                problems += [f"{arg} sets {k}, not a setting of {words[1]}" for k in ns if k not in defaults]
                 values.update({k: v for k, v in ns.items() if v is not ANY})
             continue
-        key, eq, value = arg[2:].partition("=")
+        name, eq, value = arg[2:].partition("=")
         if words[1] == "kernel.py" and arg == "--check":
             continue
         if not arg.startswith("--") or not eq:
             problems.append(f"{arg!r} is no --key=value")
-        elif key not in keys:
-            problems.append(f"--{key} is not a setting of {words[1]}")
-        elif value != "<...>" and not fits(keys[key], value):
-            problems.append(f"--{key}={value} does not fit its default {keys[key]!r}")
-        elif value != "<...>" and keys[key] is not ANY and not isinstance(keys[key], str):
-            values[key] = ast.literal_eval(value)
+        elif name not in defaults:
+            problems.append(f"--{name} is not a setting of {words[1]}")
+        elif value != "<...>" and not fits(defaults[name], value):
+            problems.append(f"--{name}={value} does not fit its default {defaults[name]!r}")
+        elif value != "<...>" and defaults[name] is not ANY and not isinstance(defaults[name], str):
+            values[name] = ast.literal_eval(value)
         else:
-            values.pop(key, None)
+            values.pop(name, None)
     numbers = {k: v for k, v in values.items() if type(v) in (int, float)}  # their ranges (guards.SETTINGS)
     return problems + [f"{k}={v!r}: {p}" for k, v in numbers.items() if (p := setting_problem(k, v, values))]
 

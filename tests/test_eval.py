@@ -309,17 +309,17 @@ def test_bad_devices_checkpoints_and_directories_are_one_line(tiny_run, tmp_path
     if not torch.cuda.is_available():
         cases.append(({"device": "cuda"}, "device='cuda': CUDA is not available here"))
     good = torch.load(os.path.join(tiny_run["out_dir"], "ckpt.pt"), weights_only=True)
-    for key in ("meta", "settings"):
-        (tmp_path / key).mkdir()
-        torch.save({k: v for k, v in good.items() if k != key}, tmp_path / key / "ckpt.pt")
-        cases.append(({"out_dir": str(tmp_path / key)}, f"no '{key}' entry"))
-    for cfg, message in cases:
+    for entry in ("meta", "settings"):
+        (tmp_path / entry).mkdir()
+        torch.save({k: v for k, v in good.items() if k != entry}, tmp_path / entry / "ckpt.pt")
+        cases.append(({"out_dir": str(tmp_path / entry)}, f"no '{entry}' entry"))
+    for overrides, message in cases:
         with pytest.raises(ValueError) as e:
-            ev.run({**base, **cfg})
+            ev.run({**base, **overrides})
         assert message in str(e.value) and "\n" not in str(e.value)
 
 
-@pytest.mark.parametrize("cfg, message", [
+@pytest.mark.parametrize("overrides, message", [
     ({"windows": "4,4"}, "windows='4,4': lists 4 twice: give each once"),
     ({"windows": "2, 2"}, "windows='2, 2': lists 2 twice"),
     ({"attn": "swa,swa", "window": 2}, "attn='swa,swa': lists 'swa' twice"),
@@ -336,7 +336,7 @@ def test_bad_devices_checkpoints_and_directories_are_one_line(tiny_run, tmp_path
     ({"bootstrap_iters": -5}, "bootstrap_iters=-5: use an integer >= 0"),
     ({"windw": 4}, "windw=4: eval.py has no such setting"),  # was a KeyError traceback
 ])
-def test_settings_that_would_merge_or_lose_results_are_refused_up_front(tiny_run, tmp_path, capsys, cfg, message):
+def test_settings_that_would_merge_or_lose_results_are_refused_up_front(tiny_run, tmp_path, capsys, overrides, message):
     """Repeats would be averaged as seeds (seed std 0.0000), two tasks of one name would keep one result, a
     dataset path would read elsewhere, an output that is a directory would fail after the run: each is one
     line before anything is evaluated."""
@@ -344,10 +344,10 @@ def test_settings_that_would_merge_or_lose_results_are_refused_up_front(tiny_run
     for name, path in (("a", "a/mine.jsonl"), ("b", "b/mine.jsonl"), ("lambada", "lambada.jsonl")):
         (tmp_path / path).parent.mkdir(exist_ok=True)
         paths[name] = write_jsonl(tmp_path / path, [{"text": "one two"}])
-    cfg = {k: v.format(**paths) if isinstance(v, str) else v for k, v in cfg.items()}
+    overrides = {k: v.format(**paths) if isinstance(v, str) else v for k, v in overrides.items()}
     base = {k: tiny_run[k] for k in ("out_dir", "data_root", "device", "dtype")}
     with pytest.raises(ValueError) as e:
-        ev.run({**base, **cfg})
+        ev.run({**base, **overrides})
     assert message.format(**paths) in str(e.value) and "\n" not in str(e.value), str(e.value)
     assert capsys.readouterr().out == ""  # nothing ran
 
@@ -448,10 +448,10 @@ def test_missing_packages_are_clear_errors(monkeypatch):
 def qwen():
     import transformers
     torch.manual_seed(0)
-    cfg = transformers.Qwen3Config(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+    hf_config = transformers.Qwen3Config(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                                    num_attention_heads=4, num_key_value_heads=2, head_dim=16,
                                    max_position_embeddings=64)
-    model = transformers.Qwen3ForCausalLM(cfg).eval()
+    model = transformers.Qwen3ForCausalLM(hf_config).eval()
     for layer in model.model.layers:  # not 1/sqrt(head_dim): the registered functions must honour the model's scaling
         layer.self_attn.scaling = 0.4
     return model
@@ -561,8 +561,8 @@ def bos_model_dir(tmp_path_factory):
     return str(path)
 
 
-def load_hf(path, **cfg):
-    return ev.load_model({**ev.DEFAULTS, "init_from": path, "device": "cpu", "dtype": "float32", **cfg})[0]
+def load_hf(path, **settings):
+    return ev.load_model({**ev.DEFAULTS, "init_from": path, "device": "cpu", "dtype": "float32", **settings})[0]
 
 
 @needs_transformers
@@ -596,12 +596,12 @@ def test_whitespace_only_context_is_scored_after_end_of_text():
 
 
 def lm_eval_bootstrap_stderr(f, xs, iters):
-    """lm-eval 0.4.13's bootstrap_stderr (metrics.py), written out as it runs: chunks of 1000 resamples."""
+    """lm-eval 0.4.13's bootstrap_stderr (metrics.py), written out as it runs: rounds of 1000 resamples."""
     import random
-    res, chunk = [], min(1000, iters)
-    for i in range(iters // chunk):
+    res, m = [], min(1000, iters)
+    for i in range(iters // m):
         rnd = random.Random(i)
-        res.extend(f(rnd.choices(xs, k=len(xs))) for _ in range(chunk))
+        res.extend(f(rnd.choices(xs, k=len(xs))) for _ in range(m))
     mu = sum(res) / len(res)
     return math.sqrt(sum((r - mu) ** 2 for r in res) / (len(res) - 1))
 
@@ -629,13 +629,13 @@ def padded_batch(a, b, side):
     return x, mask, (slice(len(pad), None) if side == "left" else slice(0, len(b)))
 
 
-@pytest.mark.parametrize("sa_perm", ["shared", "head"])
-def test_our_sa_score_does_not_depend_on_the_batch(sa_perm):
+@pytest.mark.parametrize("sa_draw", ["layer", "head"])
+def test_our_sa_score_does_not_depend_on_the_batch(sa_draw):
     """SA's permutations covered the padded length, so a document's SA logits moved with the
     batch it was scored in; now each row permutes only its own real tokens."""
     torch.manual_seed(0)
     model = GPT(GPTConfig(block_size=32, vocab_size=64, n_layer=2, n_head=2, n_embd=16, attn="sa", window=3,
-                          sa_perm=sa_perm))
+                          sa_draw=sa_draw))
     lm = ev.OurLM(model, None, 32, "cpu", torch.no_grad())
     a, b = torch.randint(64, (2, 30))
     batch = torch.stack([a, torch.cat([b[:11], torch.zeros(19, dtype=torch.long)])])   # row 1: 11 real tokens
@@ -695,10 +695,10 @@ def tiny_hf(arch, **extra):
     """A tiny random transformers model of `arch` ("Gemma2", "Mistral", ...), built from its config."""
     import transformers
     torch.manual_seed(0)
-    cfg = getattr(transformers, f"{arch}Config")(vocab_size=50, hidden_size=32, intermediate_size=64,
+    hf_config = getattr(transformers, f"{arch}Config")(vocab_size=50, hidden_size=32, intermediate_size=64,
                                                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                                                  head_dim=8, max_position_embeddings=64, **extra)
-    return getattr(transformers, f"{arch}ForCausalLM")(cfg).eval()
+    return getattr(transformers, f"{arch}ForCausalLM")(hf_config).eval()
 
 
 @needs_transformers

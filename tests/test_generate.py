@@ -14,14 +14,14 @@ from checkpoint import save_checkpoint
 from model import GPT, KINDS, GPTConfig
 from test_attention import MaxNumel
 
-# lengths that are no multiple of the window (7) or the MoBA block (8)
+# lengths that are no multiple of the window (7) or the MoBA chunk (8)
 PROMPT, TOTAL = 13, 90
 
 
 def tiny(attn, **kw):
     torch.manual_seed(0)
-    cfg = dict(block_size=96, vocab_size=61, n_layer=2, n_head=2, n_embd=32, window=7, moba_chunk=8, moba_topk=3)
-    return GPT(GPTConfig(attn=attn, **{**cfg, **kw})).eval()
+    args = dict(block_size=96, vocab_size=61, n_layer=2, n_head=2, n_embd=32, window=7, moba_chunk=8, moba_topk=3)
+    return GPT(GPTConfig(attn=attn, **{**args, **kw})).eval()
 
 
 def tokens(B, T, seed=1):
@@ -45,21 +45,21 @@ def step_logits(model, idx, n, **kw):
 def cached_draws(model, cache, B, T):
     """The SA numbers r that a cache holds (sorted, with their positions), as GPT.forward's draws:
     (T,) or (B, nh, T) per layer, in position order."""
-    cfg = model.config
+    config = model.config
     if "rs" not in cache.layers[0]:
         return None
     r = [torch.zeros_like(layer["rs"]).scatter_(1, layer["ps"], layer["rs"]) for layer in cache.layers]  # (R, T) each
-    return [x[0] if cfg.sa_perm == "shared" else x.view(B, cfg.n_head, T) for x in r]
+    return [x[0] if config.sa_draw == "layer" else x.view(B, config.n_head, T) for x in r]
 
 
 @pytest.mark.parametrize("attn,kw", [("full", {}), ("full", dict(pos_emb="learned")), ("swa", {}),
                                      ("swa", dict(pos_emb="learned")), ("swa", dict(window=200)),
                                      ("moba", {}), ("moba", dict(pos_emb="learned")), ("moba", dict(moba_topk=1)),
                                      ("sa", VALUE), ("sa", dict(VALUE, pos_emb="learned")),
-                                     ("sa", dict(VALUE, window=200)), ("sa", dict(VALUE, sa_perm="head")),
-                                     ("sa+swa", VALUE), ("sa+swa", dict(VALUE, sa_perm="head"))])
+                                     ("sa", dict(VALUE, window=200)), ("sa", dict(VALUE, sa_draw="head")),
+                                     ("sa+swa", VALUE), ("sa+swa", dict(VALUE, sa_draw="head"))])
 def test_cached_logits_equal_one_full_forward(attn, kw):
-    """Teacher forcing: a prefill, then one token at a time across many windows and MoBA blocks,
+    """Teacher forcing: a prefill, then one token at a time across many windows and MoBA chunks,
     gives at every step the logits of one forward over all the tokens (value-rule SA: with the
     numbers r the cache drew, one per token and layer)."""
     model, idx = tiny(attn, **kw), tokens(2, TOTAL)
@@ -84,14 +84,14 @@ def test_greedy_with_cache_equals_without(attn):
 
 
 def test_moba_cache_breaks_ties_as_moba_select():
-    """With the query weights zeroed every MoBA routing score ties, and which blocks topk picks
-    depends on the width of the row it sees. Each cached step must pick the blocks that
+    """With the query weights zeroed every MoBA routing score ties, and which chunks topk picks
+    depends on the width of the row it sees. Each cached step must pick the chunks that
     generate without a cache picks: those of a forward over the tokens so far, its last row.
     One layer: under ties moba_select's choice for a row depends on T, so in a deeper model
     the earlier rows of that forward differ from the ones the cache computed, by design."""
     model, idx = tiny("moba", n_layer=1), tokens(2, TOTAL)
-    for block in model.transformer.h:
-        block.attn.c_attn.weight.data[:model.config.n_embd] = 0
+    for layer in model.transformer.h:
+        layer.attn.c_attn.weight.data[:model.config.n_embd] = 0
     cache = KVCache(model.config)
     with torch.no_grad():
         model(idx[:, :PROMPT], cache=cache)
@@ -206,11 +206,11 @@ def test_sa_cannot_be_cached_says_so_and_recomputes(attn, capsys):
 
 
 # -----------------------------------------------------------------------------
-# mixed precision (issue 21 section 1): every kind, both SA rules and both sa_perm modes
+# mixed precision (issue 21 section 1): every kind, both SA rules and both sa_draw modes
 
 EVERY_KIND = [(attn, {}) for attn, row in M.KINDS.items() if not row.draws] + [
-    (attn, dict(sa_rule=rule, sa_perm=perm)) for attn, row in M.KINDS.items() if row.draws
-    for rule in row.settings["sa_rule"] for perm in row.settings["sa_perm"]]
+    (attn, dict(sa_rule=rule, sa_draw=perm)) for attn, row in M.KINDS.items() if row.draws
+    for rule in row.settings["sa_rule"] for perm in row.settings["sa_draw"]]
 CACHEABLE = [(attn, kw) for attn, kw in EVERY_KIND if GPTConfig(attn=attn, **kw).cacheable]
 
 
@@ -222,7 +222,7 @@ def kind_id(case):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("attn,kw", EVERY_KIND, ids=[kind_id(c) for c in EVERY_KIND])
 def test_generate_under_autocast(attn, kw, dtype, use_cache):
-    """generate under bf16 and fp16 autocast, past several windows, MoBA blocks and one cache refill."""
+    """generate under bf16 and fp16 autocast, past several windows, MoBA chunks and one cache refill."""
     model = tiny(attn, block_size=16, **kw)
     with torch.autocast("cpu", dtype=dtype):
         out = model.generate(tokens(2, 5), 20, temperature=0.8, top_k=10, use_cache=use_cache)
@@ -300,7 +300,7 @@ def test_an_empty_batch_generates_an_empty_batch(attn, kw):
 
 
 def test_a_moba_chunk_past_block_size_is_one_chunk_in_the_cache():
-    """--moba_chunk=1000000000 used to allocate a cache of 10^9 slots per layer; past block_size it is one block."""
+    """--moba_chunk=1000000000 used to allocate a cache of 10^9 cells per layer; past block_size it is one chunk."""
     model, idx = tiny("moba", moba_chunk=10**9), tokens(2, 5)
     with MaxNumel() as seen:
         got, logits = step_logits(model, idx, 20)

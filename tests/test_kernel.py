@@ -33,7 +33,7 @@ import kernel  # noqa: E402  (after the skip)
 # the interpreter also computes padding rows past T, which may see no key (0 / 0); they are never stored
 pytestmark = pytest.mark.filterwarnings("ignore:.*encountered in:RuntimeWarning")
 KDEV = "cuda" if torch.cuda.is_available() else "cpu"  # conftest.py turns on the interpreter without a GPU
-# small blocks, so that T <= 130 spans several blocks: edge and interior blocks are both exercised
+# small tiles, so that T <= 130 spans several tiles: edge and interior tiles are both exercised
 SMALL = kernel.Tiling(32, 16, 32, 16, num_warps=4, num_stages=2, precision=None, min_shared_kb=0)
 
 
@@ -106,7 +106,7 @@ def test_triton_swa_default_tiling():
 @pytest.mark.parametrize("perm_shape", [(), (2, 1)])
 def test_stochastic_attention_through_triton(small_blocks, monkeypatch, perm_shape):
     """SA end to end, one launch reading and writing rows through perm == the dense SA reference."""
-    monkeypatch.setattr(A, "IMPL", "triton")
+    monkeypatch.setattr(A, "ENGINE", "triton")
     q, k, v = qkv(2, 2, 100, 16, device=KDEV)
     perm = random_perm(perm_shape, 100, device=KDEV)
     assert_same(lambda *x: A.stochastic_attention(*x, 16, perm), q, k, v, lambda *x: A.sa_reference(*x, 16, perm))
@@ -118,7 +118,7 @@ def test_stochastic_attention_through_triton(small_blocks, monkeypatch, perm_sha
 def test_value_sa_through_triton(small_blocks, bf16_dot, monkeypatch, T, window, r_shape, dtype):
     """SA's value rule end to end: sorted by r, the kernel's per-tile key spans (a bisection of r in the kernel)
     and its |r_i - r_j| < width mask == the dense reference, forward and backward."""
-    monkeypatch.setattr(A, "IMPL", "triton")
+    monkeypatch.setattr(A, "ENGINE", "triton")
     q, k, v = qkv(2, 2, T, 16, dtype=dtype, device=KDEV)
     r = torch.rand(*r_shape, T, generator=torch.Generator().manual_seed(T)).to(KDEV)
     assert_same(lambda *x: A.stochastic_value_attention(*x, window / T, r), q, k, v,
@@ -178,7 +178,7 @@ def assert_finite_like_sdpa(fn, q, k, v, mask):
 def test_kernel_under_autocast(small_blocks, bf16_dot, monkeypatch, kind, dtype):
     """fp32 inputs under torch.autocast through the kernel: SDPA's output dtype, forward and backward
     equal to the reference under the same autocast."""
-    monkeypatch.setattr(A, "IMPL", "triton")
+    monkeypatch.setattr(A, "ENGINE", "triton")
     fast, ref = attention_kinds(100, B=2, H=2)[kind]
     q, k, v = qkv(2, 2, 100, 16, device=KDEV)
     with torch.autocast(KDEV, dtype=dtype):
@@ -190,7 +190,7 @@ def test_kernel_under_autocast(small_blocks, bf16_dot, monkeypatch, kind, dtype)
 
 @pytest.mark.parametrize("kind", ["swa", "sa", "sa-value"])
 def test_kernel_nan_key_reaches_only_the_queries_that_see_it(small_blocks, monkeypatch, kind):
-    monkeypatch.setattr(A, "IMPL", "triton")
+    monkeypatch.setattr(A, "ENGINE", "triton")
     fast, ref = attention_kinds(100, window=4, B=1, H=2)[kind]
     q, k, v = (t.detach() for t in qkv(1, 2, 100, 16, device=KDEV))
     k[:, :, 70] = float("nan")
@@ -203,7 +203,7 @@ def test_kernel_nan_key_reaches_only_the_queries_that_see_it(small_blocks, monke
 def test_kernel_bad_value_reaches_every_query_that_sees_it(small_blocks, monkeypatch, kind):
     """A NaN or inf in v[j, d] makes out[i, d] non-finite wherever query i sees key j; the kernel keeps no more (a
     check would wait for the GPU): other queries of its tiles may meet it too (0 * NaN = NaN), as SDPA's do."""
-    monkeypatch.setattr(A, "IMPL", "triton")
+    monkeypatch.setattr(A, "ENGINE", "triton")
     fast, ref = attention_kinds(100, window=4, B=1, H=2)[kind]
     q, k, v = (t.detach() for t in qkv(1, 2, 100, 16, device=KDEV))
     for j, bad in itertools.product((0, 50, 99), (float("nan"), float("inf"))):
@@ -214,15 +214,15 @@ def test_kernel_bad_value_reaches_every_query_that_sees_it(small_blocks, monkeyp
 
 
 # -----------------------------------------------------------------------------
-# Where the kernel runs: IMPL="auto" decides once per (device, dtype, head dim, rule), before any call, from the
+# Where the kernel runs: ENGINE="auto" decides once per (device, dtype, head dim, rule), before any call, from the
 # kernel's checks (check_once), so that a compiled graph never holds a kernel that refuses; where they fail it warns
-# once and takes the torch path. IMPL="triton" raises. A bug in the kernel raises under both. Here the interpreter plays
-# a GPU (plays_a_gpu).
+# once and takes the torch engine. ENGINE="triton" raises. A bug in the kernel raises under both. Here the interpreter
+# plays a GPU (plays_a_gpu).
 
 def play_a_gpu(monkeypatch):
-    """IMPL "auto" as on a GPU: the interpreter runs the kernel, from a fresh self-check."""
+    """ENGINE "auto" as on a GPU: the interpreter runs the kernel, from a fresh self-check."""
     monkeypatch.setattr(A, "KERNEL_DEVICES", ("cuda", "cpu"))
-    monkeypatch.setattr(A, "IMPL", "auto")
+    monkeypatch.setattr(A, "ENGINE", "auto")
     monkeypatch.setattr(kernel, "SELF_CHECKS", {})
 
 
@@ -244,29 +244,29 @@ def test_auto_falls_back_to_torch(monkeypatch, plays_a_gpu, cause, match):
         monkeypatch.setattr(kernel, "INTERPRETER", kernel.Target("cuda", 75 if cause == "sm_75" else 80, 16 * 1024))
     q, k, v = qkv(1, 2, 50, 16, device=KDEV)
     perm, r = random_perm((), 50, device=KDEV), torch.rand(50, device=KDEV)
-    line = A.impl_line(KDEV, torch.float32, 16, ["sa+swa"])
-    assert re.fullmatch(f"attention: the torch path for swa, sa rank on the CPU interpreter float32: .*{match}.*",
+    line = A.engine_line(KDEV, torch.float32, 16, ["sa+swa"])
+    assert re.fullmatch(f"attention: the torch engine for swa, sa rank on the CPU interpreter float32: .*{match}.*",
                         line), line
     for fast, ref in ((lambda *x: A.stochastic_attention(*x, 8, perm), lambda *x: A.sa_reference(*x, 8, perm)),
                       (lambda *x: A.stochastic_value_attention(*x, 0.2, r),
                        lambda *x: A.sa_value_reference(*x, 0.2, r))):
-        with pytest.warns(UserWarning, match=f"torch path instead: .*{match}"):
+        with pytest.warns(UserWarning, match=f"torch engine instead: .*{match}"):
             assert_same(fast, q, k, v, ref)
-    monkeypatch.setattr(A, "IMPL", "triton")
+    monkeypatch.setattr(A, "ENGINE", "triton")
     with pytest.raises(Exception, match=match):
         A.stochastic_attention(q, k, v, 8, perm)
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the interpreter computes rows past T too (0 / 0)
-def test_a_compiled_model_on_a_t4_takes_the_torch_path(monkeypatch, plays_a_gpu):
+def test_a_compiled_model_on_a_t4_takes_the_torch_engine(monkeypatch, plays_a_gpu):
     """train.py compiles on CUDA. On an sm_75 GPU the compiled graph held the kernel's op, which refused at the first
-    forward (Unsupported), right after impl_line had said "the torch path". Now the path is decided before tracing: one
-    warning, no graph break, and the torch path's losses."""
+    forward (Unsupported), right after engine_line had said "the torch engine". Now the engine is decided before
+    tracing: one warning, no graph break, and the torch engine's losses."""
     monkeypatch.setattr(kernel, "INTERPRETER", kernel.Target("cuda", 75, 64 * 1024))
     x = torch.randint(0, 64, (2, 21), generator=torch.Generator().manual_seed(0))
     eager = tiny("sa+swa")(x[:, :-1], x[:, 1:])[1]
     torch._dynamo.reset()
-    with pytest.warns(UserWarning, match="torch path instead: Unsupported: sm_75"):
+    with pytest.warns(UserWarning, match="torch engine instead: Unsupported: sm_75"):
         compiled = torch.compile(tiny("sa+swa"), backend="aot_eager", fullgraph=True)(x[:, :-1], x[:, 1:])[1]
     assert compiled.item() == pytest.approx(eager.item(), abs=1e-5)
 
@@ -277,14 +277,14 @@ def test_a_compiled_model_runs_the_kernel_in_one_graph(monkeypatch, plays_a_gpu)
     eager through the kernel (fwd and bwd)."""
     x = torch.randint(0, 64, (2, 21), generator=torch.Generator().manual_seed(0))
     torch._dynamo.reset()
-    assert torch._dynamo.explain(tiny("sa+swa", sa_perm="head"))(x, x).graph_break_count == 0
+    assert torch._dynamo.explain(tiny("sa+swa", sa_draw="head"))(x, x).graph_break_count == 0
     test_compiled_training_equals_eager("sa+swa", "rank", steps=2, T=20)
-    assert {key[3] for key in kernel.SELF_CHECKS} == {"swa", "sa rank"}  # "auto" ran the kernel
+    assert {case[3] for case in kernel.SELF_CHECKS} == {"swa", "sa rank"}  # "auto" ran the kernel
 
 
 def test_a_kernel_bug_raises_under_auto(monkeypatch, plays_a_gpu):
     """A kernel that fails for a reason other than the GPU's limits (here: tiles of 48 rows, no power of 2) must
-    raise, not hide behind the torch path."""
+    raise, not hide behind the torch engine."""
     monkeypatch.setattr(kernel, "choose_tiling", lambda *a: SMALL._replace(tile_m=48))
     q, k, v = qkv(1, 2, 50, 16, device=KDEV)
     with pytest.raises(Exception, match="power of 2"):
@@ -293,7 +293,7 @@ def test_a_kernel_bug_raises_under_auto(monkeypatch, plays_a_gpu):
 
 @pytest.mark.parametrize("error", [ValueError, kernel.Unsupported])
 def test_only_unsupported_falls_back_under_auto(monkeypatch, plays_a_gpu, error):
-    """Under "auto", the kernel declining a GPU, dtype or shape (Unsupported, from its checks) takes the torch path
+    """Under "auto", the kernel declining a GPU, dtype or shape (Unsupported, from its checks) takes the torch engine
     with a warning; a plain ValueError raised in them is a bug, and raises."""
     def self_check(*args, **kw):
         raise error("raised inside the kernel")
@@ -303,7 +303,7 @@ def test_only_unsupported_falls_back_under_auto(monkeypatch, plays_a_gpu, error)
         with pytest.raises(ValueError, match="raised inside the kernel"):
             A.sliding_window_attention(q, k, v, 8)
     else:
-        with pytest.warns(UserWarning, match="torch path instead: Unsupported: raised inside the kernel"):
+        with pytest.warns(UserWarning, match="torch engine instead: Unsupported: raised inside the kernel"):
             assert_same(lambda *x: A.sliding_window_attention(*x, 8), q, k, v, lambda *x: A.swa_reference(*x, 8))
 
 
@@ -340,8 +340,8 @@ def test_choosing_the_kernel_adds_no_graph_break(monkeypatch, plays_a_gpu):
     find_spec = torch.compiler.disable(importlib.util.find_spec)
     monkeypatch.setattr(A, "importlib", types.SimpleNamespace(util=types.SimpleNamespace(find_spec=find_spec)))
     monkeypatch.setattr(A, "_TRITON_OK", None)
-    for impl in ("auto", "triton"):
-        monkeypatch.setattr(A, "IMPL", impl)
+    for engine in ("auto", "triton"):
+        monkeypatch.setattr(A, "ENGINE", engine)
         torch._dynamo.reset()
         with warnings.catch_warnings():
             warnings.simplefilter("error", UserWarning)  # and no warning (the interpreter's numpy ones aside)
@@ -352,8 +352,8 @@ def test_choosing_the_kernel_adds_no_graph_break(monkeypatch, plays_a_gpu):
 @pytest.mark.parametrize("version, supported", [("3.2.0", True), ("3.6.0", True), ("3.9.1", True), ("3.1.0", False),
                                                 ("2.3.1", False), ("3.10.0", False), ("4.0.0", False)])
 def test_auto_uses_the_kernel_only_with_a_tested_triton(monkeypatch, version, supported):
-    """attention.IMPL = "auto" on a CUDA tensor: the kernel with a Triton in attention.TRITON_VERSIONS; otherwise
-    the torch path and one warning (the version is read once, not per call)."""
+    """attention.ENGINE = "auto" on a CUDA tensor: the kernel with a Triton in attention.TRITON_VERSIONS; otherwise
+    the torch engine and one warning (the version is read once, not per call)."""
     monkeypatch.setattr(triton, "__version__", version)
     monkeypatch.setattr(A, "_TRITON_OK", None)
     monkeypatch.setattr(kernel, "check_once", lambda *a: None)  # no CUDA here to check
@@ -379,7 +379,7 @@ def test_check_passes_under_the_interpreter():
 # Ahead-of-time compiles for real GPUs: the configuration choose_tiling picks for each target
 # fits its shared memory, and fp16/bf16 never spill registers.
 
-# shared memory a block may opt into (CUDA programming guide's table; AMD's LDS), in bytes
+# shared memory a program (a CUDA thread block) may opt into (CUDA programming guide's table; AMD's LDS), in bytes
 TARGETS = {"sm_75": kernel.Target("cuda", 75, 64 * 1024), "sm_80": kernel.Target("cuda", 80, 163 * 1024),
            "sm_86": kernel.Target("cuda", 86, 99 * 1024), "sm_89": kernel.Target("cuda", 89, 99 * 1024),
            "sm_90": kernel.Target("cuda", 90, 227 * 1024), "gfx942": kernel.Target("hip", "gfx942", 64 * 1024)}
@@ -453,7 +453,7 @@ def compile_table(jobs, monkeypatch):
         name, dtype, D, which = job
         row = f"{name:>7} {str(dtype)[6:]:>9} {D:>4} {which:>14} "
         if job in declined:
-            print(row + "torch path: " + declined[job].split(": ", 1)[-1])
+            print(row + "torch engine: " + declined[job].split(": ", 1)[-1])
             continue
         shared, regs, spills, seconds = results[job]
         print(row + f"{shared / 1024:>10.1f} {regs:>5} {spills:>9} {seconds:>10.1f}")
@@ -478,7 +478,7 @@ def test_compiles_for_every_target(monkeypatch):
 
 # -----------------------------------------------------------------------------
 # The self-check (kernel.SELF_CHECK): the interpreter plays the GPU. A correct kernel passes; each
-# fault below, injected alone, is caught: "auto" warns and runs the torch path, "triton" raises.
+# fault below, injected alone, is caught: "auto" warns and runs the torch engine, "triton" raises.
 
 def kernel_mask(T, width, perm=None, r=None):
     """kernel.dense's mask, read back: zero scores and v = the identity give each visible key 1 / (its count)."""
@@ -498,20 +498,20 @@ def test_kernel_masks_equal_attentions():
 
 
 def test_a_correct_kernel_passes_the_self_check(monkeypatch):
-    """impl_line() runs the self-check of each kernel rule a model uses, once, and says so; on the CPU under "auto" it
+    """engine_line() runs the self-check of each kernel rule a model uses, once, and says so; on the CPU under "auto" it
     runs no kernel at all."""
     monkeypatch.setattr(kernel, "SELF_CHECKS", {})
-    assert A.impl_line("cpu", torch.float32, 16, ["sa+swa"]) == "attention: the torch path on cpu"
+    assert A.engine_line("cpu", torch.float32, 16, ["sa+swa"]) == "attention: the torch engine on cpu"
     assert kernel.SELF_CHECKS == {}
-    monkeypatch.setattr(A, "IMPL", "triton")
+    monkeypatch.setattr(A, "ENGINE", "triton")
     for kinds, rule in ((["sa+swa"], "rank"), (["sa", "full"], "value")):
-        line = A.impl_line("cpu", torch.float32, 16, kinds, rule)
+        line = A.engine_line("cpu", torch.float32, 16, kinds, rule)
         assert re.fullmatch(r"attention: Triton kernel, self-check passed on the CPU interpreter float32 "
                             r"\(max err \d\.\de-0[5-9], [\d.]+ s\)", line), line
         print(line)
-    assert {key[3]: err < 1e-4 for key, err in kernel.SELF_CHECKS.items()} == \
+    assert {case[3]: err < 1e-4 for case, err in kernel.SELF_CHECKS.items()} == \
         {"swa": True, "sa rank": True, "sa value": True}
-    assert A.impl_line("cpu", torch.float32, 16, ["full", "moba"]) == "attention: no SWA or SA on cpu"
+    assert A.engine_line("cpu", torch.float32, 16, ["full", "moba"]) == "attention: no SWA or SA on cpu"
 
 
 def inject(monkeypatch, fault, dtype=None, per_head=False):
@@ -547,13 +547,13 @@ def inject(monkeypatch, fault, dtype=None, per_head=False):
                                          ("nan", "sa")])
 def test_the_self_check_catches_a_faulty_kernel(monkeypatch, fault, kind):
     """Under "triton" the first call raises, naming the device, dtype, kernel rule and error; under "auto" (here the
-    interpreter plays a GPU) one warning says so and the torch path gives the reference's output and gradients,
+    interpreter plays a GPU) one warning says so and the torch engine gives the reference's output and gradients,
     which the faulty kernel, unchecked, does not."""
     fast, ref = attention_kinds(100, B=1, H=2)[kind]
     q, k, v = qkv(1, 2, 100, 16, device=KDEV)
     inject(monkeypatch, fault)
     monkeypatch.setattr(kernel, "SELF_CHECKS", {})
-    monkeypatch.setattr(A, "IMPL", "triton")
+    monkeypatch.setattr(A, "ENGINE", "triton")
     rule = {"swa": "swa", "sa": "sa rank", "sa-value": "sa value"}[kind]
     message = f"failed its self-check on the CPU interpreter float32 for {rule} .*against the dense fp32 reference"
     with pytest.raises(kernel.Unsupported, match=message):
@@ -564,7 +564,7 @@ def test_the_self_check_catches_a_faulty_kernel(monkeypatch, fault, kind):
         assert_same(fast, q, k, v, ref)
         fast(q, k, v)
     failures = [str(w.message) for w in caught if "self-check" in str(w.message)]
-    assert len(failures) == 1 and re.search("torch path instead: Unsupported: the Triton kernel " + message,
+    assert len(failures) == 1 and re.search("torch engine instead: Unsupported: the Triton kernel " + message,
                                             failures[0]), failures
     monkeypatch.setattr(kernel, "SELF_CHECKS", {})
     monkeypatch.setattr(kernel, "SELF_CHECK", False)  # and the fault is real: unchecked, the kernel runs it
@@ -580,7 +580,7 @@ def test_a_compiled_model_runs_the_self_check(monkeypatch, fault):
     calls, check = [], kernel.self_check
     monkeypatch.setattr(kernel, "self_check", lambda *a, **kw: calls.append(a[3]) or check(*a, **kw))
     monkeypatch.setattr(kernel, "SELF_CHECKS", {})
-    monkeypatch.setattr(A, "IMPL", "triton")
+    monkeypatch.setattr(A, "ENGINE", "triton")
     if fault:
         inject(monkeypatch, fault)
     q, k, v = qkv(1, 2, 50, 16, device=KDEV)
@@ -600,7 +600,7 @@ def test_the_self_check_runs_once_per_key(monkeypatch):
     check = kernel.self_check
     monkeypatch.setattr(kernel, "self_check", lambda *a, **kw: calls.append(a[1:4]) or check(*a, **kw))
     monkeypatch.setattr(kernel, "SELF_CHECKS", {})
-    monkeypatch.setattr(A, "IMPL", "triton")
+    monkeypatch.setattr(A, "ENGINE", "triton")
     q, k, v = qkv(1, 2, 50, 16, device=KDEV)
     perm = random_perm((), 50, device=KDEV)
     for _ in range(3):
@@ -612,17 +612,17 @@ def test_the_self_check_runs_once_per_key(monkeypatch):
 
 @pytest.mark.parametrize("faulty", [torch.bfloat16, torch.float32])
 def test_a_failed_dtype_leaves_the_other_alone(monkeypatch, bf16_dot, plays_a_gpu, faulty):
-    """A kernel wrong in one dtype only: that dtype warns and takes the torch path, the other keeps the kernel."""
+    """A kernel wrong in one dtype only: that dtype warns and takes the torch engine, the other keeps the kernel."""
     inject(monkeypatch, "window", faulty)
     q, k, v = qkv(1, 2, 50, 16, device=KDEV)
     with pytest.warns(UserWarning, match=f"self-check on the CPU interpreter {str(faulty)[6:]} for swa"):
         for dtype in (torch.bfloat16, torch.float32):
             A.sliding_window_attention(q.to(dtype), k.to(dtype), v.to(dtype), 8)
-    assert {key[1]: err <= kernel.TOLERANCE[key[1]] for key, err in kernel.SELF_CHECKS.items()} == \
+    assert {case[1]: err <= kernel.TOLERANCE[case[1]] for case, err in kernel.SELF_CHECKS.items()} == \
         {torch.bfloat16: faulty != torch.bfloat16, torch.float32: faulty != torch.float32}
     for dtype in (torch.bfloat16, torch.float32):
-        line = A.impl_line("cpu", dtype, 16, ["swa"])
-        failed = f"attention: the torch path for swa on the CPU interpreter {str(dtype)[6:]}: Unsupported: the Triton"
+        line = A.engine_line("cpu", dtype, 16, ["swa"])
+        failed = f"attention: the torch engine for swa on the CPU interpreter {str(dtype)[6:]}: Unsupported: the Triton"
         assert line.startswith(failed + " kernel failed" if dtype == faulty else "attention: Triton kernel"), line
 
 
@@ -635,7 +635,7 @@ def test_triton_swa_two_sided_band_one_short_of_a_key_tile(small_blocks):
 
 def test_value_sa_through_triton_hides_keys_at_exactly_delta(small_blocks, monkeypatch):
     """r multiples of 1/64, delta = 1/8: pairs at exactly delta in fp32, which the kernel's strict < hides."""
-    monkeypatch.setattr(A, "IMPL", "triton")
+    monkeypatch.setattr(A, "ENGINE", "triton")
     T, delta = 64, 0.125
     r = random_perm((), T, device=KDEV).float() / T
     q, k, v = qkv(1, 2, T, 16, device=KDEV)
@@ -662,18 +662,18 @@ def test_the_kernels_value_spans_keep_keys_at_the_edge_of_delta(small_blocks):
 
 @pytest.mark.parametrize("rule, kind", [("sa rank", "sa-bht"), ("sa value", "sa-value-bht")])
 def test_the_self_check_covers_per_head_permutations(monkeypatch, rule, kind):
-    """A kernel wrong only where each head has its own permutation (sa_perm="head", the class demo's): the self-check
+    """A kernel wrong only where each head has its own permutation (sa_draw="head", the class demo's): the self-check
     runs that case too (it ran one shared permutation only), so "triton" refuses it at the first call."""
     inject(monkeypatch, "window", per_head=True)
     monkeypatch.setattr(kernel, "SELF_CHECKS", {})
-    monkeypatch.setattr(A, "IMPL", "triton")
+    monkeypatch.setattr(A, "ENGINE", "triton")
     fast, ref = attention_kinds(100, B=1, H=2)[kind]
     with pytest.raises(kernel.Unsupported, match=f"failed its self-check on the CPU interpreter float32 for {rule}"):
         fast(*qkv(1, 2, 100, 16, device=KDEV))
 
 
 # -----------------------------------------------------------------------------
-# The hot path (issue 55): no host-device sync, few ops. Counted as dispatched, with the kernels' launches stubbed
+# The hot code (issue 55): no host-device sync, few ops. Counted as dispatched, with the kernels' launches stubbed
 # (the interpreter's own work is no GPU's). On a GPU, each sync stops the CPU from running ahead of it.
 
 SYNCS = ("aten._local_scalar_dense", "aten.item", "aten.is_nonzero")
@@ -699,7 +699,7 @@ def stubbed_launches(monkeypatch):
     for name in ("_attn_fwd", "_attn_bwd", "_rowdot"):
         monkeypatch.setattr(kernel, name, Stub())
     monkeypatch.setattr(kernel, "SELF_CHECK", False)
-    monkeypatch.setattr(A, "IMPL", "triton")
+    monkeypatch.setattr(A, "ENGINE", "triton")
 
 
 def test_an_sa_forward_dispatches_two_ops_and_no_sync(stubbed_launches):
@@ -729,8 +729,8 @@ def test_a_gpt_step_makes_no_sync(stubbed_launches):
     no value back to the host: its SA draws are made valid (checked at the draw) and copied without waiting, and its
     tokens are checked on the CPU only (a GPU's embedding asserts on its own)."""
     x = torch.randint(0, 64, (2, 33), generator=torch.Generator().manual_seed(0))
-    for sa_rule, sa_perm in (("rank", "shared"), ("value", "shared"), ("rank", "head")):
-        model = tiny("sa+swa", sa_perm=sa_perm, sa_rule=sa_rule)
+    for sa_rule, sa_draw in (("rank", "layer"), ("value", "layer"), ("rank", "head")):
+        model = tiny("sa+swa", sa_draw=sa_draw, sa_rule=sa_rule)
         with Dispatched() as mode:
             model(x[:, :-1], x[:, 1:])[1].backward()
-        assert not [op for op in mode.ops if op in SYNCS], (sa_rule, sa_perm)
+        assert not [op for op in mode.ops if op in SYNCS], (sa_rule, sa_draw)

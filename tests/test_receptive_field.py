@@ -41,8 +41,8 @@ def attention_mask(n, window, kind, setting, draws, sa_rule):
 @pytest.mark.parametrize("kind", rf.KINDS)
 def test_layers_follow_attention_rules(kind, setting, sa_rule, monkeypatch):
     """One layer's graph is attention.py's mask; L layers compose to the boolean product of the masks.
-    n=150 spans three words; a tiny chunk forces many row chunks."""
-    monkeypatch.setattr(rf, "CHUNK_WORDS", 200)
+    n=150 spans three words; tiny pieces of rows make many."""
+    monkeypatch.setattr(rf, "PIECE_WORDS", 200)
     n, window, rng = 150, 5, np.random.default_rng(0)
     R, want = rf.identity_bits(n), np.eye(n, dtype=bool)
     for layer in range(3):

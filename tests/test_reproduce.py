@@ -30,22 +30,22 @@ def reproduce():
     return module
 
 
-@pytest.mark.parametrize("sa_perm,n_head,depth,window", [("shared", 1, 2, 4), ("shared", 4, 3, 4), ("head", 4, 2, 4),
+@pytest.mark.parametrize("sa_draw,n_head,depth,window", [("layer", 1, 2, 4), ("layer", 4, 3, 4), ("head", 4, 2, 4),
                                                          ("head", 4, 3, 8)])
-def test_retrievable_matches_its_closed_form(reproduce, sa_perm, n_head, depth, window):
+def test_retrievable_matches_its_closed_form(reproduce, sa_draw, n_head, depth, window):
     """attention.py's masks over recall sequences give the fraction of answers whose value token a query
     sees at layer >= 2 that the closed form predicts; the issue's approximation is a little above it."""
     meta = {"vocab_size": 32, "mqar": dict(seq_len=64, num_pairs=4, num_queries=4, num_keys=15, offset=1)}
     x, y = mqar_batch(np.random.default_rng(0), 200, meta)                    # (200, 64) each
-    heads = n_head if sa_perm == "head" else 1  # sa_perm=layer: the heads share one permutation
+    heads = n_head if sa_draw == "head" else 1  # sa_draw=layer: the heads share one permutation
     exact, approx = reproduce.retrievable_formula(64, window, depth, heads)
     for kind in ("sa", "sa+swa"):  # every answer is > window back: SWA's path adds nothing
-        r = reproduce.retrievable(kind, sa_perm, n_head, depth, x, y, window, draws=300)
+        r = reproduce.retrievable(kind, sa_draw, n_head, depth, x, y, window, draws=300)
         assert abs(r - exact) < 0.02, (kind, r, exact)
     assert exact < approx < exact + 0.03
-    assert reproduce.retrievable("swa", sa_perm, n_head, depth, x, y, window) == 0
-    assert reproduce.retrievable("full", sa_perm, n_head, depth, x, y, window) == 1
-    assert reproduce.retrievable("sa+swa", sa_perm, n_head, 1, x, y, window) == 0  # layer 1 forms the binding
+    assert reproduce.retrievable("swa", sa_draw, n_head, depth, x, y, window) == 0
+    assert reproduce.retrievable("full", sa_draw, n_head, depth, x, y, window) == 1
+    assert reproduce.retrievable("sa+swa", sa_draw, n_head, 1, x, y, window) == 0  # layer 1 forms the binding
 
 
 def test_arm_verdict_follows_the_preregistered_rule(reproduce):
@@ -149,7 +149,7 @@ def test_copy_sequences_repeat_their_first_half(reproduce, byte_data):
     x, y = reproduce.copy_val(3, 64)
     assert x.shape == y.shape == (3, 64) and torch.equal(x[:, :32], x[:, 32:])
     assert torch.equal(y[:, 31:63], x[:, :32])  # the second half's targets: the first half again
-    assert len({tuple(r) for r in x.tolist()}) == 3  # three random chunks
+    assert len({tuple(r) for r in x.tolist()}) == 3  # three random passages
 
 
 def test_unseen_in_train_marks_the_ngrams_the_train_split_lacks(reproduce, byte_data):
@@ -177,12 +177,12 @@ def test_copy_distance_finds_the_nearest_earlier_copy(reproduce):
 
 def test_visible_keys_counts_what_the_masks_show(reproduce):
     """Over all queries SA sees exactly as many keys as SWA at the same window, spread: late queries see
-    more; the sink adds token 0 to SWA beyond the window; MoBA sees its own block plus 3 past ones."""
+    more; the sink adds token 0 to SWA beyond the window; MoBA sees its own chunk plus 3 past ones."""
     T, w = 64, 8
     swa, sa, sink, moba = (reproduce.visible_keys(k, w, T) for k in ("swa", "sa", "sink", "moba"))
     assert abs(sa.mean() - swa.mean()) < 1e-4 and sa[-8:].mean() > 1.5 * w and sa[:8].mean() < w
     assert (sink[w:] == swa[w:] + 1).all() and (sink[:w] == swa[:w]).all()
-    assert moba[-1] == w and moba[0] == 1  # blocks of w // 4 = 2, 4 blocks at most
+    assert moba[-1] == w and moba[0] == 1  # chunks of w // 4 = 2, 4 chunks at most
 
 
 def test_sink_swap_adds_token_zero_to_swa(reproduce):
@@ -219,8 +219,8 @@ def test_reproduce_fast_writes_every_result(tmp_path):
     predicted = mqar["predicted"]
     assert predicted["swa/2"]["reachable"] == predicted["swa/2"]["retrievable"] == 0
     assert predicted["full/2"]["reachable"] == predicted["full/2"]["retrievable"] == 1
-    for key in ("reachable", "retrievable"):  # 4 permutations: more shortcuts
-        assert predicted["sa+swa-head/2"][key] > predicted["sa+swa/2"][key]
+    for measure in ("reachable", "retrievable"):  # 4 permutations: more shortcuts
+        assert predicted["sa+swa-head/2"][measure] > predicted["sa+swa/2"][measure]
     assert predicted["sa+swa/2"]["retrievable"] < predicted["sa+swa/2"]["reachable"]  # a relay carries no binding
     decisive = json.loads((out / "mqar_decisive.json").read_text())
     assert {(r["P"], r["cell"]) for r in decisive["runs"]} == {(1, "full"), (1, "sa+swa"), (4, "sa+swa"), (4, "moba")}

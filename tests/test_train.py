@@ -3,7 +3,7 @@ Run: python -m pytest -q tests/test_train.py. The scripts run as subprocesses on
 
 - prepare_data on small inputs, and the downloadable datasets offline through their real code
   with a tiny BPE; MQAR's answers depend on the pairs;
-- exact resume: 2N iterations equal N + resume to N, bitwise (dropout, SA, sa_perm=head, grad
+- exact resume: 2N iterations equal N + resume to N, bitwise (dropout, SA, sa_draw=head, grad
   accumulation), also after a simulated kill; log.jsonl cut back to the checkpoint;
 - nothing lost: rerunning the main job refuses to overwrite its checkpoint; no save at iter 0 (and
   no false "checkpoint" line); --overwrite keeps the old pair until its first checkpoint, also on a
@@ -14,7 +14,7 @@ Run: python -m pytest -q tests/test_train.py. The scripts run as subprocesses on
 - fp16 (GradScaler, exact resume) and bf16 training of every kind;
 - a 2-process gloo DDP run; sampling (greedy = top_k 1, seeds reproduce);
 - a kind with a setting of its own, written in three places of a copy of the repo, trains, samples and evaluates;
-- every bad input (config keys, values, files, checkpoints, datasets) gets one line, a non-zero
+- every bad input (setting names, values, files, checkpoints, datasets) gets one line, a non-zero
   exit, and nothing written."""
 import contextlib
 import errno
@@ -215,23 +215,23 @@ def test_mqar_answers_come_from_the_earlier_pairs(root):
     m = meta["mqar"]
     T, Q = m["seq_len"], m["num_queries"]
     train = np.asarray(P.load_tokens(root / "mqar", "train", meta), np.int64).reshape(-1, T)  # (N, T)
-    fresh = P.mqar_batch(np.random.default_rng(1), len(train), meta)                          # what train.py draws
+    fresh = P.mqar_batch(np.random.default_rng(1), len(train), meta)                          # what train.py makes
     for x, y in ((train, P.mqar_targets(train, meta)), fresh):
         assert ((y != -1).sum(1) == Q).all() and (y[:, :T // 2] == -1).all()
         assert len({tuple(np.nonzero(t != -1)[0]) for t in y}) > len(y) // 2  # queries at varied positions
         assert all(len(set(seq[tgt != -1])) == Q for seq, tgt in zip(x, y))  # a different pair per query (Q <= P)
-        by_key = {}
+        by_cue = {}
         for seq, tgt in zip(x, y):
             pairs = dict(zip(seq[0:2 * m["num_pairs"]:2], seq[1:2 * m["num_pairs"]:2]))
             where = {k: 2 * i + 1 for i, k in enumerate(seq[0:2 * m["num_pairs"]:2])}
             assert not set(seq[2 * m["num_pairs"]:]) & set(pairs.values())  # the values never reappear
             for t in np.nonzero(tgt != -1)[0]:
-                assert tgt[t] == pairs[seq[t]]  # the value paired with the queried key
+                assert tgt[t] == pairs[seq[t]]  # the value paired with the queried cue
                 assert t - where[seq[t]] >= m["min_gap"] > 2 * (8 - 1)  # beyond a 2-layer window-8 SWA's reach
-                by_key.setdefault(seq[t], []).append(tgt[t])
-        # the key alone says little: guessing each key's most frequent answer is near chance
-        key_only = sum(np.bincount(v).max() for v in by_key.values()) / sum(len(v) for v in by_key.values())
-        assert key_only < 0.2
+                by_cue.setdefault(seq[t], []).append(tgt[t])
+        # the cue alone says little: guessing each cue's most frequent answer is near chance
+        cue_only = sum(np.bincount(v).max() for v in by_cue.values()) / sum(len(v) for v in by_cue.values())
+        assert cue_only < 0.2
     val = np.asarray(P.load_tokens(root / "mqar", "val", meta)).reshape(-1, T)
     assert not (val[:8] == train[:8]).all() and not (fresh[0][:8] == train[:8]).all()  # each its own stream
 
@@ -261,8 +261,8 @@ def test_resume_is_bitwise_exact(trained, train_args, tmp_path):
         assert torch.equal(a["model"][k], b["model"][k]), k
     for s, t in zip(a["optimizer"]["state"].values(), b["optimizer"]["state"].values()):
         assert torch.equal(s["exp_avg_sq"], t["exp_avg_sq"])
-    for key in ("torch", "sampler", "sa"):
-        assert torch.equal(a["rng"][0][key], b["rng"][0][key])
+    for name in ("torch", "sampler", "sa"):
+        assert torch.equal(a["rng"][0][name], b["rng"][0][name])
     assert "step 3: train loss" in r.stdout  # the resumed run re-evaluates where it left off
 
 
@@ -310,8 +310,8 @@ def test_ddp_two_processes_gloo(root, tmp_path):
     assert "(2 x 1 x 4 x 64)" in r.stdout  # the 2 accumulation steps are split over the 2 ranks
     ckpt = load(tmp_path)
     assert ckpt["iter_num"] == 2 and len(ckpt["rng"]) == 2
-    for key in ("sampler", "sa"):  # each rank samples its own data and its own SA permutations
-        assert not torch.equal(ckpt["rng"][0][key], ckpt["rng"][1][key])
+    for name in ("sampler", "sa"):  # each rank its own data and its own SA permutations
+        assert not torch.equal(ckpt["rng"][0][name], ckpt["rng"][1][name])
 
 
 def test_a_resume_onto_more_ranks_gives_each_new_rank_its_own_sa_draws(root, tmp_path):
@@ -493,7 +493,7 @@ def test_mqar_config_without_data_names_its_prepare_line(tmp_path):
     pytest.param(["--device=cuda"], "device='cuda': CUDA is not available here",
                  marks=pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is available")),
     (["--init_from=pretrained"], "unknown GPT-2 model 'pretrained': use one of gpt2"),
-    (["--attn_impl=cuda"], "attn_impl='cuda': use one of auto, torch, triton, reference"),
+    (["--attn_engine=cuda"], "attn_engine='cuda': use one of auto, torch, triton, dense"),
     (["--rope_base=0"], "rope_base=0.0: use a number > 1"),
     (["--rope_base=-10000"], "rope_base=-10000.0: use a number > 1"),
     (["--learning_rate=-1e-3"], "learning_rate=-0.001: use a value > 0"),
@@ -858,6 +858,17 @@ def test_load_checkpoint_errors(trained, tmp_path):
             load_checkpoint(path, resume=(good["settings"], good["meta"]))
 
 
+@pytest.mark.parametrize("old, new", [("shared", "layer"), ("head", "head")])
+def test_a_checkpoint_from_before_sa_draw_loads(trained, tmp_path, old, new):
+    """sa_draw was named sa_perm, and its "layer" was "shared": such a checkpoint loads, and resumes with sa_draw."""
+    good = load(trained)
+    torch.save({**good, **{k: {**{n: v for n, v in good[k].items() if n != "sa_draw"}, "sa_perm": old}
+                           for k in ("model_args", "settings")}}, tmp_path / "ckpt.pt")
+    settings = {**good["settings"], "sa_draw": new}
+    model, ckpt = load_checkpoint(str(tmp_path / "ckpt.pt"), resume=(settings, good["meta"]))
+    assert model.config.sa_draw == new and ckpt["settings"] == settings
+
+
 def rng_with(**states):
     """Change the checkpoint's rank-0 RNG states."""
     return lambda good: {"rng": [{**good["rng"][0], **states}]}
@@ -922,13 +933,13 @@ def configure(monkeypatch, *argv):
 
 
 def test_configurator(monkeypatch, tmp_path):
-    cfg = tmp_path / "c.py"
-    cfg.write_text("import math\nN = 5\nn = N\nname = 'b'\n_scratch = math.pi\n")  # N: the file's own helper
-    g = configure(monkeypatch, str(cfg), "--n=7", "--lr=1", "--flag=True", "--name=hello world", "--opt=abc",
+    path = tmp_path / "c.py"
+    path.write_text("import math\nN = 5\nn = N\nname = 'b'\n_scratch = math.pi\n")  # N: the file's own helper
+    g = configure(monkeypatch, str(path), "--n=7", "--lr=1", "--flag=True", "--name=hello world", "--opt=abc",
                   "--iters=9")
-    assert g["settings"] == dict(n=7, lr=1.0, flag=True, name="hello world", opt="abc", iters=9)
+    assert {k: g[k] for k in g["setting_names"]} == dict(n=7, lr=1.0, flag=True, name="hello world", opt="abc", iters=9)
     assert configure(monkeypatch, "--iters=9", "--iters=None")["iters"] is None
-    assert type(g["lr"]) is float and configure(monkeypatch, str(cfg))["n"] == 5
+    assert type(g["lr"]) is float and configure(monkeypatch, str(path))["n"] == 5
     for argv, message in [(["--m=1"], "unknown setting 'm'"), (["--CONSTANT=y"], "unknown setting"),
                           (["--n=abc"], "n must be of type int"), (["--n=1.5"], "n must be of type int"),
                           (["--flag=1"], "flag must be of type bool"), (["--lr=True"], "lr must be of type float"),
@@ -970,7 +981,7 @@ def test_prepare_errors_are_one_line(tmp_path):
 @pytest.mark.parametrize("args, message", [
     (["--mqar_seed=-1"], "mqar_seed=-1: use an integer >= 0"),
     (["--dataset=mqar", "--mqar_seed=-1"], "mqar_seed=-1: use an integer >= 0"),
-    (["--dataset=mqar", "--mqar_train_seqs=1000000000000"], "mqar_train_seqs=1000000000000: drawing 1,000,000,000,000 sequences"),
+    (["--dataset=mqar", "--mqar_train_seqs=1000000000000"], "mqar_train_seqs=1000000000000: making 1,000,000,000,000 sequences"),
     (["--dataset=mqar", "--mqar_vocab=10000000000"], "(vocab 10,000,000,000) takes about"),
     (["--mqar_seq_len=0"], "mqar_seq_len=0: use an integer >= 1"),
     (["--mqar_offset=-1"], "mqar_offset=-1: use an integer >= 0"),
@@ -996,7 +1007,7 @@ def test_prepare_settings_are_checked_before_anything_is_written(tmp_path, args,
 
 
 def test_mqar_larger_than_the_disk_is_refused(tmp_path, monkeypatch):
-    """What MQAR's files need on disk is checked against what the disk has free, before anything is drawn."""
+    """What MQAR's files need on disk is checked against what the disk has free, before anything is made."""
     monkeypatch.setattr(P.shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10**9, 10**9 - 10**6, 10**6))
     with pytest.raises(ValueError, match=r"mqar_train_seqs=100000, mqar_val_seqs=1000: their 6,464,000 tokens take "
                                          r"12 MiB on disk, but .* has 1 MiB free"):
@@ -1049,7 +1060,7 @@ def test_a_dataset_is_never_replaced_by_an_empty_one(root, tmp_path):
 
 
 def test_copy_task_scores_both_halves(root, tmp_path):
-    """--copy_task: each sequence is a chunk twice; the val loss splits exactly into the first half's
+    """--copy_task: each sequence is a passage twice; the val loss splits exactly into the first half's
     targets (T/2 - 1 of them) and the copied half's (T/2), and an odd block_size is refused."""
     run("train.py", f"--data_root={root}", "--dataset=text", *TINY, "--attn=full", "--copy_task=True",
         "--max_iters=2", "--eval_interval=2", f"--out_dir={tmp_path}")
@@ -1152,7 +1163,7 @@ def test_finetunes_a_saved_gpt2_with_any_attention(root, tmp_path, tiny_gpt2, at
         data, losses = P.load_tokens(str(root / "text"), "val", meta), []
         gen = torch.Generator().manual_seed(1337)
         for _ in range(2):  # TINY's eval_iters
-            x, y = (torch.from_numpy(a) for a in P.draw_batch(data, meta, 4, 32, gen, False))
+            x, y = (torch.from_numpy(a) for a in P.random_batch(data, meta, 4, 32, gen, False))
             with torch.no_grad():
                 losses.append(F.cross_entropy(hf(x).logits.flatten(0, 1), y.flatten()).item())
         assert first["val_loss"] == pytest.approx(sum(losses) / 2, rel=1e-5)
