@@ -182,14 +182,13 @@ def moba_attention(q, k, v, moba_chunk, top_k):
 # Support, for a second reading: what runs the band, and _exact.
 
 def _exact(engine, q, k, v, *args):
-    """engine(q, k, v, *args), autocast off (the kernel runs no torch op that autocast casts); an empty B, H, T or D
-    gives the empty output on the autograd graph. On the CPU, eagerly, a non-finite v[j, d], which p @ v spreads to
-    other queries (0 * NaN = NaN), reaches out[i, d] only if query i sees key j (found by the engine on q = k = 0 and
-    v's bad entries: it weighs each visible key >= 1/T, each hidden one 0). Not on a GPU, where that check would wait
-    for it, nor in a compiled graph or the kernel."""
+    """engine(q, k, v, *args), autocast off; an empty B, H, T or D gives the empty output on the autograd graph. On the
+    CPU, eagerly, a non-finite v[j, d], which p @ v spreads to other queries (0 * NaN = NaN), reaches out[i, d] only if
+    query i sees key j (found by the engine on q = k = 0 and v's bad entries: it weighs each visible key >= 1/T, each
+    hidden one 0); not on a GPU (the check would wait for it), compiled, or in the kernel."""
     if q.numel() == 0 or k.numel() == 0:
         return q.new_zeros(*q.shape[:3], v.shape[3]) + (q.sum() + k.sum() + v.sum())
-    if engine is _kernel:  # no autocast inside
+    if engine is _kernel:  # no torch op in it that autocast casts
         return engine(q, k, v, *args)
     with torch.autocast(q.device.type, enabled=False):
         if q.device.type != "cpu" or torch.compiler.is_compiling() or bool(v.sum().isfinite()):
@@ -235,7 +234,7 @@ def _engine(q, rule):
 
 @torch.compiler.assume_constant_result  # decided before tracing: a compiled graph never holds a kernel that refuses
 def _kernel_ok(device, dtype, D, rule):
-    """Whether "auto" runs the kernel here (_refusal); where it failed a check, one warning."""
+    """Whether "auto" runs the kernel (_refusal); one warning where it failed a check."""
     why = _refusal(device, dtype, D, rule)
     if why:
         warnings.warn(f"the Triton kernel cannot run, using the torch engine instead: {why}")
@@ -244,8 +243,7 @@ def _kernel_ok(device, dtype, D, rule):
 
 def _refusal(device, dtype, D, rule):
     """None where "auto" runs the kernel: a GPU, Triton in TRITON_VERSIONS, a head dim and dtype the kernel has, and
-    kernel.check_once passed (the GPU's generation, then the self-check at the first use); else "" (not tried), or
-    why not."""
+    kernel.check_once passed (the GPU, then the self-check at the first use); else "" (not tried), or why not."""
     if device.type not in KERNEL_DEVICES or not _triton_supported():
         return ""
     import kernel
@@ -263,20 +261,16 @@ def _has_triton():
     return importlib.util.find_spec("triton") is not None
 
 
-_TRITON_OK = None  # _triton_supported's answer, found once
-
-
+@functools.cache  # read once (Dynamo never traces it: _kernel_ok is a constant)
 def _triton_supported():
     """Whether "auto" may run the kernel: Triton installed, in TRITON_VERSIONS (else one warning)."""
-    global _TRITON_OK
-    if _TRITON_OK is None:
-        import triton
-        version = tuple(int(x) for x in triton.__version__.split(".")[:2]) if _has_triton() else None
-        _TRITON_OK = version is not None and TRITON_VERSIONS[0] <= version <= TRITON_VERSIONS[1]
-        if version and not _TRITON_OK:
-            warnings.warn(f"Triton {triton.__version__} is outside the tested range {TRITON_VERSIONS}: using the torch "
-                          "engine")
-    return _TRITON_OK
+    if not _has_triton():
+        return False
+    import triton
+    if TRITON_VERSIONS[0] <= tuple(int(x) for x in triton.__version__.split(".")[:2]) <= TRITON_VERSIONS[1]:
+        return True
+    warnings.warn(f"Triton {triton.__version__} is outside the tested range {TRITON_VERSIONS}: using the torch engine")
+    return False
 
 
 def _why(e):
@@ -290,22 +284,18 @@ def engine_line(device, dtype, head_dim, kinds, sa_rule="rank"):
     q = torch.empty(0, 0, 0, head_dim, device=device, dtype=dtype)
     kinds = {kinds} if isinstance(kinds, str) else set(kinds)
     rules = [r for r, users in (("swa", {"swa", "sa+swa"}), ("sa " + sa_rule, {"sa", "sa+swa"})) if users & kinds]
-    if not rules:
-        return f"attention: no SWA or SA on {q.device}"
-    start, failed = time.perf_counter(), {}
+    engine, start = _engine(q, None), time.perf_counter()  # None: "torch" or "dense", its errors one line
+    if not rules or ENGINE not in ("auto", "triton"):
+        return f"attention: {f'the {engine} engine' if rules else 'no SWA or SA'} on {q.device}"
     if ENGINE == "triton":
         _engine(q, rules[0])  # its one-line refusals
-        import kernel
-        for rule in rules:
-            kernel.check_once(q.device, dtype, head_dim, rule, VALUE_MARGIN)  # raises where the kernel cannot run
-    elif ENGINE == "auto":
-        why = {rule: _refusal(q.device, dtype, head_dim, rule) for rule in rules}
-        if "" in why.values():
-            return f"attention: the torch engine on {q.device}"
-        failed = {rule: reason for rule, reason in why.items() if reason}
-    else:
-        return f"attention: the {_engine(q, None)} engine on {q.device}"
+    why = {rule: _refusal(q.device, dtype, head_dim, rule) for rule in rules} if ENGINE == "auto" else {}
+    if "" in why.values():
+        return f"attention: the torch engine on {q.device}"
     import kernel
+    for rule in rules if ENGINE == "triton" else ():
+        kernel.check_once(q.device, dtype, head_dim, rule, VALUE_MARGIN)  # raises where the kernel cannot run
+    failed = {rule: reason for rule, reason in why.items() if reason}
     where = f"{kernel.where(q.device)} {str(dtype)[6:]}"
     if failed:
         reasons = "; ".join(dict.fromkeys(failed.values()))  # each once, in order

@@ -27,7 +27,7 @@ class Unsupported(ValueError):
 
 
 CANNOT_RUN = (Unsupported, triton.compiler.errors.CompilationError, triton.runtime.errors.OutOfResources,
-              getattr(triton.runtime.errors, "PTXASError", triton.runtime.errors.OutOfResources))  # "auto": torch
+              getattr(triton.runtime.errors, "PTXASError", triton.runtime.errors.OutOfResources))
 
 
 # Kernels
@@ -332,17 +332,14 @@ def _launch(q, k, v, o, perm, r, width, margin):
 
 
 def _token_major(q):
-    """An empty tensor of q's shape (B, H, T, D) laid out as (B, T, H, D), so that y.transpose(1, 2).view(B, T, C) is
-    free, where int32 row offsets reach it (else as (B, H, T, D))."""
+    """An empty tensor of q's shape (B, H, T, D) laid out as (B, T, H, D): y.transpose(1, 2).view(B, T, C) is free."""
     B, H, T, D = q.shape
-    strides = (T * H * D, D, H * D, 1) if T * H * D < 2**31 else (T * H * D, T * D, D, 1)
-    return torch.empty_strided(q.shape, strides, dtype=q.dtype, device=q.device)
+    return torch.empty_strided(q.shape, (T * H * D, D, H * D, 1), dtype=q.dtype, device=q.device)
 
 
 def _fwd(q: Tensor, k: Tensor, v: Tensor, perm: Optional[Tensor], r: Optional[Tensor], width: float, margin: float,
          check: bool) -> tuple[Tensor, Tensor]:
-    """out (B, H, T, D), token-major, and each slot's log2-sum-exp2 (B, H, T) fp32; check: check_once first (False in
-    self_check's own calls)."""
+    """out (B, H, T, D), token-major, and each slot's log2-sum-exp2 (B, H, T) fp32; check: check_once first."""
     B, H, T, D = q.shape
     if check:
         check_once(q.device, q.dtype, D, RULES[(perm is not None) + (r is not None)], margin)
@@ -406,14 +403,13 @@ RULES = ("swa", "sa rank", "sa value")  # no perm (causal SWA); perm; perm and r
 
 def triton_swa(q, k, v, width, perm=None, r=None, margin=0.0):
     """(B, H, T, D) -> (B, H, T, D), laid out as (B, T, H, D). Without perm: key j is visible to query i iff
-    i - width < j <= i (an int width >= 1). With perm (T,) or (b, h, T) broadcastable to (B, H, T): slot s holds token
-    perm[s], and token perm[t] is visible to token perm[s] iff |s - t| < width and perm[t] <= perm[s]; with r too,
-    fp32 of perm's shape, r[s] the value of slot s, iff |r[s] - r[t]| < width and perm[t] <= perm[s], with key spans
-    `margin` wider. perm must be a permutation and r ascending (attention.py checks or makes them: no sync here)."""
+    i - width < j <= i. With perm (T,) or broadcastable to (B, H, T), slot s holding token perm[s]: token perm[t] is
+    visible to token perm[s] iff perm[t] <= perm[s] and |s - t| < width, or with r (fp32, perm's shape: slot s's value)
+    |r[s] - r[t]| < width, key spans `margin` wider. perm must be a permutation and r ascending: attention.py checks
+    or makes them (a check here would wait for the GPU)."""
     B, H, T, D = q.shape
     if D not in HEAD_DIMS or q.dtype not in SUPPORTED_DTYPES:
-        raise Unsupported(f"triton_swa supports head dims {HEAD_DIMS} in {SUPPORTED_DTYPES}, got {D} in {q.dtype}; "
-                          "pad it or use the torch engine")
+        raise Unsupported(f"triton_swa supports head dims {HEAD_DIMS} in {SUPPORTED_DTYPES}, got {D} in {q.dtype}")
     if any((t.shape, t.dtype, t.device) != (q.shape, q.dtype, q.device) for t in (k, v)):
         raise ValueError(f"q, k, v must share one shape, device and dtype, got "
                          f"{[(tuple(t.shape), t.dtype, str(t.device)) for t in (q, k, v)]}")
@@ -425,8 +421,8 @@ def triton_swa(q, k, v, width, perm=None, r=None, margin=0.0):
                           or not width > 0):
         raise ValueError(f"r must be fp32 with perm's shape, and the width > 0; got {r.dtype} {tuple(r.shape)}, perm "
                          f"{None if perm is None else tuple(perm.shape)}, width {width!r}")
-    if T * D >= 2**31:
-        raise Unsupported(f"triton_swa's int32 row offsets reach T * D < 2**31, got T={T}, D={D}")
+    if T * H * D >= 2**31:
+        raise Unsupported(f"triton_swa's int32 row offsets need T * H * D < 2**31, got {T} * {H} * {D}")
     q, k, v = (t if t.stride(-1) == 1 and T * t.stride(2) < 2**31 else t.contiguous() for t in (q, k, v))
     perm, r = (t if t is None or t.stride(-1) == 1 else t.contiguous() for t in (perm, r))
     if torch.compiler.is_compiling():  # an op torch.compile keeps whole
@@ -478,13 +474,11 @@ def where(device):
 
 
 def check_once(device, dtype, D, rule, margin=0.0):
-    """Unsupported where the kernel cannot run this (device, dtype, D, rule), or its self-check, run at the first use,
-    failed; else nothing, in a dict lookup."""
+    """Unsupported where the kernel cannot run this case on its GPU, or its self-check, run at the first use, failed;
+    else nothing, in a dict lookup (a head dim and dtype in HEAD_DIMS and SUPPORTED_DTYPES)."""
     case = (device, dtype, D, rule)
     if case in SELF_CHECKS and SELF_CHECKS[case] <= TOLERANCE[dtype]:
         return
-    if D not in HEAD_DIMS or dtype not in SUPPORTED_DTYPES:
-        raise Unsupported(f"triton_swa supports head dims {HEAD_DIMS} in {SUPPORTED_DTYPES}, got {D} in {dtype}")
     choose_tiling(dtype, D, device_target(device))
     if SELF_CHECK and case not in SELF_CHECKS:
         with torch.autocast(device.type, enabled=False):

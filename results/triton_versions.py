@@ -3,7 +3,7 @@ kernel.py under every Triton minor from 3.0 to 3.9: the Triton a user actually h
 build of torch brings its own (torch 2.4 brings 3.0, torch 2.11 brings 3.6). Writes
 results/kernel_triton_versions.txt, one line per version: PASS, or FAIL with the reason.
 
-    python results/triton_versions.py                      # 3.0 ... 3.9: about an hour on 2 CPU cores
+    python results/triton_versions.py                      # 3.0 ... 3.9: 10 minutes on 2 CPU cores, a fast pip index
     python results/triton_versions.py --versions=3.0,3.6   # some (their lines replace the old ones)
 
 For each version: a temporary venv (--system-site-packages, so the system's torch is used) with
@@ -11,7 +11,8 @@ For each version: a temporary venv (--system-site-packages, so the system's torc
 wheels to install offline), then
   (a) tests/test_kernel.py's fp32 tests in Triton's CPU interpreter (TRITON_INTERPRET=1), and
   (b) ahead-of-time compiles for sm_80 and sm_90 with the wheel's bundled ptxas (no GPU): bf16,
-      D = 64 and 128, forward and backward, as launched for SA, with choose_tiling's tiles;
+      D = 64 and 128, forward and backward as launched for SA's rank and value rules, and _rowdot,
+      with choose_tiling's tiles;
 and the venv is deleted before the next. Not a CI test: each Triton is a large download.
 """
 import inspect
@@ -27,8 +28,9 @@ sys.path.insert(0, ROOT)
 
 # -----------------------------------------------------------------------------
 versions = "3.0,3.1,3.2,3.3,3.4,3.5,3.6,3.7,3.8,3.9"  # Triton minors to test, comma separated
-tests = "fp32 or float32 or head_dim_64 or default_config or stochastic_attention_through_triton"  # pytest -k
-pip_extra = ""          # more requirements for each venv, e.g. "numpy<2" (Triton 3.0-3.2's interpreter and numpy 2.4)
+tests = ("fp32 or head_dim_64 or default_tiling or through_triton and not dtype4 or huge_scores and dtype0 "
+         "or one_short_of_a_key_tile or edge_of_delta or nan_key or bad_value")  # pytest -k: fp32 kernel output tests
+pip_extra = ""          # more requirements per venv, e.g. "numpy<2.4" (3.2-3.6's interpreter), "numpy<2" (3.0, 3.1)
 compile = True          # also run (b); False: only (a), e.g. to rerun the interpreter with pip_extra
 timeout = 1800          # seconds for each stage (install, tests, compiles) of one version
 out = os.path.join(ROOT, "results", "kernel_triton_versions.txt")
@@ -38,27 +40,29 @@ aot = False             # internal: run the compiles (b) in this process, with t
 exec(open(os.path.join(ROOT, "configurator.py")).read())
 
 SHARED_KB = {80: 163, 90: 227}  # shared memory a program may opt into on sm_80 (A100) and sm_90 (H100)
+KERNELS = ("forward sa", "backward sa", "forward value", "backward value", "rowdot sa")  # compiled for each and D
 
 
 def ast_source(fn, dtype, consts):
-    """triton.compiler.ASTSource for fn with these constexprs, its pointers 16-byte aligned, in the
-    format of the Triton imported: it changed at 3.2 (the backend's AttrsDescriptor) and at 3.3
-    (constexprs in the signature, attributes keyed by index tuples)."""
+    """triton.compiler.ASTSource for fn with these constexprs, its pointers and strides multiples of 16 (as
+    Triton's launcher marks them), in the format of the Triton imported: it changed at 3.2 (the backend's
+    AttrsDescriptor) and at 3.3 (constexprs in the signature, attributes keyed by index tuples)."""
     from triton.compiler import ASTSource
     names = fn.arg_names
     sig = {n: f"*{dtype}" if n in ("Q", "K", "V", "O", "DO", "DQ", "DK", "DV") else "*fp32" if n in ("LSE", "RowDot")
-           else "*fp32" if n == "R" else "*i64" if n == "Pos" else "*i32" if n == "Spans"
-           else "fp32" if n in ("width", "qk_scale", "sm_scale") else "i32" for n in names if n not in consts}
-    ptrs = [i for i, n in enumerate(names) if sig.get(n, "")[:1] == "*"]
+           else "*fp32" if n == "R" else "*i64" if n == "Perm"
+           else "fp32" if n.endswith("scale") or n in ("width", "margin") else "i32" for n in names if n not in consts}
+    aligned = [i for i, n in enumerate(names)  # pointers and strides
+               if sig.get(n, "")[:1] == "*" or n[:3] in ("sq_", "sk_", "sv_", "so_", "sp_")]
     if "constexprs" in inspect.signature(ASTSource).parameters:  # 3.3 on
         return ASTSource(fn, {n: sig.get(n, "constexpr") for n in names}, consts, {(i,): [["tt.divisibility", 16]]
-                                                                                  for i in ptrs})
+                                                                                  for i in aligned})
     try:                                                          # 3.2
         from triton.backends.compiler import AttrsDescriptor
-        attrs = AttrsDescriptor.from_hints({i: 16 for i in ptrs})
+        attrs = AttrsDescriptor.from_hints({i: 16 for i in aligned})
     except ImportError:                                           # 3.0, 3.1
         from triton.compiler.compiler import AttrsDescriptor
-        attrs = AttrsDescriptor(divisible_by_16=set(ptrs))
+        attrs = AttrsDescriptor(divisible_by_16=set(aligned))
     return ASTSource(fn, sig, consts, attrs)
 
 
@@ -68,13 +72,17 @@ def compile_all():
     import triton
     from triton.backends.compiler import GPUTarget
     import kernel
-    for arch, D, which in [(a, D, w) for a in SHARED_KB for D in (64, 128) for w in ("forward", "backward")]:
+    for arch, D, which in [(a, D, w) for a in SHARED_KB for D in (64, 128) for w in KERNELS]:
         tiling = kernel.choose_tiling(torch.bfloat16, D, kernel.Target("cuda", arch, SHARED_KB[arch] * 1024))
-        if which == "forward":
+        if which.startswith("forward"):
             fn, consts = kernel._attn_fwd, dict(D=D, TILE_M=tiling.tile_m, TILE_N=tiling.tile_n)
-        else:
+        elif which.startswith("backward"):
             fn, consts = kernel._attn_bwd, dict(D=D, TILE_FIXED=tiling.tile_fixed, TILE_LOOP=tiling.tile_loop)
-        consts.update(HAS_POS=True, HAS_R=False, PRECISION=tiling.precision, pos_stride_t=1)  # as SA launches it
+        else:
+            fn, consts = kernel._rowdot, dict(D=D, TILE=tiling.tile_fixed)
+        consts.update(HAS_PERM=True)  # as SA launches them: perm, and r for the value rule
+        if fn is not kernel._rowdot:
+            consts.update(HAS_R=which.endswith("value"), PRECISION=tiling.precision)
         compiled = triton.compile(ast_source(fn, "bf16", consts), target=GPUTarget("cuda", arch, 32),
                                   options=dict(num_warps=tiling.num_warps, num_stages=tiling.num_stages))
         print(f"sm_{arch} bf16 D={D} {which}: {compiled.metadata.shared / 1024:.1f} KB shared", flush=True)
@@ -120,7 +128,7 @@ def check(version):
                             TRITON_INTERPRET="0", OMP_NUM_THREADS="1")
         save_log(got, "compile", log)
         compiled = [line for line in log.splitlines() if line.startswith("sm_")]
-        b = (f"sm_80+sm_90 bf16 D=64,128 fwd+bwd compile: {len(compiled)} of 8" + (
+        b = (f"sm_80+sm_90 bf16 D=64,128 sa+value fwd+bwd, rowdot compile: {len(compiled)} of {len(KERNELS) * 4}" + (
             f" (at most {max(float(c.split(': ')[1].split()[0]) for c in compiled):.1f} KB shared)" if ok_b
             else f", then {reason(log)}"))
         return f"{got:<7} {'PASS' if ok_a and ok_b else 'FAIL'}  {a}; {b}"

@@ -333,13 +333,20 @@ class FakeCudaTensor:
     is_cuda, shape, dtype, device = True, (1, 2, 8, 64), torch.bfloat16, torch.device("cuda")
 
 
-def test_choosing_the_kernel_adds_no_graph_break(monkeypatch, plays_a_gpu):
+@pytest.fixture
+def triton_read_anew():
+    """attention._triton_supported reads Triton's version once: here anew, and again after the test."""
+    A._triton_supported.cache_clear()
+    yield
+    A._triton_supported.cache_clear()
+
+
+def test_choosing_the_kernel_adds_no_graph_break(monkeypatch, plays_a_gpu, triton_read_anew):
     """torch 2.11's Dynamo skips importlib.util.find_spec (2.13's folds it): on an H200, a graph break in every
     attention call, and GPT.forward left eager. Played here by a find_spec that Dynamo may not trace: what chooses the
     engine is a constant to torch.compile ("auto": _kernel_ok; "triton": _has_triton)."""
     find_spec = torch.compiler.disable(importlib.util.find_spec)
     monkeypatch.setattr(A, "importlib", types.SimpleNamespace(util=types.SimpleNamespace(find_spec=find_spec)))
-    monkeypatch.setattr(A, "_TRITON_OK", None)
     for engine in ("auto", "triton"):
         monkeypatch.setattr(A, "ENGINE", engine)
         torch._dynamo.reset()
@@ -351,11 +358,10 @@ def test_choosing_the_kernel_adds_no_graph_break(monkeypatch, plays_a_gpu):
 
 @pytest.mark.parametrize("version, supported", [("3.2.0", True), ("3.6.0", True), ("3.9.1", True), ("3.1.0", False),
                                                 ("2.3.1", False), ("3.10.0", False), ("4.0.0", False)])
-def test_auto_uses_the_kernel_only_with_a_tested_triton(monkeypatch, version, supported):
+def test_auto_uses_the_kernel_only_with_a_tested_triton(monkeypatch, triton_read_anew, version, supported):
     """attention.ENGINE = "auto" on a CUDA tensor: the kernel with a Triton in attention.TRITON_VERSIONS; otherwise
     the torch engine and one warning (the version is read once, not per call)."""
     monkeypatch.setattr(triton, "__version__", version)
-    monkeypatch.setattr(A, "_TRITON_OK", None)
     monkeypatch.setattr(kernel, "check_once", lambda *a: None)  # no CUDA here to check
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
