@@ -207,7 +207,7 @@ def check_inputs(q, k, v, any_length=False, **args):
         raise InputError(f"q, k, v must be floating point, got {q.dtype}, {k.dtype}, {v.dtype}")
     if not q.device == k.device == v.device or q.is_meta:
         raise InputError(f"q, k, v must be on one device that holds data, got {q.device}, {k.device}, {v.device}")
-    if torch.is_autocast_enabled(q.device.type):  # as SDPA, whatever the inputs' dtypes
+    if torch.is_autocast_enabled(q.device.type):  # whatever the inputs' dtypes
         q, k, v = (t.to(torch.get_autocast_dtype(q.device.type)) for t in (q, k, v))
     elif not q.dtype == k.dtype == v.dtype:  # as SDPA: no silent cast to q's dtype
         raise InputError(f"q, k, v must have one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
