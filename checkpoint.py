@@ -27,11 +27,6 @@ def _words(x, n):
     return isinstance(x, (list, tuple)) and len(x) == n and all(type(w) is int and 0 <= w < 2**32 for w in x)
 
 
-def _ranks(x, _):
-    return isinstance(x, list) and len(x) > 0 and next((f"fails for rank {i}: {p}" for i, s in enumerate(x) if (
-        p := schema_problem(s, RNG, ("torch", "numpy", "python", "sampler", "sa")))), True)
-
-
 RNG = {  # one rank's, as rng_states writes them
     **{k: (lambda x, _: torch.is_tensor(x) and x.dtype == torch.uint8 and x.shape == (RNG_BYTES,),
            f"a uint8 tensor of shape ({RNG_BYTES},)") for k in ("torch", "sampler", "sa")},
@@ -55,7 +50,9 @@ CHECKPOINT = {  # what train.py writes into ckpt.pt
         type(x[k]) is t and x[k] >= 0 for k, t in SCALER.items())), "a GradScaler's state_dict ({} but with fp16)"),
     "meta": (lambda x, _: (p := schema_problem(x, META, ("vocab_size", "tokenizer"))) and f"fails: {p}" or True,
              "a dataset's meta.json"),
-    "rng": (_ranks, "a list of each rank's RNG states"),
+    "rng": (lambda x, _: isinstance(x, list) and len(x) > 0 and next((f"fails for rank {i}: {p}" for i, s in
+            enumerate(x) if (p := schema_problem(s, RNG, ("torch", "numpy", "python", "sampler", "sa")))), True),
+            "a list of each rank's RNG states"),
 }
 
 
@@ -276,8 +273,8 @@ WEIGHT_FIELDS = ("vocab_size", "n_layer", "n_head", "n_embd", "bias", "pos_emb",
 
 
 def from_gpt2(model_type, override_args=None):
-    """nanoGPT's from_pretrained: GPT-2's weights (model_type: a size of GPT2_SIZES, a directory of a transformers
-    GPT2LMHeadModel, or one) in our GPT; override_args: fields but WEIGHT_FIELDS (sa+swa's gates: at their init)."""
+    """nanoGPT's from_pretrained: GPT-2's weights (model_type: hub_model's name, or a GPT2LMHeadModel) in our GPT;
+    override_args: fields but WEIGHT_FIELDS (sa+swa's gates: at their init)."""
     override_args, allowed = override_args or {}, GPTConfig.__dataclass_fields__.keys() - set(WEIGHT_FIELDS)
     need(override_args.keys() <= allowed, f"from_gpt2 can override only {sorted(allowed)}, got "
          f"{sorted(override_args)}")

@@ -3,7 +3,7 @@ Support, which a first reading skips. nanoGPT's configurator: a script runs `exe
 after its plain globals, which each config file and --key=value then override, left to right, printing what it sets:
     python train.py config/quick.py --attn=swa
 A value must fit its default's type (a None default: its annotation's) and range (guards.SETTINGS), else the script
-ends in one line, as on any InputError, a config file's error or Ctrl-C; other exceptions keep their traceback.
+ends in one line (guards.one_line), as on any InputError, a config file's error or Ctrl-C.
 `setting_names` then names every setting; --help lists them.
 """
 import ast
@@ -13,7 +13,7 @@ import sys
 import traceback
 import typing
 
-from guards import InputError, one_line, setting_problem
+from guards import InputError, need, one_line, setting_problem
 
 
 def _configure(g, argv):
@@ -21,13 +21,11 @@ def _configure(g, argv):
     hints = g.get("__annotations__", {})
 
     def setting(name, value, where):
-        if name not in settings:
-            raise InputError(f"{where}: unknown setting {name!r}; --help lists them")
+        need(name in settings, f"{where}: unknown setting {name!r}; --help lists them")
         want = typing.get_args(hints[name])[0] if name in hints else type(settings[name])
         value = float(value) if want is float and type(value) is int else value
-        if not (type(value) is want or value is None and name in hints):
-            raise InputError(f"{where}: {name} must be of type {want.__name__}{' or None' * (name in hints)} (like "
-                             f"{settings[name]!r}), got {value!r}")
+        need(type(value) is want or value is None and name in hints, f"{where}: {name} must be of type "
+             f"{want.__name__}{' or None' * (name in hints)} (like {settings[name]!r}), got {value!r}")
         g[name] = settings[name] = value
         if os.environ.get("RANK", "0") == "0":  # under torchrun, once
             print(f"{'overriding' if where[:2] == '--' else where}: {name} = {value!r}", file=sys.stderr)
@@ -58,8 +56,7 @@ def _configure(g, argv):
         else:
             raise InputError(f"unexpected argument {arg!r}: use --key=value or a config file ending in .py")
     for name, value in settings.items():  # every final value, the script's own edits too
-        if problem := setting_problem(name, value, settings):
-            raise InputError(f"{name}={value!r}: {problem}")
+        need(not (problem := setting_problem(name, value, settings)), f"{name}={value!r}: {problem}")
     return list(settings)
 
 

@@ -35,7 +35,7 @@ def one_line(kind, error, tb):
 # name means one thing everywhere.
 
 def device_problem(device):
-    """Why device (a str) is malformed, or CUDA is missing here; else None."""
+    """Why device (a str) is unusable here, or None."""
     import torch
     if not re.fullmatch(r"cpu(:0)?|cuda(:\d+)?", device):
         return "use cpu, cuda or cuda:N"
@@ -55,7 +55,7 @@ def nearest_dir(path):
 
 
 def file_problem(path):
-    """Why path is no file to read ("not found", or a directory), or None."""
+    """Why path is no file to read, or None."""
     return None if os.path.isfile(path) else "is a directory, not a file" if os.path.isdir(path) else "not found"
 
 
@@ -145,8 +145,7 @@ def schema_problem(record, schema, required=()):
     {entry: (test(value, record) -> True, False or what is wrong, what it must be)}."""
     if not isinstance(record, dict):
         return f"it is {shown(record)}, not a dict of entries"
-    missing = [k for k in required if k not in record]
-    if missing:
+    if missing := [k for k in required if k not in record]:
         return f"no {' and no '.join(map(repr, missing))} entry"
     for entry, (test, want) in schema.items():
         got = entry not in record or test(record[entry], record)
@@ -175,7 +174,7 @@ def count(x):
     return type(x) is int and x >= 0
 
 
-# Tensors: one call at the door of each public function
+# Tensors
 
 def check_count(value, name, least=1):
     """value if an integer >= least (Python's or numpy's, not a bool), else an InputError naming it."""
@@ -208,14 +207,14 @@ def check_inputs(q, k, v, any_length=False, **args):
         raise InputError(f"q, k, v must be floating point, got {q.dtype}, {k.dtype}, {v.dtype}")
     if not q.device == k.device == v.device or q.is_meta:
         raise InputError(f"q, k, v must be on one device that holds data, got {q.device}, {k.device}, {v.device}")
-    if torch.is_autocast_enabled(q.device.type):  # as SDPA, whatever the inputs' dtypes
+    if torch.is_autocast_enabled(q.device.type):  # whatever the inputs' dtypes
         q, k, v = (t.to(torch.get_autocast_dtype(q.device.type)) for t in (q, k, v))
     elif not q.dtype == k.dtype == v.dtype:  # as SDPA: no silent cast to q's dtype
         raise InputError(f"q, k, v must have one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     B, H, T = q.shape[:3]
     for name, x in args.items():
-        if name == "delta" and not (isinstance(x, numbers.Real) and not isinstance(x, bool) and x >= FP32_TINY):  # NaN
-            raise InputError(f"delta must be a number >= {FP32_TINY:.2g} (fp32's smallest normal), got {x!r}")
+        if name == "delta":
+            check_delta(x)
         if name in ("window", "moba_chunk", "top_k"):
             check_count(x, name)
         if name == "mask" and not (isinstance(x, torch.Tensor) and x.dtype == torch.bool and x.dim() <= 4 and all(
@@ -233,7 +232,7 @@ def check_inputs(q, k, v, any_length=False, **args):
         if name == "pos" or not x.numel() or _unchanged(x):  # pos: any values; a draw: valid where it was made
             continue
         rows = x.reshape(-1, T)  # (R, T)
-        if name == "r" and not bool(rows.isfinite().all()):  # a sync on a GPU, once per tensor (checked)
+        if name == "r" and not bool(rows.isfinite().all()):  # once per tensor (checked)
             raise InputError("r must be finite, got NaN or inf")
         if name == "perm":
             hit = torch.zeros_like(rows, dtype=torch.bool).scatter_(1, rows.clamp(0, T - 1), True)  # (R, T): O(T)

@@ -2,13 +2,12 @@
 Support, which a first reading skips. GPT.generate's exact KV cache: a step's output is the last row of a forward over
 the tokens it holds (all so far, until generate refills it); tests/test_generate.py checks each kind.
 
-Per layer: k, v (B, nh, S, hs), position p in cell p % S, and what the layout its KINDS row names keeps (LAYOUTS):
-"all" (full): S = block_size. "window" (SWA): S = min(window, block_size); a key is overwritten once no query sees it.
-"chunks" (MoBA): S = block_size in whole chunks, and each complete chunk's fp32 mean key.
-"sorted" (value-rule SA): S = block_size, and r sorted with positions: two binary searches find a step's keys
-(~2 * window at T = block_size).
-"prefix" (any kind without SA's draws): S = block_size; a step runs the kind's own function over the start + 1 keys
-held, all queries zero but the step's, the last: exact where output row i reads q_i and keys up to i alone.
+Per layer: k, v (B, nh, S, hs), position p in cell p % S, S = block_size, and what its kind's layout (LAYOUTS) keeps:
+"all" (full): no more. "window" (SWA): S = min(window, block_size); a key is overwritten once no query sees it.
+"chunks" (MoBA): S rounded up to whole chunks, and each complete chunk's fp32 mean key.
+"sorted" (value-rule SA): r sorted with positions; two binary searches find a step's keys (~2 * window at T = S).
+"prefix" (any kind without SA's draws): a step runs the kind's own function over the start + 1 keys held, all queries
+zero but the step's, the last: exact where output row i reads q_i and keys up to i alone.
 None (rank-rule SA, GPTConfig.cacheable): no cache; generate recomputes the prefix.
 """
 import math
@@ -26,7 +25,6 @@ LAYOUTS = {"all": ("full",), "window": ("swa",), "chunks": ("moba",), "sorted": 
 
 
 def use_kv_cache(config, use_cache):
-    """use_cache if config.cacheable, else False (said on stderr if use_cache)."""
     if use_cache and not config.cacheable:
         print(f"{uncached(config)} cannot be decoded from a KV cache: each token recomputes the prefix",
               file=sys.stderr)

@@ -8,10 +8,7 @@ Read first. Sample from a checkpoint trained by train.py or from GPT-2; --attn s
   python sample.py --init_from=gpt2 --attn=sa --window=64 --start="The meaning of life is"
 
 Text goes through the training data's tokenizer, whose meta.json the checkpoint carries (GPT-2's: tiktoken's gpt2).
-SA draws fresh permutations at every forward pass: --seed fixes them and the sampling. Where GPTConfig.cacheable,
-tokens are decoded from a KV cache; otherwise every token recomputes the prefix (its last block_size tokens), which
-sample.py says once.
-`python results/bench.py --generation=True` measures the speed with and without the cache.
+`python results/bench.py --generation=True` measures the speed with and without the KV cache.
 """
 import os
 import sys
@@ -35,7 +32,7 @@ num_samples = 2          # independent samples
 max_new_tokens = 500     # tokens generated per sample
 temperature = 0.8        # < 1 sharpens the distribution, > 1 flattens it; 0: greedy (always the most likely token)
 top_k = 200              # sample among the top_k most likely tokens; 0: among all
-seed = 1337              # seeds the sampling and the SA permutations
+seed = 1337              # seeds the sampling and SA's draws (fresh at every forward pass)
 use_cache = True         # decode from a KV cache where exact (not rank-rule SA); False: recompute the prefix
 device = "cuda" if torch.cuda.is_available() else "cpu"
 dtype = "bfloat16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "float32"
@@ -50,15 +47,14 @@ else:  # GPT-2's weights (nanoGPT's from_pretrained) and BPE
     model, meta, source = from_gpt2(init_from).to(device), GPT2_META, init_from
 model.swap_attention(**{k: v for k, v in dict(attn=attn, window=window).items() if v})
 encode, decode = get_tokenizer(meta, source)
-prompt = start
 if start.startswith("FILE:"):
     try:
         with open(start[len("FILE:"):], encoding="utf-8") as f:
-            prompt = f.read()
+            start = f.read()
     except (OSError, UnicodeDecodeError) as e:
         sys.exit(f"--start={start}: {getattr(e, 'strerror', None) or 'not UTF-8 text'}")
 c = model.config
-start_ids = encode(prompt)
+start_ids = encode(start)
 need(start_ids and max(start_ids) < c.vocab_size, f"--start must encode to at least one token, each < the model's "
      f"vocab_size {c.vocab_size}")
 # what runs the attention (on a GPU, the kernel's self-check runs now)
