@@ -27,7 +27,7 @@ from checkpoint import GPT2_META, GPT2_SIZES, from_gpt2, hub_offline, load_check
 from guards import InputError, count, need, path_problem, setting_problem
 from hf import HFLM
 from model import DTYPES, KINDS, GPTConfig, autocast, swapped
-from prepare_data import dataset_dir, get_tokenizer, load_meta, load_tokens, progress, pyplot
+from prepare_data import dataset_dir, get_tokenizer, hf_dataset, load_meta, load_tokens, progress, pyplot
 
 # -----------------------------------------------------------------------------
 init_from = "resume"  # resume (out_dir/ckpt.pt), gpt2[-medium|-large|-xl] or a Hugging Face LM (name or dir)
@@ -308,15 +308,7 @@ def load_task_file(path, limit=0):
 def load_task(name, limit=0):
     """(name, scoring, docs) of a task of TASKS, through `datasets`."""
     path, subset, split, convert = TASKS[name]
-    try:
-        import datasets
-    except ImportError:
-        raise InputError(f"task {name}: pip install datasets, or pass the task as --task_file=FILE.jsonl") from None
-    try:
-        rows = datasets.load_dataset(path, subset, split=split)
-    except Exception as e:  # offline shows up as several exception types
-        raise InputError(f"task {name}: cannot load {path} ({type(e).__name__}: {str(e)[:200]}); offline? pass it as "
-                         "--task_file=FILE.jsonl") from None
+    rows = hf_dataset(path, subset, split, alt=f", or pass {name} as --task_file=FILE.jsonl")
     docs = [convert(row) for row in (rows.select(range(min(limit, len(rows)))) if limit else rows)]
     return name, doc_scoring(docs[0]), docs
 

@@ -453,17 +453,18 @@ def download_text(url):
     return b"".join(pieces).decode("utf-8")
 
 
-def hf_dataset(path, name, split, streaming=False):
+def hf_dataset(path, name, split, streaming=False, alt=""):
+    """A Hugging Face dataset; its errors end with alt (", or ...")."""
     try:
         import datasets
     except ImportError:
-        raise InputError(f"{path} needs the `datasets` package: pip install datasets") from None
+        raise InputError(f"{path} needs the `datasets` package: pip install datasets{alt}") from None
     try:
         return datasets.load_dataset(path, name, split=split, streaming=streaming)
     except Exception as e:  # offline: one of several types
         first = (str(e).splitlines() or [""])[0][:200]
         raise InputError(f"could not load {path} ({type(e).__name__}: {first}): check the network, or set "
-                         "HF_DATASETS_OFFLINE=1 to use its cache") from None
+                         f"HF_DATASETS_OFFLINE=1 to use its cache{alt}") from None
 
 
 def prepare_shakespeare_char(data_dir, frac):
