@@ -137,9 +137,9 @@ def check_settings(s):
 
 
 def plan(lm, kinds, ws, s):
-    """[None] (the model as is) or lm.use() kwargs: a kind without settings (full) once, each other per window, with
-    the settings of its KINDS row that s gives. Several windows without --attn sweep each one-function kind; an sa+swa model keeps its
-    kind (model.swapped)."""
+    """[None] (the model as is) or lm.use() kwargs: a kind without settings (full) once, each other per window with
+    the settings of its KINDS row that s gives. Several windows without --attn sweep each one-function kind; an
+    sa+swa model keeps its kind (model.swapped)."""
     if not kinds and not ws:
         return [None]
     native = lm.native["attn"]
@@ -149,12 +149,12 @@ def plan(lm, kinds, ws, s):
         ws = [lm.native["window"]]
     swaps = []
     for k in kinds:
-        own = KINDS[k].settings  # full has none: one run
+        own = KINDS[k].settings
         for w in ws if own else [None]:
             swap = {"attn": k, **{n: s.get(n) for n in own if s.get(n) is not None}}
             if own:
                 swap["window"] = w
-            if "moba_chunk" in own and s.get("moba_chunk") is None:  # MoBA at the window's key budget
+            if "moba_chunk" in own and s.get("moba_chunk") is None:
                 swap["moba_chunk"] = max(1, w // s["moba_topk"])
             swaps.append(swap)
     for swap in swaps if isinstance(lm, OurLM) else []:  # all checked before the first runs
@@ -408,8 +408,8 @@ def evaluate_task(lm, name, scoring, docs, batch_size, bootstrap_iters=100000):
 
 @torch.no_grad()
 def perplexity(lm, tokens, batch_size, limit=0):
-    """{metric: (value, None)}, no stderr as in lm-eval: loss, ppl and bpb (bits per UTF-8 byte, to compare
-    tokenizers; none for ids) over `tokens`, each but the first predicted once, in segments of T = block_size."""
+    """{metric: (value, None)}, no stderr as in lm-eval: loss, ppl and bpb (bits per UTF-8 byte; none for ids) of
+    `tokens`, each but the first predicted once, in segments of T = block_size."""
     T = lm.block_size
     starts = list(range(0, len(tokens) - 1, T))[:limit or None]
     need(starts, f"perplexity needs at least 2 tokens, got {len(tokens)}")
