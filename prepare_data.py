@@ -417,9 +417,9 @@ def prepare_mqar(data_dir, seq_len, num_pairs, num_queries, vocab, train_seqs, v
         c1 v1 c2 v2 ... cP vP  0 0 ... 0  |  0 q 0 0 q q 0 ... q 0   (| = seq_len // 2)
 
     P pairs of distinct cues (MQAR's keys: meta's num_keys) from [1, C] and values from [C+1, vocab), after `offset`
-    0s; then num_queries cues (distinct pairs if num_queries <= P) at random positions,
-    min_gap = seq_len // 2 - (2P - 1) - offset or more after their values: SWA of reach n_layer * (w - 1) < min_gap
-    can only guess. ordered=True asks pair i at seq_len // 2 + 2i (min_gap = seq_len // 2 - 1 - offset)."""
+    0s; then num_queries cues (distinct pairs if num_queries <= P) at random positions, min_gap (mqar_layout) or
+    more after their values: SWA of reach n_layer * (w - 1) < min_gap can only guess. ordered=True asks pair i at
+    seq_len // 2 + 2i."""
     C, min_gap = mqar_layout(seq_len, num_pairs, num_queries, vocab, ordered, offset)
     n, name = max((train_seqs, "mqar_train_seqs"), (val_seqs, "mqar_val_seqs"))
     # ram: mqar_batch's arrays, measured within 1.6x
