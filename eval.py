@@ -127,8 +127,6 @@ def check_settings(s):
     if s["window"] is not None:
         need(not ws, "give --window or --windows, not both")
         ws = [s["window"]]
-    if s["dataset"]:
-        dataset_dir(s["data_root"], s["dataset"])
     plot_path = s["plot"] and os.path.join(
         "" if os.path.dirname(s["plot"]) else os.path.dirname(s["json_out"]) or s["out_dir"], s["plot"])
     problem = plot_path and len(ws) > 1 and path_problem(plot_path, is_file=True)
