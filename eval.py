@@ -27,7 +27,7 @@ from checkpoint import GPT2_META, GPT2_SIZES, from_gpt2, hub_offline, load_check
 from guards import InputError, count, need, path_problem, setting_problem
 from hf import HFLM
 from model import DTYPES, KINDS, GPTConfig, autocast, swapped
-from prepare_data import dataset_dir, get_tokenizer, load_meta, load_tokens, progress, pyplot
+from prepare_data import dataset_dir, get_tokenizer, hf_dataset, load_meta, load_tokens, progress, pyplot
 
 # -----------------------------------------------------------------------------
 init_from = "resume"  # resume (out_dir/ckpt.pt), gpt2[-medium|-large|-xl] or a Hugging Face LM (name or dir)
@@ -127,8 +127,6 @@ def check_settings(s):
     if s["window"] is not None:
         need(not ws, "give --window or --windows, not both")
         ws = [s["window"]]
-    if s["dataset"]:
-        dataset_dir(s["data_root"], s["dataset"])
     plot_path = s["plot"] and os.path.join(
         "" if os.path.dirname(s["plot"]) else os.path.dirname(s["json_out"]) or s["out_dir"], s["plot"])
     problem = plot_path and len(ws) > 1 and path_problem(plot_path, is_file=True)
@@ -137,9 +135,9 @@ def check_settings(s):
 
 
 def plan(lm, kinds, ws, s):
-    """[None] (the model as is) or lm.use() kwargs: a kind without settings (full) once, each other per window, with
-    the settings of its KINDS row that s gives. Several windows without --attn sweep each one-function kind; an sa+swa model keeps its
-    kind (model.swapped)."""
+    """[None] (the model as is) or lm.use() kwargs: a kind without settings (full) once, each other per window with
+    the settings of its KINDS row that s gives. Several windows without --attn sweep each one-function kind; an
+    sa+swa model keeps its kind (model.swapped)."""
     if not kinds and not ws:
         return [None]
     native = lm.native["attn"]
@@ -149,12 +147,12 @@ def plan(lm, kinds, ws, s):
         ws = [lm.native["window"]]
     swaps = []
     for k in kinds:
-        own = KINDS[k].settings  # full has none: one run
+        own = KINDS[k].settings
         for w in ws if own else [None]:
             swap = {"attn": k, **{n: s.get(n) for n in own if s.get(n) is not None}}
             if own:
                 swap["window"] = w
-            if "moba_chunk" in own and s.get("moba_chunk") is None:  # MoBA at the window's key budget
+            if "moba_chunk" in own and s.get("moba_chunk") is None:
                 swap["moba_chunk"] = max(1, w // s["moba_topk"])
             swaps.append(swap)
     for swap in swaps if isinstance(lm, OurLM) else []:  # all checked before the first runs
@@ -308,15 +306,7 @@ def load_task_file(path, limit=0):
 def load_task(name, limit=0):
     """(name, scoring, docs) of a task of TASKS, through `datasets`."""
     path, subset, split, convert = TASKS[name]
-    try:
-        import datasets
-    except ImportError:
-        raise InputError(f"task {name}: pip install datasets, or pass the task as --task_file=FILE.jsonl") from None
-    try:
-        rows = datasets.load_dataset(path, subset, split=split)
-    except Exception as e:  # offline shows up as several exception types
-        raise InputError(f"task {name}: cannot load {path} ({type(e).__name__}: {str(e)[:200]}); offline? pass it as "
-                         "--task_file=FILE.jsonl") from None
+    rows = hf_dataset(path, subset, split, alt=f", or pass {name} as --task_file=FILE.jsonl")
     docs = [convert(row) for row in (rows.select(range(min(limit, len(rows)))) if limit else rows)]
     return name, doc_scoring(docs[0]), docs
 
@@ -416,8 +406,8 @@ def evaluate_task(lm, name, scoring, docs, batch_size, bootstrap_iters=100000):
 
 @torch.no_grad()
 def perplexity(lm, tokens, batch_size, limit=0):
-    """{metric: (value, None)}, no stderr as in lm-eval: loss, ppl and bpb (bits per UTF-8 byte, to compare
-    tokenizers; none for ids) over `tokens`, each but the first predicted once, in segments of T = block_size."""
+    """{metric: (value, None)}, no stderr as in lm-eval: loss, ppl and bpb (bits per UTF-8 byte; none for ids) of
+    `tokens`, each but the first predicted once, in segments of T = block_size."""
     T = lm.block_size
     starts = list(range(0, len(tokens) - 1, T))[:limit or None]
     need(starts, f"perplexity needs at least 2 tokens, got {len(tokens)}")

@@ -39,10 +39,10 @@ class HFLM:  # as eval.OurLM, for a transformers model
 
 
 def register_hf_attention(attn, window=None, moba_chunk=64, moba_topk=4, generator=None, **other):
-    """Register attn with transformers (Qwen3, Llama... call it after RoPE), with a mask function handing it the 2D
-    padding mask: a row, left or right padded, attends as if alone. Returns the name for
-    model.set_attn_implementation. SA seeds from `generator`. On a KV cache swa sees the last `window` keys, sa and
-    moba all (said once). Other settings (an eval.py swap's sa_rule...) are refused, other attention kwargs if set."""
+    """Register attn with transformers (Qwen3, Llama... call it after RoPE) and a mask function handing it the 2D
+    padding mask (a row, left or right padded, attends as if alone); return its name for set_attn_implementation.
+    SA seeds from `generator`. On a KV cache swa sees the last `window` keys, sa and moba all (said once). Other
+    settings (sa_rule...) are refused, other attention kwargs if set."""
     try:
         from transformers import AttentionInterface
         from transformers.masking_utils import AttentionMaskInterface

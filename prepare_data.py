@@ -417,9 +417,9 @@ def prepare_mqar(data_dir, seq_len, num_pairs, num_queries, vocab, train_seqs, v
         c1 v1 c2 v2 ... cP vP  0 0 ... 0  |  0 q 0 0 q q 0 ... q 0   (| = seq_len // 2)
 
     P pairs of distinct cues (MQAR's keys: meta's num_keys) from [1, C] and values from [C+1, vocab), after `offset`
-    0s; then num_queries cues (distinct pairs if num_queries <= P) at random positions,
-    min_gap = seq_len // 2 - (2P - 1) - offset or more after their values: SWA of reach n_layer * (w - 1) < min_gap
-    can only guess. ordered=True asks pair i at seq_len // 2 + 2i (min_gap = seq_len // 2 - 1 - offset)."""
+    0s; then num_queries cues (distinct pairs if num_queries <= P) at random positions, min_gap (mqar_layout) or
+    more after their values: SWA of reach n_layer * (w - 1) < min_gap can only guess. ordered=True asks pair i at
+    seq_len // 2 + 2i."""
     C, min_gap = mqar_layout(seq_len, num_pairs, num_queries, vocab, ordered, offset)
     n, name = max((train_seqs, "mqar_train_seqs"), (val_seqs, "mqar_val_seqs"))
     # ram: mqar_batch's arrays, measured within 1.6x
@@ -453,17 +453,18 @@ def download_text(url):
     return b"".join(pieces).decode("utf-8")
 
 
-def hf_dataset(path, name, split, streaming=False):
+def hf_dataset(path, name, split, streaming=False, alt=""):
+    """A Hugging Face dataset; its errors end with alt (", or ...")."""
     try:
         import datasets
     except ImportError:
-        raise InputError(f"{path} needs the `datasets` package: pip install datasets") from None
+        raise InputError(f"{path} needs the `datasets` package: pip install datasets{alt}") from None
     try:
         return datasets.load_dataset(path, name, split=split, streaming=streaming)
     except Exception as e:  # offline: one of several types
         first = (str(e).splitlines() or [""])[0][:200]
         raise InputError(f"could not load {path} ({type(e).__name__}: {first}): check the network, or set "
-                         "HF_DATASETS_OFFLINE=1 to use its cache") from None
+                         f"HF_DATASETS_OFFLINE=1 to use its cache{alt}") from None
 
 
 def prepare_shakespeare_char(data_dir, frac):

@@ -437,7 +437,7 @@ def test_missing_packages_are_clear_errors(monkeypatch):
         hf.register_hf_attention("sa", window=4)
     with pytest.raises(ValueError, match="pip install transformers"):
         ev.run({"init_from": "Qwen/Qwen3-0.6B", "tasks": "ppl"})
-    with pytest.raises(ValueError, match="pip install datasets, or pass the task as --task_file"):
+    with pytest.raises(ValueError, match="pip install datasets, or pass hellaswag as --task_file"):
         ev.load_task("hellaswag")
 
 
