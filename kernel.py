@@ -160,7 +160,7 @@ def _attn_fwd(Q, K, V, O, LSE, Perm, R, sq_b, sq_h, sq_t, sk_b, sk_h, sk_t, sv_b
         acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, offs_m, tok_m, r_m, K, V, Perm, R, sk_t, sv_t, first, end,
                                    left, right, width, T, qk_scale, D, TILE_N, region != 1, HAS_PERM, HAS_R, PRECISION)
     tl.store(LSE + offs_m, m_i + tl.math.log2(l_i), mask=offs_m < T)  # log2-sum-exp2 per slot
-    tl.store(O + tok_m[:, None] * so_t + tl.arange(0, D)[None, :],
+    tl.store(O + tok_m.to(tl.int64)[:, None] * so_t + tl.arange(0, D)[None, :],  # int64: int32 spilled on sm_80
              (acc / l_i[:, None]).to(O.dtype.element_ty), mask=offs_m[:, None] < T)
 
 
@@ -301,9 +301,9 @@ def choose_tiling(dtype, D, target):
                         64 if small else 80)
     else:
         tiling = Tiling(*(128, 64, 128, 32) if small else (128, 32, 64, 32), 8, 3, None, 72 if small else 96)
-    if amd:  # D = 128: 32 moving rows spill
-        tiling = tiling._replace(tile_loop=tiling.tile_loop if small else 16, num_warps=4, num_stages=2,
-                                 min_shared_kb=64)
+    if amd:  # fp16 value rule's forward at D = 64: 128 query rows spill; at D = 128, 32 moving rows
+        tiling = tiling._replace(tile_m=64 if small else tiling.tile_m, tile_loop=tiling.tile_loop if small else 16,
+                                 num_warps=4, num_stages=2, min_shared_kb=64)
     if target.max_shared < tiling.min_shared_kb * 1024:
         raise Unsupported(f"the kernel for {str(dtype)[6:]} at head dim {D} needs {tiling.min_shared_kb} KB of shared "
                           f"memory, the GPU offers {target.max_shared // 1024} KB")
