@@ -1,9 +1,9 @@
 """Support, which a first reading skips. The tiled torch engine: attention in O(T * w) time and memory, forward and
-backward, on any device.
+backward, on any device: the band of SWA and SA for attention.py's torch engine (Band), MoBA always (Moba).
 
-attention.py's torch engine runs SWA's and SA's band here (Band), and moba_attention always (Moba). A layout cuts the
-pairs a rule allows into groups (nq query rows, the nk key rows they see, a mask), batched in calls whose scores fit in
-cache. The backward recomputes probabilities from each row's logsumexp (autograd would keep them: O(T * nk)).
+A layout cuts the pairs a rule allows into groups (nq query rows, the nk key rows they see, a mask), batched in calls
+whose scores fit in cache. The backward recomputes probabilities from each row's logsumexp (autograd would keep them:
+O(T * nk)).
 """
 import math
 
@@ -53,7 +53,7 @@ class Band:
             left, right = band_edges(width, T, pos is not None)
             nk = left + nq + right
             d = torch.arange(nk, device=device) - torch.arange(nq, device=device)[:, None] - left  # (nq, nk): k - q
-            self.band = torch.zeros(nq, nk, device=device).masked_fill_((d < -left) | (d > right), NEG)
+            self.band = torch.where((d < -left) | (d > right), NEG, 0.0)
         else:
             r = r.expand(B, H, T).reshape(BH, T) if r.dim() == 3 else r[None]  # (R, T), R = 1 or BH
             start, end = value_spans(r, width, margin, nq)  # (R, nb)
@@ -109,7 +109,7 @@ class Band:
             return torch.where(visible, self.band, NEG)
         qr = self.r[heads, q].unflatten(1, (e - s, nq))  # (m or 1, e-s, nq)
         visible &= (qr[..., :, None] - self.spans(self.r, heads, s, e)[..., None, :]).abs() < self.width
-        return torch.zeros(visible.shape, device=visible.device).masked_fill_(~visible, NEG)
+        return torch.where(visible, 0.0, NEG)
 
     def calls(self, size):
         """(query rows (m, n, nq), key rows (m, n, nk), mask (m or 1, n, nq, nk)) per call of ~size scores."""
@@ -172,9 +172,9 @@ class Moba:
         base = torch.arange(BH, device=device)[:, None] * T  # (BH, 1)
         rows = F.pad(torch.arange(T, device=device) + base, (0, nc * c - T), value=BH * T)  # (BH, nc*c)
         self.own = rows.view(BH, nc, c)  # queries = keys
-        i, S = torch.arange(c, device=device), nc * c
-        keypad = torch.zeros(S, device=device).index_fill_(0, torch.arange(T, S, device=device), NEG).view(nc, c)
-        causal = torch.zeros(c, c, device=device).masked_fill_(i[None, :] > i[:, None], NEG)  # (c, c)
+        i = torch.arange(c, device=device)
+        keypad = torch.where(torch.arange(nc * c, device=device) < T, 0.0, NEG).view(nc, c)
+        causal = torch.where(i[None, :] > i[:, None], NEG, 0.0)  # (c, c)
         self.own_mask = causal + keypad[:, None]  # (nc, c, c)
         pair_chunk = (idx + torch.arange(BH, device=device).view(B, H, 1, 1) * nc)[ok]  # (P,): head*nc + chunk
         pair_row = (torch.arange(T, device=device) + base.view(B, H, 1)).unsqueeze(-1).expand_as(idx)[ok]  # (P,)
