@@ -58,8 +58,7 @@ class CausalSelfAttention(nn.Module):
         return self.resid_dropout(self.c_proj(y))
 
     def attend(self, kind, q, k, v, draw, cache=None):
-        """q, k, v (B, nh, T, hs) -> (B, nh, T, hs): kind's function on its args (its KINDS row); a decode step reads
-        the KV cache instead."""
+        """q, k, v (B, nh, T, hs) -> (B, nh, T, hs) by kind's KINDS row; a decode step reads the KV cache instead."""
         row = KINDS[kind]
         args = [draw if a == "draw" else getattr(self.config, a) for a in row.args]
         if cache is not None and cache.start > 0:
@@ -68,7 +67,7 @@ class CausalSelfAttention(nn.Module):
 
 
 class Layer(nn.Module):
-    """GPT-2's pre-LayerNorm layer: x + attn(ln_1(x)), then x + mlp(ln_2(x))."""
+    """GPT-2's pre-LayerNorm layer."""
 
     def __init__(self, config, layer_idx=0):
         super().__init__()
@@ -120,7 +119,7 @@ KINDS = {
 
 @dataclass
 class GPTConfig:
-    # Defaults: GPT-2 small's shape (124M) with SA+SWA. Each field is a train.py setting, these its defaults.
+    # GPT-2 small's shape (124M) with SA+SWA. Each field is a train.py setting.
     block_size: int = 1024  # maximum sequence length
     vocab_size: int = 50304  # GPT-2's 50257 padded to a multiple of 64
     n_layer: int = 12
@@ -163,8 +162,8 @@ class GPTConfig:
 
     @property
     def sa_delta(self):
-        """The value rule's width, fixed by block_size: a pair meets with probability ~2 * delta, as by the rank rule
-        at T = block_size; at shorter T fewer, 1 + (T - 1) * (delta - delta**2 / 2) keys per query on average."""
+        """The value rule's width: a pair meets with probability ~2 * delta, as by the rank rule at T = block_size; a
+        query sees 1 + (T - 1) * (delta - delta**2 / 2) keys on average."""
         return self.window / self.block_size
 
     @property
@@ -299,8 +298,8 @@ class GPT(nn.Module):
         return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, **fused)
 
     def flops_per_token(self, T):
-        """Training FLOPs per token: 6N for the weights, plus 12 * L * C * (keys a query sees, as KINDS counts them:
-        SA's window, which value-rule SA reaches only at T = block_size; below it, this overstates)."""
+        """Training FLOPs per token: 6N for the weights plus 12 * L * C * the keys a query sees (KINDS' keys_seen:
+        below T = block_size, it overstates value-rule SA)."""
         c = self.config
         return 6 * self.get_num_params() + 12 * c.n_layer * c.n_embd * KINDS[c.attn].keys_seen(c, T)
 
@@ -352,10 +351,10 @@ def apply_rope(x, cos, sin):
 @torch.library.custom_op("sa::draws", mutates_args=("state",))
 def sa_draws(state: torch.Tensor, n: int, B: int, heads: int, T: int, value: bool, lengths: Optional[torch.Tensor],
              device: torch.device) -> torch.Tensor:
-    """GPT.draw_sa's draws of n layers, stacked, from a CPU generator's state, advanced in place, on device (copied from
-    pinned memory: the CPU does not wait for the GPU). With lengths, each layer draws from a seed: the rank rule by
-    attention.row_perms, the value rule's r of token t and head h as the seed's (t * heads + h)-th number. A registered
-    op, so that torch.compile keeps these draws."""
+    """GPT.draw_sa's draws of n layers, stacked, from a CPU generator's state (advanced in place), on device (from
+    pinned memory: the CPU does not wait for the GPU). With lengths, each layer's from a seed: the rank rule's by
+    attention.row_perms, the value rule's r of token t, head h the seed's (t * heads + h)-th number. A registered op:
+    torch.compile keeps these draws."""
     g = torch.Generator().set_state(state)
     if lengths is not None:
         seeds = torch.randint(2**62, (n,), generator=g).tolist()
