@@ -12,9 +12,9 @@ DDP, on one node of 8 GPUs, or two nodes:
   torchrun --nproc_per_node=8 --nnodes=2 --node_rank=0 --master_addr=IP --master_port=1234 train.py ...
 
 Every eval appends to out_dir/log.jsonl and, after iteration 0, saves out_dir/ckpt.pt (always_save_checkpoint;
-eval_only: never). It holds every rank's RNG states: a resume with the same settings is bitwise the run that never
-stopped on the CPU (tests/test_train.py); on CUDA only where its kernels are deterministic, which train.py does not
-ask for, and SDPA's flash backward is not. A larger max_iters trains on, the cosine still ending at lr_decay_iters.
+eval_only: never) with every rank's RNG states: a resume with the same settings is bitwise the run that never stopped
+on the CPU (tests/test_train.py); on CUDA only with deterministic kernels, which train.py does not ask for (SDPA's
+flash backward is not). A larger max_iters trains on, the cosine still ending at lr_decay_iters.
 Nothing is lost (checkpoint.RunDir): a second run into the same out_dir is refused, a NaN or inf loss stops the run
 before anything of it is saved, and a new run replaces an old checkpoint only with --overwrite=True.
 """
@@ -40,15 +40,14 @@ from prepare_data import dataset_dir, load_data, random_batch, task_metrics
 # 20.1 GiB in eager bf16 on an H200 (20.5 estimated by gpu_check.memory_estimate), fits a 40 GB A100.
 # I/O
 out_dir = "out"  # for ckpt.pt and log.jsonl
-eval_interval = 250  # iterations between evals (each logs; see always_save_checkpoint); one at the end too
+eval_interval = 250  # iterations between evals, and one at the end
 log_interval = 10  # iterations between prints of the training loss and speed
 eval_iters = 50  # batches per split per eval, the same each time
 eval_only = False  # evaluate once and exit
 always_save_checkpoint = True  # save at every eval; False: only when val loss improves
 init_from = "scratch"  # "scratch", "resume" (out_dir/ckpt.pt), "gpt2" ... "gpt2-xl", or a GPT2LMHeadModel's directory
-overwrite = False  # True: a new run replaces out_dir's ckpt.pt at its first checkpoint; False: refused
-# model: each GPTConfig field is a setting (n_layer, attn, window...; its default and comment in model.py), passed by
-# name; block_size is the data's below
+overwrite = False  # True: a new run's first checkpoint replaces out_dir's ckpt.pt; False: refused
+# model: each GPTConfig field is a setting (n_layer, attn, window...: see model.py); block_size is under data
 globals().update(asdict(GPTConfig()))
 vocab_size = 0  # 0: the data's vocab_size, padded up to a multiple of 64 (50257 -> 50304)
 # data
@@ -114,7 +113,7 @@ if "mqar" in meta and config.attn == "swa" and config.n_layer * (config.window -
 
 def get_batch(split, gen):
     """batch_size random sequences (x, y), (B, T) each, from generator gen: text, copy or MQAR (random_batch)."""
-    x, y = random_batch(data[split], meta, batch_size, T, gen, split == "train", copy_task)  # numpy (B, T) each
+    x, y = random_batch(data[split], meta, batch_size, T, gen, split == "train", copy_task)  # numpy
     x, y = torch.from_numpy(x), torch.from_numpy(y)
     if device_type == "cuda":
         x, y = (t.pin_memory().to(device, non_blocking=True) for t in (x, y))
@@ -144,7 +143,6 @@ model.seed_sa(sa_seed)  # a resume restores the saved state, except on ranks the
 model.to(device)
 torch.manual_seed(dropout_seed)
 data_rng = torch.Generator().manual_seed(data_seed)
-# fp16 gradients underflow unless the loss is scaled
 scaler = torch.amp.GradScaler(device_type, enabled=dtype == "float16")
 optimizer = model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type)
 if ckpt is not None:  # AdamW's, the GradScaler's and every RNG's states: where the run stopped
@@ -154,7 +152,7 @@ if ckpt is not None:  # AdamW's, the GradScaler's and every RNG's states: where 
 ckpt = None  # free up memory
 
 raw_model = model  # the GPT itself: checkpoints, SA's state, MFU
-compile = device_type == "cuda" if compile is None else compile  # None: on CUDA only
+compile = device_type == "cuda" if compile is None else compile
 if compile:
     model = torch.compile(model)
 eval_model = model  # estimate_loss's: rank 0 evaluates alone, without DDP
@@ -206,9 +204,8 @@ def stop_if_diverged(loss, what):
          f"--learning_rate?); {kept}")
 
 
-# logging: the master appends to log.jsonl each eval's {iter, train_loss, val_loss, lr, elapsed_s} (and per split
-# _acc on MQAR, _first and _second on the copy task) and, every log_interval, {iter, loss, lr, ms_per_iter, tok_per_s,
-# mfu (null off CUDA), elapsed_s}
+# logging: the master appends to log.jsonl each eval (per split: the loss, and _acc on MQAR, _first and _second on the
+# copy task) and, every log_interval, the training loss and speed (mfu: null off CUDA)
 tokens_per_iter = gradient_accumulation_steps * world_size * batch_size * T
 run = RunDir(out_dir, iter_num if init_from == "resume" else None, best_val_loss) if master else None
 if master:
