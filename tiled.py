@@ -172,9 +172,8 @@ class Moba:
         base = torch.arange(BH, device=device)[:, None] * T  # (BH, 1)
         rows = F.pad(torch.arange(T, device=device) + base, (0, nc * c - T), value=BH * T)  # (BH, nc*c)
         self.own = rows.view(BH, nc, c)  # queries = keys
-        i = torch.arange(c, device=device)
         keypad = torch.where(torch.arange(nc * c, device=device) < T, 0.0, NEG).view(nc, c)
-        causal = torch.where(i[None, :] > i[:, None], NEG, 0.0)  # (c, c)
+        causal = torch.full((c, c), NEG, device=device).triu(1)  # (c, c): keys after the query hidden
         self.own_mask = causal + keypad[:, None]  # (nc, c, c)
         pair_chunk = (idx + torch.arange(BH, device=device).view(B, H, 1, 1) * nc)[ok]  # (P,): head*nc + chunk
         pair_row = (torch.arange(T, device=device) + base.view(B, H, 1)).unsqueeze(-1).expand_as(idx)[ok]  # (P,)
