@@ -36,10 +36,10 @@ from model import DTYPES, GPT, GPTConfig, autocast, swap_fields
 from prepare_data import dataset_dir, load_data, random_batch, task_metrics
 
 # -----------------------------------------------------------------------------
-# Defaults: a GPT-2-small-sized (124M) SA+SWA model on FineWeb-Edu, 5000 iterations of 0.5M tokens (2.6B); its peak,
-# 20.1 GiB in eager bf16 on an H200 (20.5 estimated by gpu_check.memory_estimate), fits a 40 GB A100.
+# Defaults: a GPT-2-small-sized (124M) SA+SWA model on FineWeb-Edu, 5000 iterations of 0.5M tokens (2.6B); its peak
+# (eager bf16, H200: 20.1 GiB; gpu_check.memory_estimate: 20.5) fits a 40 GB A100.
 # I/O
-out_dir = "out"  # for ckpt.pt and log.jsonl
+out_dir = "out"
 eval_interval = 250  # iterations between evals, and one at the end
 log_interval = 10  # iterations between prints of the training loss and speed
 eval_iters = 50  # batches per split per eval, the same each time
@@ -59,14 +59,14 @@ block_size = 2048  # tokens per sequence (mqar: the data's seq_len; a GPT-2: at 
 copy_task = False  # far copying: each sequence is a random passage of block_size/2 tokens, twice
 # AdamW, warmup and cosine decay
 learning_rate = 6e-4
-max_iters = 5000  # iterations of batch_size * block_size * gradient_accumulation_steps tokens
+max_iters = 5000
 weight_decay = 0.1
 beta1 = 0.9
 beta2 = 0.95
 grad_clip = 1.0  # clip the gradient norm to this; 0: off
 decay_lr = True
 warmup_iters = 200
-lr_decay_iters = 5000  # the cosine reaches min_lr here and stays (nanoGPT: about max_iters)
+lr_decay_iters = 5000  # min_lr from here on (nanoGPT: about max_iters)
 min_lr = 6e-5
 # system
 device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -134,7 +134,7 @@ if init_from == "scratch":
 elif init_from == "resume":  # the checkpoint's model settings and tokenizer must be this run's
     model, ckpt = load_checkpoint(ckpt_path, resume=(settings, meta))
     iter_num, best_val_loss = ckpt["iter_num"], ckpt["best_val_loss"]
-else:  # GPT-2's weights with this run's attention (its swap), cropped to block_size, to fine-tune
+else:  # GPT-2's weights with this run's attention (its swap), to fine-tune
     model = from_gpt2(init_from, {k: settings[k] for k in (*swap_fields(), "dropout")})
     model.crop_block_size(block_size)
     need(meta["vocab_size"] <= model.config.vocab_size, f"init_from={init_from!r} reads {model.config.vocab_size} "
@@ -215,9 +215,8 @@ if master:
           f"{tokens_per_iter:,} tokens per iteration ({world_size} x {gradient_accumulation_steps} x {batch_size} x "
           f"{T}) on {device}")
 attention.ENGINE = attn_engine
-line = attention.engine_line(device, DTYPES[dtype], config.n_embd // config.n_head, [config.attn],
-                           config.sa_rule)  # each rank's GPU checks itself
-if master:
+line = attention.engine_line(device, DTYPES[dtype], config.n_embd // config.n_head, [config.attn], config.sa_rule)
+if master:  # each rank's GPU checked itself
     print(line)
 
 # training loop
