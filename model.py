@@ -94,8 +94,7 @@ class Kind(NamedTuple):
     draws: bool = False  # whether it takes SA's draws (GPT.draw_sa)
 
 
-def sa_by_rule(q, k, v, window, sa_rule, sa_delta, draw):
-    """SA by sa_rule: windows over a permutation's slots (rank), or |r_i - r_j| < delta over numbers r (value)."""
+def sa_by_rule(q, k, v, window, sa_rule, sa_delta, draw):  # sa_rule: see GPTConfig
     if sa_rule == "value":
         return attention.stochastic_value_attention(q, k, v, sa_delta, draw)
     return attention.stochastic_attention(q, k, v, window, draw)
@@ -157,7 +156,7 @@ class GPTConfig:
         need(self.n_embd % self.n_head == 0, f"GPTConfig.n_embd={self.n_embd} is invalid: must be divisible by "
              f"n_head={self.n_head}")
         need(self.pos_emb != "rope" or self.n_embd // self.n_head % 2 == 0, f"GPTConfig.n_embd={self.n_embd} is "
-             "invalid: RoPE rotates pairs, so the head size n_embd // n_head must be even")
+             "invalid: RoPE needs an even head size n_embd // n_head")
         self.kv_layout()
 
     @property
@@ -176,8 +175,8 @@ class GPTConfig:
         """How a KVCache stores kind (default: the model's), by its KINDS row: a layout that decodes it, or None."""
         kind = kind or self.attn
         layout, draws = KINDS[kind].kv_layout(self), KINDS[kind].draws
-        need(layout in (None, *LAYOUTS), f"attn={kind!r}: its KINDS row names the KV-cache layout {layout!r}, not one "
-             f"of kv_cache.LAYOUTS")
+        need(layout in (None, *LAYOUTS), f"attn={kind!r}: its KINDS row's KV-cache layout {layout!r} is not in "
+             "kv_cache.LAYOUTS")
         decodes, fix = LAYOUTS.get(layout), "None" if draws else "'prefix' or None"
         need(layout is None or (kind in decodes if decodes else not draws), f"attn={kind!r}: the KV-cache layout "
              f"{layout!r} decodes {' and '.join(decodes or ['kinds without SA draws'])} alone: its row may name {fix}")
