@@ -32,10 +32,9 @@ def value_spans(r, width, margin, tile):
 
 
 class Band:
-    """Slot j is visible to slot i iff |i - j| < width (with r: |r[i] - r[j]| < width) and pos[j] <= pos[i]; pos (T,)
-    or 3-dim, broadcastable to (B, H, T) (None: causal SWA), r of pos's shape, ascending. flat pads each head with
-    `left` zero slots before and `right` (and the last tile's rest) after, so that a tile of nq query slots sees the
-    nk slots around it:
+    """attention.py's rule in slot order: slot[i] = i, or r[i] given r; pos (T,) or 3-dim, broadcastable to (B, H, T)
+    (None: causal SWA), r of pos's shape, ascending. flat pads each head with `left` zero slots before and `right` (and
+    the last tile's rest) after, so that a tile of nq query slots sees the nk slots around it:
 
         | pad |  0 ...         T-1 | pad |
         [left |  nq  | right]
@@ -138,10 +137,10 @@ def chunk_means(k, moba_chunk):
     return kpad.sum(3) / counts[:, None]  # (B, H, nc, D)
 
 
-@torch.no_grad()  # no gradient through routing, as in MoBA
+@torch.no_grad()
 def moba_select(q, k, moba_chunk, top_k):
-    """MoBA's routing, fp32 as in MoBA: (B, H, T, min(top_k - 1, chunks)) indices of the strictly-past chunks picked,
-    and which are valid (early queries have fewer)."""
+    """MoBA's routing, as in MoBA fp32 and no gradient: (B, H, T, min(top_k - 1, chunks)) indices of the strictly-past
+    chunks picked, and which are valid (early queries have fewer)."""
     B, H, T, D = q.shape
     nc = math.ceil(T / moba_chunk)
     kmean = chunk_means(k, moba_chunk)  # (B, H, nc, D)
