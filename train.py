@@ -102,7 +102,7 @@ torch.backends.cudnn.allow_tf32 = True
 model_args = {f.name: settings[f.name] for f in fields(GPTConfig)}
 config = GPTConfig(**{**model_args, "vocab_size": vocab_size or 1})  # the model settings, checked before any data
 
-# data: train.bin and val.bin from prepare_data.py, sequences of T tokens
+# data: train.bin and val.bin, sequences of T tokens
 data_dir = dataset_dir(data_root, dataset)
 meta, data, T = load_data(data_dir, block_size, copy_task)
 if "mqar" in meta and config.attn == "swa" and config.n_layer * (config.window - 1) < meta["mqar"]["min_gap"] \
@@ -162,8 +162,8 @@ if ddp:  # the RoPE tables are constant: no buffers to broadcast
 
 @torch.no_grad()
 def estimate_loss():
-    """Mean loss per split over eval_iters batches, and the task's measures (prepare_data.task_metrics). Its batches
-    and SA draws are fixed, SA's generator restored after: an eval leaves training unchanged."""
+    """Mean loss per split over eval_iters fixed batches and SA draws, and the task's measures
+    (prepare_data.task_metrics). SA's generator is restored after: an eval leaves training unchanged."""
     out, sa_state = {}, raw_model.sa_state.clone()
     eval_model.eval()
     for split in ("train", "val"):
