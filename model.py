@@ -175,8 +175,8 @@ class GPTConfig:
         """How a KVCache stores kind (default: the model's), by its KINDS row: a layout that decodes it, or None."""
         kind = kind or self.attn
         layout, draws = KINDS[kind].kv_layout(self), KINDS[kind].draws
-        need(layout in (None, *LAYOUTS), f"attn={kind!r}: its KINDS row's KV-cache layout {layout!r} is not in "
-             "kv_cache.LAYOUTS")
+        need(layout in (None, *LAYOUTS), f"attn={kind!r}: its KINDS row names the KV-cache layout {layout!r}, not one "
+             f"of kv_cache.LAYOUTS")
         decodes, fix = LAYOUTS.get(layout), "None" if draws else "'prefix' or None"
         need(layout is None or (kind in decodes if decodes else not draws), f"attn={kind!r}: the KV-cache layout "
              f"{layout!r} decodes {' and '.join(decodes or ['kinds without SA draws'])} alone: its row may name {fix}")
