@@ -72,8 +72,7 @@ class Band:
     def flat(self, t):
         """(B, H, T, D) -> (BH * S, D) fp32 between zero pads, one copy."""
         (B, H, T), D = self.shape, t.shape[-1]
-        f = t.new_empty(B * H, self.S, D, dtype=torch.float32)
-        f[:, :self.left], f[:, self.left + T:] = 0, 0
+        f = t.new_zeros(B * H, self.S, D, dtype=torch.float32)
         f.view(B, H, self.S, D)[:, :, self.left:self.left + T] = t.detach()
         return f.view(-1, D)
 
