@@ -249,8 +249,8 @@ class GPT(nn.Module):
 
     def draw_sa(self, B, T, device, lengths=None):
         """SA's fresh draw per layer (None for other kinds): a permutation, or numbers r in [0, 1) by sa_rule="value";
-        (T,) or (B, nh, T) by sa_draw. With lengths (B,) of right-padded rows: (B, 1 or nh, T), the value rule's
-        (1, 1 or nh, T), each row drawn from a seed and its length alone."""
+        (T,) or (B, nh, T) by sa_draw. With lengths (B,) of right-padded rows (sa_draws): (B, 1 or nh, T), the value
+        rule's (1, 1 or nh, T)."""
         c = self.config
         if not KINDS[c.attn].draws:
             return [None] * c.n_layer
