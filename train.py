@@ -42,7 +42,7 @@ from prepare_data import dataset_dir, load_data, random_batch, task_metrics
 out_dir = "out"
 eval_interval = 250  # iterations between evals, and one at the end
 log_interval = 10  # iterations between prints of the training loss and speed
-eval_iters = 50  # batches per split per eval, the same each time
+eval_iters = 50  # batches per split per eval
 eval_only = False  # evaluate once and exit
 always_save_checkpoint = True  # save at every eval; False: only when val loss improves
 init_from = "scratch"  # "scratch", "resume" (out_dir/ckpt.pt), "gpt2" ... "gpt2-xl", or a GPT2LMHeadModel's directory
@@ -73,7 +73,7 @@ device = "cuda" if torch.cuda.is_available() else "cpu"
 # autocast: float32 | bfloat16 | float16 (with loss scaling: GPUs without bf16, a T4)
 dtype = "bfloat16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "float32"
 compile: bool | None = None  # torch.compile the model; None: on CUDA only (the CPU is slow to compile)
-attn_engine = "auto"  # attention.ENGINE: auto (the Triton kernel where it runs), torch, triton or dense
+attn_engine = "auto"  # attention.ENGINE: auto, torch, triton or dense
 backend = ""  # DDP's: "" = nccl on CUDA, gloo on the CPU
 seed = 1337
 # -----------------------------------------------------------------------------
@@ -145,7 +145,7 @@ torch.manual_seed(dropout_seed)
 data_rng = torch.Generator().manual_seed(data_seed)
 scaler = torch.amp.GradScaler(device_type, enabled=dtype == "float16")
 optimizer = model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type)
-if ckpt is not None:  # AdamW's, the GradScaler's and every RNG's states: where the run stopped
+if ckpt is not None:  # where the run stopped
     restore(ckpt, optimizer, scaler, data_rng, model, rank)
     need(max_iters >= iter_num or eval_only, f"max_iters={max_iters}: {ckpt_path} is at iteration {iter_num} already: "
          "raise max_iters to train on")
@@ -195,7 +195,7 @@ def get_lr(it):
 
 def stop_if_diverged(loss, what):
     """Stop on a NaN or inf loss; under DDP on the ranks' sum, so all stop together. With fp16 an inf gradient is
-    normal (the GradScaler skips that step), an inf loss is not."""
+    normal, an inf loss is not."""
     loss = torch.as_tensor(loss, dtype=torch.float32, device=device)
     if ddp:
         dist.all_reduce(loss)
@@ -209,7 +209,7 @@ def stop_if_diverged(loss, what):
 tokens_per_iter = gradient_accumulation_steps * world_size * batch_size * T
 run = RunDir(out_dir, iter_num if init_from == "resume" else None, best_val_loss) if master else None
 if master:
-    best_val_loss = run.best_val_loss  # a resume's: the best of the evals log.jsonl keeps (checkpoint.RunDir)
+    best_val_loss = run.best_val_loss  # a resume's, from log.jsonl (checkpoint.RunDir)
     print(f"{dataset}: {len(data['train']):,} train / {len(data['val']):,} val tokens; "
           f"{raw_model.get_num_params() / 1e6:.2f}M parameters, attn={config.attn}, window={config.window}; "
           f"{tokens_per_iter:,} tokens per iteration ({world_size} x {gradient_accumulation_steps} x {batch_size} x "
@@ -244,8 +244,7 @@ while True:
     if iter_num >= max_iters or eval_only:
         break
 
-    # forward backward update, with gradient accumulation. No prefetch: the data RNG in a checkpoint is where the next
-    # iteration starts
+    # forward backward update, with gradient accumulation; no prefetch: a checkpoint's data RNG is the next batch's
     losses = torch.zeros((), device=device)  # summed, checked before the step
     for micro_step in range(gradient_accumulation_steps):
         if ddp:  # all-reduce gradients on the last micro-step only
