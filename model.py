@@ -37,7 +37,7 @@ class CausalSelfAttention(nn.Module):
 
     def forward(self, x, draw=None, rope=None, cache=None):
         """x (B, T, C) -> (B, T, C). draw: this layer's SA draw; rope: (cos, sin) of the T positions; cache: a KVCache
-        that a prefill fills and a one-token step reads."""
+        to fill (attend reads it)."""
         B, T, C = x.size()
         nh = self.config.n_head
         q, k, v = self.c_attn(x).split(C, dim=2)  # (B, T, C) each
@@ -90,7 +90,7 @@ class Kind(NamedTuple):
     args: tuple  # what fn takes after q, k, v: GPTConfig fields or properties, or "draw" (the layer's SA draw)
     settings: dict  # the GPTConfig fields it reads, {name: its choices or range}: GPTConfig checks them, swaps set them
     keys_seen: Callable  # (config, T) -> how many keys a query sees (flops_per_token)
-    kv_layout: Callable  # config -> how a KVCache stores it (kv_cache.LAYOUTS); None: generate recomputes the prefix
+    kv_layout: Callable  # config -> how a KVCache stores it, a kv_cache.LAYOUTS key, or None: no cache
     draws: bool = False  # whether it takes SA's draws (GPT.draw_sa)
 
 
@@ -259,7 +259,7 @@ class GPT(nn.Module):
                 raise InputError(f"{name} must be an integer >= 0, got {n!r}")
         heads = 1 if c.sa_draw == "layer" else c.n_head
         draws = sa_draws(self.sa_state, c.n_layer, B, heads, T, c.sa_rule == "value", lengths, torch.device(device))
-        return [checked(d) for d in draws]  # valid as drawn: check_inputs skips their values
+        return [checked(d) for d in draws]  # valid as drawn (guards.checked)
 
     def seed_sa(self, seed):
         """Restart SA's draws from seed (64 bits)."""
@@ -325,7 +325,7 @@ class GPT(nn.Module):
                 keep = c.block_size if cache is None else max(1, c.block_size // 2)
                 cache = KVCache(c)
                 logits, _ = self(idx[:, -keep:], cache=cache)
-            else:  # cached: the newest token; uncached: the last block_size
+            else:
                 logits, _ = self(idx[:, -1:] if use_cache else idx[:, -c.block_size:], cache=cache)
             logits = logits[:, -1, :].double()  # (B, vocab), whatever the autocast
             if temperature == 0:
