@@ -87,7 +87,7 @@ class Layer(nn.Module):
 class Kind(NamedTuple):
     """All the repo reads of an attention kind."""
     fn: Optional[Callable]  # (q, k, v, *args) -> y; None: sa+swa, composed by the layer
-    args: tuple  # what fn takes after q, k, v: GPTConfig fields or properties, or "draw" (the layer's SA draw)
+    args: tuple  # fn's args after q, k, v: GPTConfig fields or properties, or "draw" (the layer's SA draw)
     settings: dict  # the GPTConfig fields it reads, {name: its choices or range}: GPTConfig checks them, swaps set them
     keys_seen: Callable  # (config, T) -> how many keys a query sees (flops_per_token)
     kv_layout: Callable  # config -> how a KVCache stores it, a kv_cache.LAYOUTS key, or None: no cache
@@ -132,7 +132,7 @@ class GPTConfig:
     moba_topk: int = 4  # MoBA's chunks per query, its own included
     sa_draw: str = "layer"  # "layer": one SA draw per layer (the paper); "head": one per layer, row and head
     sa_rule: str = "rank"  # "rank": windows over permuted slots (the paper); "value": a number r per token
-    pos_emb: str = "rope"  # "rope" rotates q, k before SA permutes; "learned": GPT-2's, to load its weights
+    pos_emb: str = "rope"  # "rope" or "learned" (GPT-2's, to load its weights)
     rope_base: float = 10000.0
 
     def __post_init__(self):  # every model's door: each field checked (guards.SETTINGS, its values), its KV layout
@@ -204,7 +204,7 @@ class GPT(nn.Module):
             self.register_buffer("rope_sin", angles.sin(), persistent=False)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.transformer.wte.weight = self.lm_head.weight  # weight tying
-        # SA's CPU generator: the same draws on every device; checkpoints save its state (exact resume)
+        # SA's CPU generator: the same draws on every device; checkpoints save its state
         self.sa_state = torch.Generator().manual_seed(sa_seed).get_state()  # (5056,) uint8, not a buffer
         self.apply(self._init_weights)
         for name, p in self.named_parameters():
@@ -281,8 +281,8 @@ class GPT(nn.Module):
 
     # nanoGPT's GPT.from_pretrained is checkpoint.from_gpt2
     def crop_block_size(self, block_size):
-        """nanoGPT's: a loaded model's context (e.g. GPT-2's 1024) cut to block_size, which scales value-rule SA's
-        sa_delta = window / block_size up by the same factor."""
+        """nanoGPT's: a loaded model's context (e.g. GPT-2's 1024) cut to block_size; value-rule SA's sa_delta =
+        window / block_size grows by the same factor."""
         need(block_size <= self.config.block_size, f"block_size={block_size}: the model holds at most "
              f"{self.config.block_size} positions")
         self.config = replace(self.config, block_size=block_size)
@@ -355,10 +355,9 @@ def apply_rope(x, cos, sin):
 @torch.library.custom_op("sa::draws", mutates_args=("state",))
 def sa_draws(state: torch.Tensor, n: int, B: int, heads: int, T: int, value: bool, lengths: Optional[torch.Tensor],
              device: torch.device) -> torch.Tensor:
-    """GPT.draw_sa's draws of n layers, stacked, from a CPU generator's state (advanced in place), on device (from
-    pinned memory: the CPU does not wait for the GPU). With lengths, each layer's from a seed: the rank rule's by
-    attention.row_perms, the value rule's r of token t, head h the seed's (t * heads + h)-th number. A registered op:
-    torch.compile keeps these draws."""
+    """GPT.draw_sa's draws of n layers, stacked, from a CPU generator's state (advanced in place), sent to device
+    without blocking. With lengths, each layer's from a seed: the rank rule's by attention.row_perms, the value rule's
+    r of token t, head h the seed's (t * heads + h)-th number. A registered op: torch.compile keeps these draws."""
     g = torch.Generator().set_state(state)
     if lengths is not None:
         seeds = torch.randint(2**62, (n,), generator=g).tolist()
@@ -385,6 +384,6 @@ def swap_fields():
 
 
 def autocast(device, dtype):
-    """The scripts' mixed precision: none for float32, else torch.autocast to dtype."""
+    """The scripts' mixed precision."""
     need(dtype in DTYPES, f"dtype={dtype!r}: use one of {', '.join(DTYPES)}")
     return nullcontext() if dtype == "float32" else torch.autocast(device.split(":")[0], dtype=DTYPES[dtype])
