@@ -46,10 +46,10 @@ eval_iters = 50  # batches per split per eval
 eval_only = False  # evaluate once and exit
 always_save_checkpoint = True  # save at every eval; False: only when val loss improves
 init_from = "scratch"  # "scratch", "resume" (out_dir/ckpt.pt), "gpt2" ... "gpt2-xl", or a GPT2LMHeadModel's directory
-overwrite = False  # True: a new run's first checkpoint replaces out_dir's ckpt.pt; False: refused
+overwrite = False  # True: a new run's first checkpoint replaces out_dir's ckpt.pt
 # model: each GPTConfig field is a setting (n_layer, attn, window...: see model.py); block_size is under data
 globals().update(asdict(GPTConfig()))
-vocab_size = 0  # 0: the data's vocab_size, padded up to a multiple of 64 (50257 -> 50304)
+vocab_size = 0  # 0: the data's vocab_size, padded up to a multiple of 64
 # data
 dataset = "fineweb-edu"  # data_root/<dataset>/ from prepare_data.py
 data_root = "data"
@@ -66,13 +66,13 @@ beta2 = 0.95
 grad_clip = 1.0  # clip the gradient norm to this; 0: off
 decay_lr = True
 warmup_iters = 200
-lr_decay_iters = 5000  # min_lr from here on (nanoGPT: about max_iters)
+lr_decay_iters = 5000  # nanoGPT: about max_iters
 min_lr = 6e-5
 # system
 device = "cuda" if torch.cuda.is_available() else "cpu"
 # autocast: float32 | bfloat16 | float16 (with loss scaling: GPUs without bf16, a T4)
 dtype = "bfloat16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "float32"
-compile: bool | None = None  # torch.compile the model; None: on CUDA only (the CPU is slow to compile)
+compile: bool | None = None  # torch.compile; None: on CUDA only (the CPU is slow to compile)
 attn_engine = "auto"  # attention.ENGINE: auto, torch, triton or dense
 backend = ""  # DDP's: "" = nccl on CUDA, gloo on the CPU
 seed = 1337
@@ -112,7 +112,7 @@ if "mqar" in meta and config.attn == "swa" and config.n_layer * (config.window -
 
 
 def get_batch(split, gen):
-    """batch_size random sequences (x, y), (B, T) each, from generator gen: text, copy or MQAR (random_batch)."""
+    """batch_size random sequences x, y (B, T) from generator gen: text, copy or MQAR (random_batch)."""
     x, y = random_batch(data[split], meta, batch_size, T, gen, split == "train", copy_task)  # numpy
     x, y = torch.from_numpy(x), torch.from_numpy(y)
     if device_type == "cuda":
@@ -205,7 +205,7 @@ def stop_if_diverged(loss, what):
 
 
 # logging: the master appends to log.jsonl each eval (per split: the loss, and _acc on MQAR, _first and _second on the
-# copy task) and, every log_interval, the training loss and speed (mfu: null off CUDA)
+# copy task) and, every log_interval, the loss and speed (mfu: null off CUDA)
 tokens_per_iter = gradient_accumulation_steps * world_size * batch_size * T
 run = RunDir(out_dir, iter_num if init_from == "resume" else None, best_val_loss) if master else None
 if master:
