@@ -268,13 +268,8 @@ class GPT(nn.Module):
         self.sa_state.copy_(torch.Generator().manual_seed(operator.index(seed)).get_state())
 
     def swap_attention(self, **changes):
-        """Training-free swap: these weights with another kind or budget (swap_fields)."""
-        other = sorted(set(changes) - set(swap_fields()))
-        need(not other, f"swap_attention changes the attention ({', '.join(swap_fields())}), not {', '.join(other)}")
-        old, new = self.config, replace(self.config, **changes)
-        need((new.attn == "sa+swa") == (old.attn == "sa+swa"), f"cannot swap attn={old.attn!r} -> {new.attn!r} "
-             "without training: the gates of sa+swa are learned with both paths (a swap may change its window)")
-        self.config = new
+        """Training-free swap: these weights with another kind or budget (see swapped)."""
+        self.config = swapped(self.config, **changes)
         for layer in self.transformer.h:
             layer.attn.config = self.config
         return self
@@ -381,6 +376,16 @@ def _(state, n, B, heads, T, value, lengths, device):
 def swap_fields():
     """What a swap may change: attn and every kind's settings (KINDS rows); dropout and RoPE were built once."""
     return ("attn", *dict.fromkeys(name for row in KINDS.values() for name in row.settings))
+
+
+def swapped(config, **changes):
+    """config with changes (GPT.swap_attention); InputError where the weights cannot swap."""
+    other = sorted(set(changes) - set(swap_fields()))
+    need(not other, f"swap_attention changes the attention ({', '.join(swap_fields())}), not {', '.join(other)}")
+    new = replace(config, **changes)
+    need((new.attn == "sa+swa") == (config.attn == "sa+swa"), f"cannot swap attn={config.attn!r} -> {new.attn!r} "
+         "without training: the gates of sa+swa are learned with both paths (a swap may change its window)")
+    return new
 
 
 def autocast(device, dtype):
