@@ -1,5 +1,5 @@
 """Support, which a first reading skips. Tiled attention in O(T * w) time and memory, forward and backward, on any
-device: SWA's and SA's band for attention.py's torch engine (Band), MoBA's always (Moba).
+device: SWA's and SA's band for attention.py's torch engine (Band), and MoBA always (Moba).
 
 A layout cuts the pairs a rule allows into groups (nq query rows, the nk key rows they see, a mask), batched in calls
 whose scores fit in cache. The backward recomputes probabilities from each row's logsumexp (autograd would keep them:
