@@ -90,11 +90,11 @@ class Kind(NamedTuple):
     args: tuple  # fn's args after q, k, v: GPTConfig fields or properties, or "draw" (the layer's SA draw)
     settings: dict  # the GPTConfig fields it reads, {name: its choices or range}: GPTConfig checks them, swaps set them
     keys_seen: Callable  # (config, T) -> how many keys a query sees (flops_per_token)
-    kv_layout: Callable  # config -> how a KVCache stores it, a kv_cache.LAYOUTS key, or None: no cache
+    kv_layout: Callable  # config -> its KV-cache layout, a kv_cache.LAYOUTS key, or None: no cache
     draws: bool = False  # whether it takes SA's draws (GPT.draw_sa)
 
 
-def sa_by_rule(q, k, v, window, sa_rule, sa_delta, draw):  # sa_rule: see GPTConfig
+def sa_by_rule(q, k, v, window, sa_rule, sa_delta, draw):
     if sa_rule == "value":
         return attention.stochastic_value_attention(q, k, v, sa_delta, draw)
     return attention.stochastic_attention(q, k, v, window, draw)
@@ -262,7 +262,7 @@ class GPT(nn.Module):
         return [checked(d) for d in draws]  # valid as drawn (guards.checked)
 
     def seed_sa(self, seed):
-        """Restart SA's draws from seed (64 bits)."""
+        """Restart SA's draws from seed."""
         need(hasattr(seed, "__index__") and not isinstance(seed, bool) and -2**63 <= seed < 2**64, f"seed must be an "
              f"integer that fits in 64 bits, got {seed!r}")
         self.sa_state.copy_(torch.Generator().manual_seed(operator.index(seed)).get_state())

@@ -12,12 +12,12 @@ import torch.nn.functional as F
 
 TILE = 64  # query rows per tile
 CALL = 1 << 19  # scores per call
-FUSED_CALL = 1 << 23  # scores per call of the fused forward (it tiles them)
+FUSED_CALL = 1 << 23  # scores per fused forward call (it tiles them)
 NEG = float("-inf")  # hidden; no real row is all -inf (a real query sees itself)
 
 
 def band_edges(window, T, two_sided):
-    """The slot band [i - left, i + right] (causal SWA: right = 0); a window past T is T. Copied in kernel.py."""
+    """The slot band [i - left, i + right]; a window past T is T. Copied in kernel.py."""
     left = min(int(window), T) - 1
     return left, left if two_sided else 0
 
@@ -40,7 +40,7 @@ class Band:
         [left |  nq  | right]
               [left |  nq  | right]  (causal SWA: right = 0)
 
-    With r, a tile's span starts at the first slot within width + margin of its least r: a gather."""
+    With r, a tile's nk key slots start at its value_spans lo: a gather."""
     merge, wide = False, True  # merge: a row in several groups; wide: see _fused
 
     def __init__(self, q, pos, r, width, margin):
@@ -128,7 +128,7 @@ def _gather(f, rows):
 
 
 def chunk_means(k, moba_chunk):
-    """MoBA's routing keys, each chunk's mean key: (B, H, ceil(T / moba_chunk), D) fp32."""
+    """MoBA's routing keys, each chunk's mean key, fp32."""
     B, H, T, D = k.shape
     nc = math.ceil(T / moba_chunk)
     kpad = F.pad(k.float(), (0, 0, 0, nc * moba_chunk - T)).view(B, H, nc, moba_chunk, D)
@@ -138,7 +138,7 @@ def chunk_means(k, moba_chunk):
 
 @torch.no_grad()
 def moba_select(q, k, moba_chunk, top_k):
-    """MoBA's routing, as in MoBA fp32 and no gradient: (B, H, T, min(top_k - 1, chunks)) indices of the strictly-past
+    """MoBA's routing (fp32, no gradient, as in MoBA): (B, H, T, min(top_k - 1, chunks)) indices of the strictly-past
     chunks picked, and which are valid (early queries have fewer)."""
     B, H, T, D = q.shape
     nc = math.ceil(T / moba_chunk)
