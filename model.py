@@ -37,7 +37,7 @@ class CausalSelfAttention(nn.Module):
 
     def forward(self, x, draw=None, rope=None, cache=None):
         """x (B, T, C) -> (B, T, C). draw: this layer's SA draw; rope: (cos, sin) of the T positions; cache: a KVCache
-        that a prefill fills and a one-token step reads."""
+        to fill (attend reads it)."""
         B, T, C = x.size()
         nh = self.config.n_head
         q, k, v = self.c_attn(x).split(C, dim=2)  # (B, T, C) each
@@ -58,8 +58,7 @@ class CausalSelfAttention(nn.Module):
         return self.resid_dropout(self.c_proj(y))
 
     def attend(self, kind, q, k, v, draw, cache=None):
-        """q, k, v (B, nh, T, hs) -> (B, nh, T, hs): kind's function on its args (its KINDS row); a decode step reads
-        the KV cache instead."""
+        """q, k, v (B, nh, T, hs) -> (B, nh, T, hs) by kind's KINDS row; a decode step reads the KV cache instead."""
         row = KINDS[kind]
         args = [draw if a == "draw" else getattr(self.config, a) for a in row.args]
         if cache is not None and cache.start > 0:
@@ -68,7 +67,7 @@ class CausalSelfAttention(nn.Module):
 
 
 class Layer(nn.Module):
-    """GPT-2's pre-LayerNorm layer: x + attn(ln_1(x)), then x + mlp(ln_2(x))."""
+    """GPT-2's pre-LayerNorm layer."""
 
     def __init__(self, config, layer_idx=0):
         super().__init__()
@@ -88,15 +87,14 @@ class Layer(nn.Module):
 class Kind(NamedTuple):
     """All the repo reads of an attention kind."""
     fn: Optional[Callable]  # (q, k, v, *args) -> y; None: sa+swa, composed by the layer
-    args: tuple  # what fn takes after q, k, v: GPTConfig fields or properties, or "draw" (the layer's SA draw)
+    args: tuple  # fn's args after q, k, v: GPTConfig fields or properties, or "draw" (the layer's SA draw)
     settings: dict  # the GPTConfig fields it reads, {name: its choices or range}: GPTConfig checks them, swaps set them
     keys_seen: Callable  # (config, T) -> how many keys a query sees (flops_per_token)
-    kv_layout: Callable  # config -> how a KVCache stores it (kv_cache.LAYOUTS); None: generate recomputes the prefix
+    kv_layout: Callable  # config -> its KV-cache layout, a kv_cache.LAYOUTS key, or None: no cache
     draws: bool = False  # whether it takes SA's draws (GPT.draw_sa)
 
 
 def sa_by_rule(q, k, v, window, sa_rule, sa_delta, draw):
-    """SA by sa_rule: windows over a permutation's slots (rank), or |r_i - r_j| < delta over numbers r (value)."""
     if sa_rule == "value":
         return attention.stochastic_value_attention(q, k, v, sa_delta, draw)
     return attention.stochastic_attention(q, k, v, window, draw)
@@ -120,7 +118,7 @@ KINDS = {
 
 @dataclass
 class GPTConfig:
-    # Defaults: GPT-2 small's shape (124M) with SA+SWA. Each field is a train.py setting, these its defaults.
+    # GPT-2 small's shape (124M) with SA+SWA. Each field is a train.py setting.
     block_size: int = 1024  # maximum sequence length
     vocab_size: int = 50304  # GPT-2's 50257 padded to a multiple of 64
     n_layer: int = 12
@@ -134,7 +132,7 @@ class GPTConfig:
     moba_topk: int = 4  # MoBA's chunks per query, its own included
     sa_draw: str = "layer"  # "layer": one SA draw per layer (the paper); "head": one per layer, row and head
     sa_rule: str = "rank"  # "rank": windows over permuted slots (the paper); "value": a number r per token
-    pos_emb: str = "rope"  # "rope" rotates q, k before SA permutes; "learned": GPT-2's, to load its weights
+    pos_emb: str = "rope"  # "rope" or "learned" (GPT-2's, to load its weights)
     rope_base: float = 10000.0
 
     def __post_init__(self):  # every model's door: each field checked (guards.SETTINGS, its values), its KV layout
@@ -158,13 +156,13 @@ class GPTConfig:
         need(self.n_embd % self.n_head == 0, f"GPTConfig.n_embd={self.n_embd} is invalid: must be divisible by "
              f"n_head={self.n_head}")
         need(self.pos_emb != "rope" or self.n_embd // self.n_head % 2 == 0, f"GPTConfig.n_embd={self.n_embd} is "
-             "invalid: RoPE rotates pairs, so the head size n_embd // n_head must be even")
+             "invalid: RoPE needs an even head size n_embd // n_head")
         self.kv_layout()
 
     @property
     def sa_delta(self):
-        """The value rule's width, fixed by block_size: a pair meets with probability ~2 * delta, as by the rank rule
-        at T = block_size; at shorter T fewer, 1 + (T - 1) * (delta - delta**2 / 2) keys per query on average."""
+        """The value rule's width: a pair meets with probability ~2 * delta, as by the rank rule at T = block_size; a
+        query sees 1 + (T - 1) * (delta - delta**2 / 2) keys on average."""
         return self.window / self.block_size
 
     @property
@@ -206,7 +204,7 @@ class GPT(nn.Module):
             self.register_buffer("rope_sin", angles.sin(), persistent=False)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.transformer.wte.weight = self.lm_head.weight  # weight tying
-        # SA's CPU generator: the same draws on every device; checkpoints save its state (exact resume)
+        # SA's CPU generator: the same draws on every device; checkpoints save its state
         self.sa_state = torch.Generator().manual_seed(sa_seed).get_state()  # (5056,) uint8, not a buffer
         self.apply(self._init_weights)
         for name, p in self.named_parameters():
@@ -251,8 +249,8 @@ class GPT(nn.Module):
 
     def draw_sa(self, B, T, device, lengths=None):
         """SA's fresh draw per layer (None for other kinds): a permutation, or numbers r in [0, 1) by sa_rule="value";
-        (T,) or (B, nh, T) by sa_draw. With lengths (B,) of right-padded rows: (B, 1 or nh, T), the value rule's
-        (1, 1 or nh, T), each row drawn from a seed and its length alone."""
+        (T,) or (B, nh, T) by sa_draw. With lengths (B,) of right-padded rows (sa_draws): (B, 1 or nh, T), the value
+        rule's (1, 1 or nh, T)."""
         c = self.config
         if not KINDS[c.attn].draws:
             return [None] * c.n_layer
@@ -261,10 +259,10 @@ class GPT(nn.Module):
                 raise InputError(f"{name} must be an integer >= 0, got {n!r}")
         heads = 1 if c.sa_draw == "layer" else c.n_head
         draws = sa_draws(self.sa_state, c.n_layer, B, heads, T, c.sa_rule == "value", lengths, torch.device(device))
-        return [checked(d) for d in draws]  # valid as drawn: check_inputs skips their values
+        return [checked(d) for d in draws]  # valid as drawn (guards.checked)
 
     def seed_sa(self, seed):
-        """Restart SA's draws from seed (64 bits)."""
+        """Restart SA's draws from seed."""
         need(hasattr(seed, "__index__") and not isinstance(seed, bool) and -2**63 <= seed < 2**64, f"seed must be an "
              f"integer that fits in 64 bits, got {seed!r}")
         self.sa_state.copy_(torch.Generator().manual_seed(operator.index(seed)).get_state())
@@ -278,8 +276,8 @@ class GPT(nn.Module):
 
     # nanoGPT's GPT.from_pretrained is checkpoint.from_gpt2
     def crop_block_size(self, block_size):
-        """nanoGPT's: a loaded model's context (e.g. GPT-2's 1024) cut to block_size, which scales value-rule SA's
-        sa_delta = window / block_size up by the same factor."""
+        """nanoGPT's: a loaded model's context (e.g. GPT-2's 1024) cut to block_size; value-rule SA's sa_delta =
+        window / block_size grows by the same factor."""
         need(block_size <= self.config.block_size, f"block_size={block_size}: the model holds at most "
              f"{self.config.block_size} positions")
         self.config = replace(self.config, block_size=block_size)
@@ -299,8 +297,8 @@ class GPT(nn.Module):
         return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, **fused)
 
     def flops_per_token(self, T):
-        """Training FLOPs per token: 6N for the weights, plus 12 * L * C * (keys a query sees, as KINDS counts them:
-        SA's window, which value-rule SA reaches only at T = block_size; below it, this overstates)."""
+        """Training FLOPs per token: 6N for the weights plus 12 * L * C * the keys a query sees (KINDS' keys_seen:
+        below T = block_size, it overstates value-rule SA)."""
         c = self.config
         return 6 * self.get_num_params() + 12 * c.n_layer * c.n_embd * KINDS[c.attn].keys_seen(c, T)
 
@@ -322,7 +320,7 @@ class GPT(nn.Module):
                 keep = c.block_size if cache is None else max(1, c.block_size // 2)
                 cache = KVCache(c)
                 logits, _ = self(idx[:, -keep:], cache=cache)
-            else:  # cached: the newest token; uncached: the last block_size
+            else:
                 logits, _ = self(idx[:, -1:] if use_cache else idx[:, -c.block_size:], cache=cache)
             logits = logits[:, -1, :].double()  # (B, vocab), whatever the autocast
             if temperature == 0:
@@ -352,10 +350,9 @@ def apply_rope(x, cos, sin):
 @torch.library.custom_op("sa::draws", mutates_args=("state",))
 def sa_draws(state: torch.Tensor, n: int, B: int, heads: int, T: int, value: bool, lengths: Optional[torch.Tensor],
              device: torch.device) -> torch.Tensor:
-    """GPT.draw_sa's draws of n layers, stacked, from a CPU generator's state, advanced in place, on device (copied from
-    pinned memory: the CPU does not wait for the GPU). With lengths, each layer draws from a seed: the rank rule by
-    attention.row_perms, the value rule's r of token t and head h as the seed's (t * heads + h)-th number. A registered
-    op, so that torch.compile keeps these draws."""
+    """GPT.draw_sa's draws of n layers, stacked, from a CPU generator's state (advanced in place), sent to device
+    without blocking. With lengths, each layer's from a seed: the rank rule's by attention.row_perms, the value rule's
+    r of token t, head h the seed's (t * heads + h)-th number. A registered op: torch.compile keeps these draws."""
     g = torch.Generator().set_state(state)
     if lengths is not None:
         seeds = torch.randint(2**62, (n,), generator=g).tolist()
@@ -392,6 +389,6 @@ def swapped(config, **changes):
 
 
 def autocast(device, dtype):
-    """The scripts' mixed precision: none for float32, else torch.autocast to dtype."""
+    """The scripts' mixed precision."""
     need(dtype in DTYPES, f"dtype={dtype!r}: use one of {', '.join(DTYPES)}")
     return nullcontext() if dtype == "float32" else torch.autocast(device.split(":")[0], dtype=DTYPES[dtype])

@@ -1,9 +1,9 @@
-"""Support, which a first reading skips. The tiled torch engine: attention in O(T * w) time and memory, forward and
-backward, on any device.
+"""Support, which a first reading skips. Tiled attention in O(T * w) time and memory, forward and backward, on any
+device: SWA's and SA's band for attention.py's torch engine (Band), and MoBA always (Moba).
 
-attention.py's torch engine runs SWA's and SA's band here (Band), and moba_attention always (Moba). A layout cuts the
-pairs a rule allows into groups (nq query rows, the nk key rows they see, a mask), batched in calls whose scores fit in
-cache. The backward recomputes probabilities from each row's logsumexp (autograd would keep them: O(T * nk)).
+A layout cuts the pairs a rule allows into groups (nq query rows, the nk key rows they see, a mask), batched in calls
+whose scores fit in cache. The backward recomputes probabilities from each row's logsumexp (autograd would keep them:
+O(T * nk)).
 """
 import math
 
@@ -12,12 +12,12 @@ import torch.nn.functional as F
 
 TILE = 64  # query rows per tile
 CALL = 1 << 19  # scores per call
-FUSED_CALL = 1 << 23  # scores per call of the fused forward (it tiles them)
+FUSED_CALL = 1 << 23  # scores per fused forward call (it tiles them)
 NEG = float("-inf")  # hidden; no real row is all -inf (a real query sees itself)
 
 
 def band_edges(window, T, two_sided):
-    """The slot band [i - left, i + right] (causal SWA: right = 0); a window past T is T. Copied in kernel.py."""
+    """The slot band [i - left, i + right]; a window past T is T. Copied in kernel.py."""
     left = min(int(window), T) - 1
     return left, left if two_sided else 0
 
@@ -32,16 +32,15 @@ def value_spans(r, width, margin, tile):
 
 
 class Band:
-    """Slot j is visible to slot i iff |i - j| < width (with r: |r[i] - r[j]| < width) and pos[j] <= pos[i]; pos (T,)
-    or 3-dim, broadcastable to (B, H, T) (None: causal SWA), r of pos's shape, ascending. flat pads each head with
-    `left` zero slots before and `right` (and the last tile's rest) after, so that a tile of nq query slots sees the
-    nk slots around it:
+    """attention.py's rule in slot order: slot[i] = i, or r[i] given r; pos (T,) or 3-dim, broadcastable to (B, H, T)
+    (None: causal SWA), r of pos's shape, ascending. flat pads each head with `left` zero slots before and `right` (and
+    the last tile's rest) after, so that a tile of nq query slots sees the nk slots around it:
 
         | pad |  0 ...         T-1 | pad |
         [left |  nq  | right]
               [left |  nq  | right]  (causal SWA: right = 0)
 
-    With r, a tile's span starts at the first slot within width + margin of its least r: a gather."""
+    With r, a tile's nk key slots start at its value_spans lo: a gather."""
     merge, wide = False, True  # merge: a row in several groups; wide: see _fused
 
     def __init__(self, q, pos, r, width, margin):
@@ -53,7 +52,7 @@ class Band:
             left, right = band_edges(width, T, pos is not None)
             nk = left + nq + right
             d = torch.arange(nk, device=device) - torch.arange(nq, device=device)[:, None] - left  # (nq, nk): k - q
-            self.band = torch.zeros(nq, nk, device=device).masked_fill_((d < -left) | (d > right), NEG)
+            self.band = torch.where((d < -left) | (d > right), NEG, 0.0)
         else:
             r = r.expand(B, H, T).reshape(BH, T) if r.dim() == 3 else r[None]  # (R, T), R = 1 or BH
             start, end = value_spans(r, width, margin, nq)  # (R, nb)
@@ -73,8 +72,7 @@ class Band:
     def flat(self, t):
         """(B, H, T, D) -> (BH * S, D) fp32 between zero pads, one copy."""
         (B, H, T), D = self.shape, t.shape[-1]
-        f = t.new_empty(B * H, self.S, D, dtype=torch.float32)
-        f[:, :self.left], f[:, self.left + T:] = 0, 0
+        f = t.new_zeros(B * H, self.S, D, dtype=torch.float32)
         f.view(B, H, self.S, D)[:, :, self.left:self.left + T] = t.detach()
         return f.view(-1, D)
 
@@ -109,7 +107,7 @@ class Band:
             return torch.where(visible, self.band, NEG)
         qr = self.r[heads, q].unflatten(1, (e - s, nq))  # (m or 1, e-s, nq)
         visible &= (qr[..., :, None] - self.spans(self.r, heads, s, e)[..., None, :]).abs() < self.width
-        return torch.zeros(visible.shape, device=visible.device).masked_fill_(~visible, NEG)
+        return torch.where(visible, 0.0, NEG)
 
     def calls(self, size):
         """(query rows (m, n, nq), key rows (m, n, nk), mask (m or 1, n, nq, nk)) per call of ~size scores."""
@@ -130,7 +128,7 @@ def _gather(f, rows):
 
 
 def chunk_means(k, moba_chunk):
-    """MoBA's routing keys, each chunk's mean key: (B, H, ceil(T / moba_chunk), D) fp32."""
+    """MoBA's routing keys, each chunk's mean key, fp32."""
     B, H, T, D = k.shape
     nc = math.ceil(T / moba_chunk)
     kpad = F.pad(k.float(), (0, 0, 0, nc * moba_chunk - T)).view(B, H, nc, moba_chunk, D)
@@ -138,10 +136,10 @@ def chunk_means(k, moba_chunk):
     return kpad.sum(3) / counts[:, None]  # (B, H, nc, D)
 
 
-@torch.no_grad()  # no gradient through routing, as in MoBA
+@torch.no_grad()
 def moba_select(q, k, moba_chunk, top_k):
-    """MoBA's routing, fp32 as in MoBA: (B, H, T, min(top_k - 1, chunks)) indices of the strictly-past chunks picked,
-    and which are valid (early queries have fewer)."""
+    """MoBA's routing (fp32, no gradient, as in MoBA): (B, H, T, min(top_k - 1, chunks)) indices of the strictly-past
+    chunks picked, and which are valid (early queries have fewer)."""
     B, H, T, D = q.shape
     nc = math.ceil(T / moba_chunk)
     kmean = chunk_means(k, moba_chunk)  # (B, H, nc, D)
@@ -172,9 +170,8 @@ class Moba:
         base = torch.arange(BH, device=device)[:, None] * T  # (BH, 1)
         rows = F.pad(torch.arange(T, device=device) + base, (0, nc * c - T), value=BH * T)  # (BH, nc*c)
         self.own = rows.view(BH, nc, c)  # queries = keys
-        i, S = torch.arange(c, device=device), nc * c
-        keypad = torch.zeros(S, device=device).index_fill_(0, torch.arange(T, S, device=device), NEG).view(nc, c)
-        causal = torch.zeros(c, c, device=device).masked_fill_(i[None, :] > i[:, None], NEG)  # (c, c)
+        keypad = torch.where(torch.arange(nc * c, device=device) < T, 0.0, NEG).view(nc, c)
+        causal = torch.full((c, c), NEG, device=device).triu(1)  # (c, c): keys after the query hidden
         self.own_mask = causal + keypad[:, None]  # (nc, c, c)
         pair_chunk = (idx + torch.arange(BH, device=device).view(B, H, 1, 1) * nc)[ok]  # (P,): head*nc + chunk
         pair_row = (torch.arange(T, device=device) + base.view(B, H, 1)).unsqueeze(-1).expand_as(idx)[ok]  # (P,)

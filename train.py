@@ -12,9 +12,9 @@ DDP, on one node of 8 GPUs, or two nodes:
   torchrun --nproc_per_node=8 --nnodes=2 --node_rank=0 --master_addr=IP --master_port=1234 train.py ...
 
 Every eval appends to out_dir/log.jsonl and, after iteration 0, saves out_dir/ckpt.pt (always_save_checkpoint;
-eval_only: never). It holds every rank's RNG states: a resume with the same settings is bitwise the run that never
-stopped on the CPU (tests/test_train.py); on CUDA only where its kernels are deterministic, which train.py does not
-ask for, and SDPA's flash backward is not. A larger max_iters trains on, the cosine still ending at lr_decay_iters.
+eval_only: never) with every rank's RNG states: a resume with the same settings is bitwise the run that never stopped
+on the CPU (tests/test_train.py); on CUDA only with deterministic kernels, which train.py does not ask for (SDPA's
+flash backward is not). A larger max_iters trains on, the cosine still ending at lr_decay_iters.
 Nothing is lost (checkpoint.RunDir): a second run into the same out_dir is refused, a NaN or inf loss stops the run
 before anything of it is saved, and a new run replaces an old checkpoint only with --overwrite=True.
 """
@@ -36,21 +36,20 @@ from model import DTYPES, GPT, GPTConfig, autocast, swap_fields
 from prepare_data import dataset_dir, load_data, random_batch, task_metrics
 
 # -----------------------------------------------------------------------------
-# Defaults: a GPT-2-small-sized (124M) SA+SWA model on FineWeb-Edu, 5000 iterations of 0.5M tokens (2.6B); its peak,
-# 20.1 GiB in eager bf16 on an H200 (20.5 estimated by gpu_check.memory_estimate), fits a 40 GB A100.
+# Defaults: a GPT-2-small-sized (124M) SA+SWA model on FineWeb-Edu, 5000 iterations of 0.5M tokens (2.6B); its peak
+# (eager bf16, H200: 20.1 GiB; gpu_check.memory_estimate: 20.5) fits a 40 GB A100.
 # I/O
-out_dir = "out"  # for ckpt.pt and log.jsonl
-eval_interval = 250  # iterations between evals (each logs; see always_save_checkpoint); one at the end too
+out_dir = "out"
+eval_interval = 250  # iterations between evals, and one at the end
 log_interval = 10  # iterations between prints of the training loss and speed
-eval_iters = 50  # batches per split per eval, the same each time
+eval_iters = 50  # batches per split per eval
 eval_only = False  # evaluate once and exit
 always_save_checkpoint = True  # save at every eval; False: only when val loss improves
 init_from = "scratch"  # "scratch", "resume" (out_dir/ckpt.pt), "gpt2" ... "gpt2-xl", or a GPT2LMHeadModel's directory
-overwrite = False  # True: a new run replaces out_dir's ckpt.pt at its first checkpoint; False: refused
-# model: each GPTConfig field is a setting (n_layer, attn, window...; its default and comment in model.py), passed by
-# name; block_size is the data's below
+overwrite = False  # True: a new run's first checkpoint replaces out_dir's ckpt.pt
+# model: each GPTConfig field is a setting (n_layer, attn, window...: see model.py); block_size is under data
 globals().update(asdict(GPTConfig()))
-vocab_size = 0  # 0: the data's vocab_size, padded up to a multiple of 64 (50257 -> 50304)
+vocab_size = 0  # 0: the data's vocab_size, padded up to a multiple of 64
 # data
 dataset = "fineweb-edu"  # data_root/<dataset>/ from prepare_data.py
 data_root = "data"
@@ -60,21 +59,21 @@ block_size = 2048  # tokens per sequence (mqar: the data's seq_len; a GPT-2: at 
 copy_task = False  # far copying: each sequence is a random passage of block_size/2 tokens, twice
 # AdamW, warmup and cosine decay
 learning_rate = 6e-4
-max_iters = 5000  # iterations of batch_size * block_size * gradient_accumulation_steps tokens
+max_iters = 5000
 weight_decay = 0.1
 beta1 = 0.9
 beta2 = 0.95
-grad_clip = 1.0  # clip the gradient norm to this; 0: off
+grad_clip = 1.0  # the gradient norm's clip; 0: off
 decay_lr = True
 warmup_iters = 200
-lr_decay_iters = 5000  # the cosine reaches min_lr here and stays (nanoGPT: about max_iters)
+lr_decay_iters = 5000  # nanoGPT: about max_iters
 min_lr = 6e-5
 # system
 device = "cuda" if torch.cuda.is_available() else "cpu"
 # autocast: float32 | bfloat16 | float16 (with loss scaling: GPUs without bf16, a T4)
 dtype = "bfloat16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "float32"
-compile: bool | None = None  # torch.compile the model; None: on CUDA only (the CPU is slow to compile)
-attn_engine = "auto"  # attention.ENGINE: auto (the Triton kernel where it runs), torch, triton or dense
+compile: bool | None = None  # torch.compile; None: on CUDA only (the CPU is slow to compile)
+attn_engine = "auto"  # attention.ENGINE: auto, torch, triton or dense
 backend = ""  # DDP's: "" = nccl on CUDA, gloo on the CPU
 seed = 1337
 # -----------------------------------------------------------------------------
@@ -103,7 +102,7 @@ torch.backends.cudnn.allow_tf32 = True
 model_args = {f.name: settings[f.name] for f in fields(GPTConfig)}
 config = GPTConfig(**{**model_args, "vocab_size": vocab_size or 1})  # the model settings, checked before any data
 
-# data: train.bin and val.bin from prepare_data.py, sequences of T tokens
+# data: train.bin and val.bin, sequences of T tokens
 data_dir = dataset_dir(data_root, dataset)
 meta, data, T = load_data(data_dir, block_size, copy_task)
 if "mqar" in meta and config.attn == "swa" and config.n_layer * (config.window - 1) < meta["mqar"]["min_gap"] \
@@ -113,8 +112,8 @@ if "mqar" in meta and config.attn == "swa" and config.n_layer * (config.window -
 
 
 def get_batch(split, gen):
-    """batch_size random sequences (x, y), (B, T) each, from generator gen: text, copy or MQAR (random_batch)."""
-    x, y = random_batch(data[split], meta, batch_size, T, gen, split == "train", copy_task)  # numpy (B, T) each
+    """batch_size random sequences x, y (B, T) from generator gen: text, copy or MQAR (random_batch)."""
+    x, y = random_batch(data[split], meta, batch_size, T, gen, split == "train", copy_task)  # numpy
     x, y = torch.from_numpy(x), torch.from_numpy(y)
     if device_type == "cuda":
         x, y = (t.pin_memory().to(device, non_blocking=True) for t in (x, y))
@@ -135,7 +134,7 @@ if init_from == "scratch":
 elif init_from == "resume":  # the checkpoint's model settings and tokenizer must be this run's
     model, ckpt = load_checkpoint(ckpt_path, resume=(settings, meta))
     iter_num, best_val_loss = ckpt["iter_num"], ckpt["best_val_loss"]
-else:  # GPT-2's weights with this run's attention (its swap), cropped to block_size, to fine-tune
+else:  # GPT-2's weights with this run's attention (its swap), to fine-tune
     model = from_gpt2(init_from, {k: settings[k] for k in (*swap_fields(), "dropout")})
     model.crop_block_size(block_size)
     need(meta["vocab_size"] <= model.config.vocab_size, f"init_from={init_from!r} reads {model.config.vocab_size} "
@@ -144,17 +143,16 @@ model.seed_sa(sa_seed)  # a resume restores the saved state, except on ranks the
 model.to(device)
 torch.manual_seed(dropout_seed)
 data_rng = torch.Generator().manual_seed(data_seed)
-# fp16 gradients underflow unless the loss is scaled
 scaler = torch.amp.GradScaler(device_type, enabled=dtype == "float16")
 optimizer = model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type)
-if ckpt is not None:  # AdamW's, the GradScaler's and every RNG's states: where the run stopped
+if ckpt is not None:  # where the run stopped
     restore(ckpt, optimizer, scaler, data_rng, model, rank)
     need(max_iters >= iter_num or eval_only, f"max_iters={max_iters}: {ckpt_path} is at iteration {iter_num} already: "
          "raise max_iters to train on")
 ckpt = None  # free up memory
 
 raw_model = model  # the GPT itself: checkpoints, SA's state, MFU
-compile = device_type == "cuda" if compile is None else compile  # None: on CUDA only
+compile = device_type == "cuda" if compile is None else compile
 if compile:
     model = torch.compile(model)
 eval_model = model  # estimate_loss's: rank 0 evaluates alone, without DDP
@@ -164,8 +162,8 @@ if ddp:  # the RoPE tables are constant: no buffers to broadcast
 
 @torch.no_grad()
 def estimate_loss():
-    """Mean loss per split over eval_iters batches, and the task's measures (prepare_data.task_metrics). Its batches
-    and SA draws are fixed, SA's generator restored after: an eval leaves training unchanged."""
+    """Mean loss per split over eval_iters fixed batches and SA draws, and the task's measures
+    (prepare_data.task_metrics). SA's generator is restored after: an eval leaves training unchanged."""
     out, sa_state = {}, raw_model.sa_state.clone()
     eval_model.eval()
     for split in ("train", "val"):
@@ -197,7 +195,7 @@ def get_lr(it):
 
 def stop_if_diverged(loss, what):
     """Stop on a NaN or inf loss; under DDP on the ranks' sum, so all stop together. With fp16 an inf gradient is
-    normal (the GradScaler skips that step), an inf loss is not."""
+    normal, an inf loss is not."""
     loss = torch.as_tensor(loss, dtype=torch.float32, device=device)
     if ddp:
         dist.all_reduce(loss)
@@ -206,21 +204,19 @@ def stop_if_diverged(loss, what):
          f"--learning_rate?); {kept}")
 
 
-# logging: the master appends to log.jsonl each eval's {iter, train_loss, val_loss, lr, elapsed_s} (and per split
-# _acc on MQAR, _first and _second on the copy task) and, every log_interval, {iter, loss, lr, ms_per_iter, tok_per_s,
-# mfu (null off CUDA), elapsed_s}
+# logging: the master appends to log.jsonl each eval (per split: the loss, and _acc on MQAR, _first and _second on the
+# copy task) and, every log_interval, the loss and speed (mfu: null off CUDA)
 tokens_per_iter = gradient_accumulation_steps * world_size * batch_size * T
 run = RunDir(out_dir, iter_num if init_from == "resume" else None, best_val_loss) if master else None
 if master:
-    best_val_loss = run.best_val_loss  # a resume's: the best of the evals log.jsonl keeps (checkpoint.RunDir)
+    best_val_loss = run.best_val_loss  # a resume's, from log.jsonl (checkpoint.RunDir)
     print(f"{dataset}: {len(data['train']):,} train / {len(data['val']):,} val tokens; "
           f"{raw_model.get_num_params() / 1e6:.2f}M parameters, attn={config.attn}, window={config.window}; "
           f"{tokens_per_iter:,} tokens per iteration ({world_size} x {gradient_accumulation_steps} x {batch_size} x "
           f"{T}) on {device}")
 attention.ENGINE = attn_engine
-line = attention.engine_line(device, DTYPES[dtype], config.n_embd // config.n_head, [config.attn],
-                           config.sa_rule)  # each rank's GPU checks itself
-if master:
+line = attention.engine_line(device, DTYPES[dtype], config.n_embd // config.n_head, [config.attn], config.sa_rule)
+if master:  # each rank's GPU checked itself
     print(line)
 
 # training loop
@@ -248,8 +244,7 @@ while True:
     if iter_num >= max_iters or eval_only:
         break
 
-    # forward backward update, with gradient accumulation. No prefetch: the data RNG in a checkpoint is where the next
-    # iteration starts
+    # forward backward update, with gradient accumulation; no prefetch: a checkpoint's data RNG is the next batch's
     losses = torch.zeros((), device=device)  # summed, checked before the step
     for micro_step in range(gradient_accumulation_steps):
         if ddp:  # all-reduce gradients on the last micro-step only
