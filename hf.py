@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 import attention
-from guards import InputError, check_count, need
+from guards import InputError, check_count, checked, need
 
 
 def hf_context_length(hf_config, tokenizer_max=None):
@@ -68,7 +68,7 @@ def register_hf_attention(attn, window=None, moba_chunk=64, moba_topk=4, generat
             T, seed = q.shape[2], int(torch.randint(2 ** 62, (), generator=generator))
             perm = attention.row_perms(seed, torch.tensor([T]) if lengths is None else lengths, T)  # (B or 1, 1, T)
             perm = perm[0, 0] if lengths is None else perm  # (T,) without padding
-            return attention.stochastic_attention(q, k, v, window, perm.to(q.device))
+            return attention.stochastic_attention(q, k, v, window, checked(perm.to(q.device)))  # valid as drawn
         return attention.sliding_window_attention(q, k, v, window) if attn == "swa" else \
             attention.moba_attention(q, k, v, moba_chunk, moba_topk)
 

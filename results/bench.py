@@ -265,9 +265,10 @@ if __name__ == "__main__":
         sys.exit("bench.py: every case failed (see the rows above)")
     try:  # atomically: a full disk leaves no half-written json_out
         if json_out:
+            from provenance import provenance  # each row: this commit and command
             os.makedirs(os.path.dirname(json_out) or ".", exist_ok=True)
             with open(json_out + ".tmp", "w") as f:
-                json.dump(dict(rows=rows, table="\n".join(lines)), f, indent=1)
+                json.dump(dict(rows=[dict(r, **provenance()) for r in rows], table="\n".join(lines)), f, indent=1)
             os.replace(json_out + ".tmp", json_out)
     except OSError as e:
         sys.exit(f"bench.py: cannot write {json_out}: {e.strerror or e} (the table above is complete)")

@@ -254,10 +254,10 @@ if __name__ == "__main__":
     import triton
     gpu = torch.cuda.get_device_name()
     result = dict(gpu=gpu, torch=torch.__version__, triton=triton.__version__, cuda=torch.version.cuda,
-                  started=time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), **provenance(), stages={})
+                  started=time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), stages={})
 
     def save(name, record):
-        result["stages"][name] = record
+        result["stages"][name] = dict(record, **provenance())  # each stage: this commit and command
         print(f"{name}: {record['status']} in {record['seconds']} s", flush=True)
         with open(out + ".tmp", "w") as f:  # after every stage, so that a killed run keeps what it measured
             json.dump(result, f, indent=1)

@@ -259,9 +259,8 @@ def test_reproduce_fast_writes_every_result(tmp_path):
     assert {r["attn"] for r in demo["runs"]} == {"swa", "sa+swa", "full"} and demo["swa_reach"] < demo["min_gap"]
     assert all(0 <= r["val_acc"] <= 1 and r["wall_s"] > 0 for r in demo["runs"])
     for path in out.glob("*.json"):  # issue 56: each row records the commit and the command that wrote it
-        if path.name != "speed_cpu.json":  # bench.py's rows: the lead wires bench.py to provenance()
-            assert all(re.fullmatch(r"[0-9a-f]{7,40}(-dirty)?", r["commit"]) and r["command"].startswith(
-                "python results/") for r in result_rows(json.loads(path.read_text()))), path.name
+        assert all(re.fullmatch(r"[0-9a-f]{7,40}(-dirty)?", r["commit"]) and r["command"].startswith(
+            "python results/") for r in result_rows(json.loads(path.read_text()))), path.name
     summary = (out / "summary.md").read_text()
     for section in ("figure", "lm", "swap", "mqar_search", "mqar", "mqar_decisive", "recall_swap", "coverage", "speed",
                     "sa_rules", "lm1024", "demo"):
@@ -313,9 +312,9 @@ def test_the_far_copy_write_up_quotes_the_summary():
 
 def test_every_committed_result_row_records_its_commit():
     """Issue 56: no number in results/*.json needs the git log: each row names the commit it came from (rows before
-    issue 56: the commit that first held their numbers). gpu_check.json is the lead's, wired separately."""
+    issue 56: the commit that first held their numbers)."""
     for name in sorted(os.listdir(os.path.join(REPO, "results"))):
-        if name.endswith(".json") and name != "gpu_check.json":
+        if name.endswith(".json"):
             with open(os.path.join(REPO, "results", name)) as f:
                 rows = list(result_rows(json.load(f)))
             assert rows and all(re.fullmatch(r"[0-9a-f]{7,40}(-dirty)?", r.get("commit", "")) for r in rows), name
