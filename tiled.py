@@ -52,7 +52,7 @@ class Band:
             left, right = band_edges(width, T, pos is not None)
             nk = left + nq + right
             d = torch.arange(nk, device=device) - torch.arange(nq, device=device)[:, None] - left  # (nq, nk): k - q
-            self.band = torch.where((d < -left) | (d > right), NEG, 0.0)
+            self.band = torch.zeros(nq, nk, device=device).masked_fill_((d < -left) | (d > right), NEG)
         else:
             r = r.expand(B, H, T).reshape(BH, T) if r.dim() == 3 else r[None]  # (R, T), R = 1 or BH
             start, end = value_spans(r, width, margin, nq)  # (R, nb)
@@ -72,7 +72,8 @@ class Band:
     def flat(self, t):
         """(B, H, T, D) -> (BH * S, D) fp32 between zero pads, one copy."""
         (B, H, T), D = self.shape, t.shape[-1]
-        f = t.new_zeros(B * H, self.S, D, dtype=torch.float32)
+        f = t.new_empty(B * H, self.S, D, dtype=torch.float32)
+        f[:, :self.left], f[:, self.left + T:] = 0, 0
         f.view(B, H, self.S, D)[:, :, self.left:self.left + T] = t.detach()
         return f.view(-1, D)
 
@@ -107,7 +108,7 @@ class Band:
             return torch.where(visible, self.band, NEG)
         qr = self.r[heads, q].unflatten(1, (e - s, nq))  # (m or 1, e-s, nq)
         visible &= (qr[..., :, None] - self.spans(self.r, heads, s, e)[..., None, :]).abs() < self.width
-        return torch.where(visible, 0.0, NEG)
+        return torch.zeros(visible.shape, device=visible.device).masked_fill_(~visible, NEG)
 
     def calls(self, size):
         """(query rows (m, n, nq), key rows (m, n, nk), mask (m or 1, n, nq, nk)) per call of ~size scores."""
@@ -170,8 +171,9 @@ class Moba:
         base = torch.arange(BH, device=device)[:, None] * T  # (BH, 1)
         rows = F.pad(torch.arange(T, device=device) + base, (0, nc * c - T), value=BH * T)  # (BH, nc*c)
         self.own = rows.view(BH, nc, c)  # queries = keys
-        keypad = torch.where(torch.arange(nc * c, device=device) < T, 0.0, NEG).view(nc, c)
-        causal = torch.full((c, c), NEG, device=device).triu(1)  # (c, c): keys after the query hidden
+        i, S = torch.arange(c, device=device), nc * c
+        keypad = torch.zeros(S, device=device).index_fill_(0, torch.arange(T, S, device=device), NEG).view(nc, c)
+        causal = torch.zeros(c, c, device=device).masked_fill_(i[None, :] > i[:, None], NEG)  # (c, c)
         self.own_mask = causal + keypad[:, None]  # (nc, c, c)
         pair_chunk = (idx + torch.arange(BH, device=device).view(B, H, 1, 1) * nc)[ok]  # (P,): head*nc + chunk
         pair_row = (torch.arange(T, device=device) + base.view(B, H, 1)).unsqueeze(-1).expand_as(idx)[ok]  # (P,)

@@ -151,7 +151,7 @@ def sweep_stage(B=4, H=12, D=64, window=256, dtype=torch.bfloat16, device="cuda"
     import attention
     import kernel
     from torch.profiler import ProfilerActivity, profile
-    start, T, rows = time.time(), sweep_T, []
+    start, T, rows, engine = time.time(), sweep_T, [], attention.ENGINE
     attention.ENGINE = "triton"
     g = torch.Generator(device=device).manual_seed(0)
     q, k, v, dout = (torch.randn(B, H, T, D, device=device, dtype=dtype, generator=g) for _ in range(4))
@@ -177,14 +177,14 @@ def sweep_stage(B=4, H=12, D=64, window=256, dtype=torch.bfloat16, device="cuda"
                 row["error"] = f"{type(e).__name__}: {str(e).strip()[:200]}"
             rows.append(row)
             print(row, flush=True)
+        kernel.choose_tiling, cuda = choose, q.is_cuda
+        with profile(activities=[ProfilerActivity.CPU] + [ProfilerActivity.CUDA] * cuda) as prof:
+            for _ in range(5):
+                torch.autograd.grad(calls["sa"](), (q, k, v), dout)
+            if cuda:
+                torch.cuda.synchronize()
     finally:
-        kernel.choose_tiling = choose
-    cuda = q.is_cuda
-    with profile(activities=[ProfilerActivity.CPU] + [ProfilerActivity.CUDA] * cuda) as prof:
-        for _ in range(5):
-            torch.autograd.grad(calls["sa"](), (q, k, v), dout)
-        if cuda:
-            torch.cuda.synchronize()
+        kernel.choose_tiling, attention.ENGINE = choose, engine
     table = prof.key_averages().table(sort_by="cuda_time_total" if cuda else "cpu_time_total", row_limit=15)
     return dict(cmd="in process", status="pass" if rows and "error" not in rows[0] else "fail",
                 seconds=round(time.time() - start, 1), T=T, rows=rows, output=table)
