@@ -140,16 +140,19 @@ def measure(kind, mode, T):
             torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
     peak = torch.cuda.max_memory_allocated() if cuda else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    device_s = None
-    if cuda:  # device: reps calls back to back between two events
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(reps):
-            call()
-        end.record()
-        end.synchronize()
-        device_s = start.elapsed_time(end) / 1000 / reps
-    return statistics.median(times[1:]), device_s, (peak - base) / 2**20
+    return statistics.median(times[1:]), device_ms(call, reps) / 1000 if cuda else None, (peak - base) / 2**20
+
+
+def device_ms(fn, reps=10):
+    """fn's GPU time per call: CUDA events around reps calls made back to back, after one."""
+    fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / reps
 
 
 def check_settings():

@@ -1,10 +1,12 @@
 """
-The prepared GPU check: one command for a CUDA machine, about 8 minutes on an H100-class GPU (the stages' time limits:
-60 + 45 + 90 + 120 + 4 x 75 s, less where a stage ends early). Without a GPU it stops at once with one line.
+The prepared GPU check: one command for a CUDA machine, at most about 9 minutes on an H100-class GPU (the time limits:
+40 + 75 + 110 + 4 x 70 s, besides the self-checks; less where a stage ends early). Without a GPU it stops at once with
+one line. --base adds a second speed stage (110 s): run it with --stages=speed.
 
     python results/gpu_check.py                          # writes results/gpu_check.json
     python results/gpu_check.py --stages=speed,train --out=/tmp/check.json
-    python results/gpu_check.py --base=../base           # also times another checkout's attention (a change's base)
+    git archive c166d96 --prefix=base/ | tar -x          # a change's base, inside the tree a GPU machine is lent
+    python results/gpu_check.py --stages=speed --base=base   # also times the base's attention by the same bench.py
 
 Its stages, each under its own time limit, so that a failing or timed-out stage is recorded with its output and the
 next one still runs:
@@ -37,10 +39,10 @@ sys.path.insert(0, ROOT)  # the repo's modules
 out = "results/gpu_check.json"   # the one results file
 stages = "self-check,kernel,sweep,speed,train"  # which stages run, in this order
 base = ""                        # another checkout (e.g. `git worktree add ../base <commit>`): its speed stage too
-check_timeout = 45               # seconds for kernel.py --check
-sweep_timeout = 90               # seconds the sweep may take (it stops between tilings)
-bench_timeout = 120              # seconds for each speed stage
-train_timeout = 75               # seconds for each training run
+check_timeout = 40               # seconds for kernel.py --check
+sweep_timeout = 75               # seconds the sweep may take (it stops between tilings)
+bench_timeout = 110              # seconds for each speed stage
+train_timeout = 70               # seconds for each training run
 sizes = "2048,8192,32768"        # speed: sequence lengths
 bench_args = "--batch=4 --heads=12 --head_dim=64 --window=256 --reps=10"  # speed: more bench.py settings
 sweep_T = 8192                   # sweep: the sequence length (batch 4, 12 heads of 64, window 256, bf16)
@@ -132,24 +134,13 @@ def kernel_stage():
     return record
 
 
-def device_ms(fn, reps=10):
-    """fn's GPU time per call: CUDA events around reps calls made back to back, after one."""
-    fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(reps):
-        fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / reps
-
-
 def sweep_stage(B=4, H=12, D=64, window=256, dtype=torch.bfloat16, device="cuda"):
     """Each of TILINGS timed on the kernel's SWA and SA (rank rule), forward and fwd+bwd, at sweep_T, with its
     largest difference from the tiling in use (a wrong tiling shows); until sweep_timeout. Then a profiler table of
     SA's fwd+bwd with the tiling in use: the kernels and the ops around them."""
     import attention
     import kernel
+    from bench import device_ms
     from torch.profiler import ProfilerActivity, profile
     start, T, rows, engine = time.time(), sweep_T, [], attention.ENGINE
     attention.ENGINE = "triton"

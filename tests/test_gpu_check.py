@@ -7,6 +7,7 @@ import sys
 import pytest
 import torch
 
+import bench
 import gpu_check
 
 
@@ -36,7 +37,7 @@ def test_sweep_stage_times_each_tiling(monkeypatch):
     equal to the tiling in use's, and the profiler's table; a tiling that cannot run is a row that says why."""
     monkeypatch.setattr(gpu_check, "sweep_T", 70)
     monkeypatch.setattr(gpu_check, "TILINGS", [(32, 16, 32, 16, 4, 2), (16, 16, 16, 16, 4, 2), (48, 16, 32, 16, 4, 2)])
-    monkeypatch.setattr(gpu_check, "device_ms", lambda fn: [fn(), 1.0][1])  # no CUDA events here
+    monkeypatch.setattr(bench, "device_ms", lambda fn: [fn(), 1.0][1])  # no CUDA events here
     record = gpu_check.sweep_stage(B=1, H=2, D=16, window=8, dtype=torch.float32, device="cpu")
     assert record["status"] == "pass" and [r["tiling"] for r in record["rows"]] == gpu_check.TILINGS
     ok, bad = record["rows"][:2], record["rows"][2]
