@@ -125,6 +125,20 @@ def test_value_sa_through_triton(small_blocks, bf16_dot, monkeypatch, T, window,
                 lambda *x: A.sa_value_reference(*x, window / T, r))
 
 
+@pytest.mark.parametrize("kind, T", [("sa", 130), ("sa-bht", 17), ("sa-value", 17), ("sa-value-bht", 130)])
+def test_the_fused_kernel_equals_the_recipe(small_blocks, monkeypatch, kind, T):
+    """SA in one launch (ENGINE "triton") against the three-line recipe it replaces (ENGINE "torch": gather, the band,
+    gather back), forward and gradients: both rules, one permutation or r shared and one per head, lengths no multiple
+    of a tile."""
+    fast = attention_kinds(T, B=2, H=2)[kind][0]
+    q, k, v = qkv(2, 2, T, 16, device=KDEV)
+    monkeypatch.setattr(A, "ENGINE", "torch")
+    want = out_and_grads(fast, q, k, v)
+    monkeypatch.setattr(A, "ENGINE", "triton")
+    for name, got, expected in zip(("out", "dq", "dk", "dv"), out_and_grads(fast, q, k, v), want):
+        torch.testing.assert_close(got, expected, atol=2e-5, rtol=1e-4, msg=lambda m: f"{name}: {m}")
+
+
 @pytest.mark.parametrize("r, width, problem", [(torch.rand(8).sort().values.double(), 0.1, "r must be fp32"),
                                                  (torch.rand(8).sort().values, 0.0, "width > 0")])
 def test_triton_swa_rejects_bad_r(r, width, problem):
