@@ -227,7 +227,8 @@ def _engine(q, rule):
             raise InputError(f"attn_engine 'triton' runs the Triton kernel on a CUDA GPU, not on {q.device} (or on the "
                              "CPU under TRITON_INTERPRET=1, slowly, for tests): use attn_engine 'auto' or 'torch'")
         return "triton"
-    if ENGINE == "auto" and rule and _kernel_ok(q.device, q.dtype, q.shape[-1], rule):
+    H, T, D = q.shape[1:]
+    if ENGINE == "auto" and rule and H * T * D < 2**31 and _kernel_ok(q.device, q.dtype, D, rule):  # int32 offsets
         return "triton"
     return "dense" if ENGINE == "dense" else "torch"
 

@@ -243,8 +243,9 @@ def check_inputs(q, k, v, any_length=False, **args):
 
 
 def checked(t):
-    """t, marked as checked until it changes in place: check_inputs then skips its values. GPT.draw_sa marks its draws
-    (valid as drawn); check_inputs marks what passed. Inference tensors keep no version: always checked."""
+    """t, marked as checked until it changes in place (its version counter: not writes through .data or numpy):
+    check_inputs then skips its values. GPT.draw_sa marks its draws (valid as drawn); check_inputs marks what passed.
+    Inference tensors keep no version: never marked, their values are checked at every call."""
     import torch
     if not torch.compiler.is_compiling() and not t.is_inference():
         t.checked_version = t._version

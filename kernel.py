@@ -3,9 +3,9 @@ SA's permutation inside: triton_swa(q, k, v, width, perm, r).
 
 As in Triton's fused-attention tutorial, a forward program streams the key tiles its TILE_M query slots' band reaches,
 online softmax in fp32: O(T * w). With perm, slot s holds token perm[s]: the programs read the rows of q, k, v and write
-those of the output (and of dq, dk, dv) through perm, so SA is one launch each way and never copies q, k, v into slot
-order. No repo imports; the rule is attention.py's, and each rule is checked against the dense rule at its first use
-on a device, dtype and head dim (check_once).
+those of the output (and of dq, dk, dv) through perm: SA is one launch forward and two backward, with no copy of
+q, k, v in slot order. No repo imports; the rule is attention.py's, and each rule is checked against the dense rule at
+its first use on a device, dtype and head dim (check_once).
 """
 import functools
 import math
@@ -80,7 +80,8 @@ def _tokens(Perm, slots, T, HAS_PERM: tl.constexpr):
 @triton.jit
 def _rows(X, tokens, slots, stride, T, D: tl.constexpr, EDGE: tl.constexpr):
     """X's rows (len(slots), D) of the tokens at these slots; slots past T (only at an edge) read as 0. Offsets within
-    a head are int32 (int64 spilled registers): triton_swa keeps T * stride below 2**31."""
+    a head are int32 (triton_swa keeps T * stride below 2**31): int64 spilled registers here, int32 in _attn_fwd's
+    store (AOT compiles, kernel_compile.txt)."""
     ptrs = X + tokens[:, None] * stride + tl.arange(0, D)[None, :]
     if EDGE:
         return tl.load(ptrs, mask=slots[:, None] < T, other=0.0)
@@ -160,7 +161,7 @@ def _attn_fwd(Q, K, V, O, LSE, Perm, R, sq_b, sq_h, sq_t, sk_b, sk_h, sk_t, sv_b
         acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, offs_m, tok_m, r_m, K, V, Perm, R, sk_t, sv_t, first, end,
                                    left, right, width, T, qk_scale, D, TILE_N, region != 1, HAS_PERM, HAS_R, PRECISION)
     tl.store(LSE + offs_m, m_i + tl.math.log2(l_i), mask=offs_m < T)  # log2-sum-exp2 per slot
-    tl.store(O + tok_m.to(tl.int64)[:, None] * so_t + tl.arange(0, D)[None, :],  # int64: int32 spilled on sm_80
+    tl.store(O + tok_m.to(tl.int64)[:, None] * so_t + tl.arange(0, D)[None, :],  # int64: see _rows
              (acc / l_i[:, None]).to(O.dtype.element_ty), mask=offs_m[:, None] < T)
 
 
@@ -323,7 +324,7 @@ def _perm_strides(perm):
 
 def _launch(q, k, v, o, perm, r, width, margin):
     """The kernels' arguments Perm .. margin (after the tensors), their options, the tiling; o: O's, dO's .. strides."""
-    (B, H, T, D), tiling = q.shape, choose_tiling(q.dtype, q.shape[-1], device_target(q.device))
+    (_, H, T, D), tiling = q.shape, choose_tiling(q.dtype, q.shape[-1], device_target(q.device))
     left, right = band_edges(width, T, perm is not None) if r is None else (0, 0)
     options = dict(D=D, HAS_PERM=perm is not None, HAS_R=r is not None, PRECISION=tiling.precision,
                    num_warps=tiling.num_warps, num_stages=tiling.num_stages)
@@ -425,6 +426,8 @@ def triton_swa(q, k, v, width, perm=None, r=None, margin=0.0):
         raise Unsupported(f"triton_swa's int32 row offsets need T * H * D < 2**31, got {T} * {H} * {D}")
     q, k, v = (t if t.stride(-1) == 1 and T * t.stride(2) < 2**31 else t.contiguous() for t in (q, k, v))
     perm, r = (t if t is None or t.stride(-1) == 1 else t.contiguous() for t in (perm, r))
+    if r is not None and r.stride() != perm.stride():  # the kernels read r with perm's strides
+        perm, r = perm.contiguous(), r.contiguous()
     if torch.compiler.is_compiling():  # an op torch.compile keeps whole
         return _fwd_op(q, k, v, perm, r, float(width), float(margin), True)[0]
     return _Band.apply(q, k, v, perm, r, float(width), float(margin))

@@ -121,6 +121,9 @@ def measure(kind, mode, T):
     shape = (batch, heads, T, head_dim)  # (B, H, T, D)
     q, k, v, dout = (torch.randn(shape, device=device, dtype=getattr(torch, dtype)) for _ in range(4))
     q, k, v = (t.requires_grad_(mode != "fwd") for t in (q, k, v))
+    if mode != "fwd":
+        with torch.no_grad():
+            dout = torch.empty_like(fn(q, k, v)).copy_(dout)  # dO laid out as the output, as training's is
     cuda = device.startswith("cuda")
     if cuda:
         torch.cuda.synchronize()

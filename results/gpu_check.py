@@ -5,8 +5,8 @@ one line. --base adds a second speed stage (110 s): run it with --stages=speed.
 
     python results/gpu_check.py                          # writes results/gpu_check.json
     python results/gpu_check.py --stages=speed,train --out=/tmp/check.json
-    git archive c166d96 --prefix=base/ | tar -x          # a change's base, inside the tree a GPU machine is lent
-    python results/gpu_check.py --stages=speed --base=base   # also times the base's attention by the same bench.py
+    git archive c166d96 --prefix=.base/ | tar -x         # a change's base, in the tree that a GPU machine gets
+    python results/gpu_check.py --stages=speed --base=.base  # also times the base's attention by the same bench.py
 
 Its stages, each under its own time limit, so that a failing or timed-out stage is recorded with its output and the
 next one still runs:
@@ -150,6 +150,8 @@ def sweep_stage(B=4, H=12, D=64, window=256, dtype=torch.bfloat16, device="cuda"
     perm = torch.randperm(T, device=device, generator=g)
     calls = {"swa": lambda: attention.sliding_window_attention(q, k, v, window),
              "sa": lambda: attention.stochastic_attention(q, k, v, window, perm)}
+    with torch.no_grad():
+        dout = torch.empty_like(calls["sa"]()).copy_(dout)  # dO laid out as the output, as training's is
     default, choose = kernel.choose_tiling(dtype, D, kernel.device_target(q.device)), kernel.choose_tiling
     want = {kind: call().float() for kind, call in calls.items()}
     try:
@@ -163,7 +165,8 @@ def sweep_stage(B=4, H=12, D=64, window=256, dtype=torch.bfloat16, device="cuda"
                     with torch.no_grad():
                         row[f"{kind} diff"] = float((call().float() - want[kind]).abs().max())
                         row[f"{kind} fwd ms"] = round(device_ms(call), 4)
-                    row[f"{kind} fwd+bwd ms"] = round(device_ms(lambda: torch.autograd.grad(call(), (q, k, v), dout)), 4)
+                    grads = lambda: torch.autograd.grad(call(), (q, k, v), dout)  # noqa: E731
+                    row[f"{kind} fwd+bwd ms"] = round(device_ms(grads), 4)
             except Exception as e:  # e.g. out of shared memory: the row says so
                 row["error"] = f"{type(e).__name__}: {str(e).strip()[:200]}"
             rows.append(row)
@@ -274,7 +277,7 @@ if __name__ == "__main__":
         save("sweep", in_process(sweep_stage))
         print(result["stages"]["sweep"]["output"])
     kinds = ["--dtype=bfloat16", "--attn_engine=triton", "--kinds=full,swa,sa,flex-swa,flex-sa"]
-    for name, where in (("speed", []), ("speed of the base", [f"--modules={base}"]) if base else ()):
+    for name, where in [("speed", [])] + [("speed of the base", [f"--modules={base}"])] * bool(base):
         if "speed" in todo:
             save(name, bench_stage(extra=kinds + where))
             print(result["stages"][name]["output"][-3000:])

@@ -1470,7 +1470,6 @@ def demo():
     """SWA, SA+SWA and full attention on the demo's recall task, a run of each per seed of demo_seeds, two at a time:
     a table (answer accuracy, val loss, keys a query sees, how many answers the attention graph reaches) and
     demo.png, accuracy over iterations beside how the graph's coverage grows with depth (receptive_field.py)."""
-    import numpy as np
     import receptive_field as rf
 
     from model import KINDS, GPTConfig
