@@ -139,6 +139,15 @@ def test_the_fused_kernel_equals_the_recipe(small_blocks, monkeypatch, kind, T):
         torch.testing.assert_close(got, expected, atol=2e-5, rtol=1e-4, msg=lambda m: f"{name}: {m}")
 
 
+def test_triton_swa_reads_r_by_its_own_strides(small_blocks):
+    """r laid out unlike perm (same shape, other strides): the kernels read r with perm's strides, so one is copied."""
+    q, k, v = qkv(2, 2, 40, 16, device=KDEV)
+    r, perm = torch.rand(2, 2, 40, generator=torch.Generator().manual_seed(0)).to(KDEV).sort()
+    r_t = r.transpose(0, 1).contiguous().transpose(0, 1)  # (B, H, T), H outermost in memory
+    assert r_t.stride() != perm.stride()
+    torch.testing.assert_close(kernel.triton_swa(q, k, v, 0.2, perm, r_t), kernel.triton_swa(q, k, v, 0.2, perm, r))
+
+
 @pytest.mark.parametrize("r, width, problem", [(torch.rand(8).sort().values.double(), 0.1, "r must be fp32"),
                                                  (torch.rand(8).sort().values, 0.0, "width > 0")])
 def test_triton_swa_rejects_bad_r(r, width, problem):
@@ -269,6 +278,13 @@ def test_auto_falls_back_to_torch(monkeypatch, plays_a_gpu, cause, match):
     monkeypatch.setattr(A, "ENGINE", "triton")
     with pytest.raises(Exception, match=match):
         A.stochastic_attention(q, k, v, 8, perm)
+
+
+def test_auto_keeps_the_kernel_under_its_int32_offsets(plays_a_gpu):
+    """H * T * D of 2**31 or more: "auto" takes the torch engine (the kernel would raise Unsupported)."""
+    zero = torch.zeros((), device=KDEV)
+    assert A._engine(zero.expand(1, 2**14, 2**13 - 1, 16), "sa rank") == "triton"  # (B, H, T, D), no memory
+    assert A._engine(zero.expand(1, 2**14, 2**13, 16), "sa rank") == "torch"
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the interpreter computes rows past T too (0 / 0)
