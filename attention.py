@@ -1,6 +1,6 @@
 """Read first. Causal attention, q, k, v (B, H, T, D) -> (B, H, T, D): full, sliding-window (SWA), stochastic (SA),
 MoBA. SWA and both SA rules are one rule over a slot and a position per token, which the dense references, tiled.py
-and kernel.py follow (test_attention.py, tests/test_kernel.py check them):
+and kernel.py follow (tested in test_attention.py, tests/test_kernel.py):
 
     key j is visible to query i  iff  |slot[i] - slot[j]| < width  and  pos[j] <= pos[i]
 
@@ -10,9 +10,8 @@ with pos = perm, gather back: tokens a >= b interact iff their slots are < windo
 i.i.d. uniform r per token, width = delta, pos = the index: a >= b interact iff |r_a - r_b| < delta, by r_a and r_b
 alone, so a KV cache decodes it. MoBA: query i sees its own chunk (j <= i) and the top_k - 1 past chunks of largest
 q_i . mean(K_chunk). Every query sees itself; no query reads a key it may not see, not even a NaN in its k, nor, on the
-CPU eagerly, in its v (elsewhere a NaN in v may reach other queries of its tile: _exact). Scores are fp32. Each
-function checks q, k, v at its door (guards.check_inputs) and takes them as SDPA does (under autocast, in autocast's
-dtype).
+CPU eagerly, in its v (elsewhere it may reach its tile's other queries: _exact). Scores are fp32. Each function
+checks q, k, v (guards.check_inputs) and, as SDPA, takes them in autocast's dtype under autocast.
 """
 import functools
 import importlib.util
@@ -29,8 +28,7 @@ from guards import InputError, check_count, check_delta, check_inputs
 
 # What runs SWA's and SA's band: "auto": the Triton kernel on CUDA (Triton in TRITON_VERSIONS, a head dim and dtype it
 # has, its checks passed), else "torch": tiled.py, O(T * window); "triton": the kernel (CPU: TRITON_INTERPRET=1; SWA
-# over a given pos, which SA's one launch replaces, runs on tiled.py); "dense": _dense, a rule_mask in slot order.
-# Full attention is always SDPA.
+# over a given pos, which SA's one launch replaces, runs on tiled.py); "dense": _dense. Full attention is SDPA.
 ENGINE = "auto"
 ENGINES = ("auto", "torch", "triton", "dense")
 KERNEL_DEVICES = ("cuda",)  # where "auto" may run the kernel (a test adds "cpu": the interpreter plays a GPU)
@@ -92,8 +90,8 @@ def sliding_window_attention(q, k, v, window, pos=None):
 
 def sa_mask(window, perm):
     """SA's rank rule in token order: slot = each token's slot (perm's inverse), pos = arange(T)."""
-    T, window = perm.shape[-1], check_count(window, "window")
-    return rule_mask(torch.argsort(perm, dim=-1), torch.arange(T, device=perm.device), min(window, T))
+    T = perm.shape[-1]
+    return rule_mask(perm.argsort(-1), torch.arange(T, device=perm.device), min(check_count(window, "window"), T))
 
 
 def sa_reference(q, k, v, window, perm):
@@ -183,9 +181,9 @@ def moba_attention(q, k, v, moba_chunk, top_k):
 
 def _exact(engine, q, k, v, *args):
     """engine(q, k, v, *args), autocast off; an empty B, H, T or D gives the empty output on the autograd graph. On the
-    CPU, eagerly, a non-finite v[j, d], which p @ v spreads to other queries (0 * NaN = NaN), reaches out[i, d] only if
-    query i sees key j (found by the engine on q = k = 0 and v's bad entries: it weighs each visible key >= 1/T, each
-    hidden one 0); not on a GPU (the check would wait for it), compiled, or in the kernel."""
+    CPU, eagerly, a non-finite v[j, d] (p @ v spreads it: 0 * NaN = NaN) reaches out[i, d] only if query i sees key j
+    (the engine on q = k = 0 and v's bad entries weighs each visible key >= 1/T, each hidden one 0); not on a GPU (the
+    check would wait for it), compiled, or in the kernel."""
     if q.numel() == 0 or k.numel() == 0:
         return q.new_zeros(*q.shape[:3], v.shape[3]) + (q.sum() + k.sum() + v.sum())
     if engine is _kernel:  # no torch op in it that autocast casts
@@ -215,8 +213,8 @@ def _kernel(q, k, v, *args):
 
 
 def _engine(q, rule):
-    """What runs q's band by ENGINE: "triton" (the kernel, for rule "swa", "sa rank" or "sa value"; None: a band it has
-    no rule for), "torch" or "dense"."""
+    """What runs q's band by ENGINE: "triton" (the kernel, for rule "swa", "sa rank" or "sa value"; None: no kernel
+    rule), "torch" or "dense"."""
     if ENGINE not in ENGINES:
         raise InputError(f"attention.ENGINE must be one of {ENGINES}, got {ENGINE!r}")
     if ENGINE == "triton" and rule:
@@ -225,7 +223,7 @@ def _engine(q, rule):
                              "runs without it")
         if not q.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
             raise InputError(f"attn_engine 'triton' runs the Triton kernel on a CUDA GPU, not on {q.device} (or on the "
-                             "CPU under TRITON_INTERPRET=1, slowly, for tests): use attn_engine 'auto' or 'torch'")
+                             "CPU under TRITON_INTERPRET=1, for tests): use attn_engine 'auto' or 'torch'")
         return "triton"
     H, T, D = q.shape[1:]
     if ENGINE == "auto" and rule and H * T * D < 2**31 and _kernel_ok(q.device, q.dtype, D, rule):  # int32 offsets
@@ -243,8 +241,8 @@ def _kernel_ok(device, dtype, D, rule):
 
 
 def _refusal(device, dtype, D, rule):
-    """None where "auto" runs the kernel: a GPU, Triton in TRITON_VERSIONS, a head dim and dtype the kernel has, and
-    kernel.check_once passed (the GPU, then the self-check at the first use); else "" (not tried), or why not."""
+    """None where "auto" runs the kernel (ENGINE's conditions; kernel.check_once checks the GPU, then self-checks at
+    the first use); else "" (not tried), or why not."""
     if device.type not in KERNEL_DEVICES or not _triton_supported():
         return ""
     import kernel
@@ -253,7 +251,7 @@ def _refusal(device, dtype, D, rule):
     try:
         kernel.check_once(device, dtype, D, rule, VALUE_MARGIN)
     except kernel.CANNOT_RUN as e:
-        return _why(e)
+        return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"  # its message's first line
     return None
 
 
@@ -274,11 +272,6 @@ def _triton_supported():
     return False
 
 
-def _why(e):
-    """The exception's type and its message's first line."""
-    return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"
-
-
 def engine_line(device, dtype, head_dim, kinds, sa_rule="rank"):
     """The line train.py, sample.py and eval.py print: what runs the SWA and SA of kinds (a list, or one) in dtype on
     device. On a GPU, the kernel's checks for each rule run now, before any training."""
@@ -286,13 +279,11 @@ def engine_line(device, dtype, head_dim, kinds, sa_rule="rank"):
     kinds = {kinds} if isinstance(kinds, str) else set(kinds)
     rules = [r for r, users in (("swa", {"swa", "sa+swa"}), ("sa " + sa_rule, {"sa", "sa+swa"})) if users & kinds]
     engine, start = _engine(q, None), time.perf_counter()  # None: "torch" or "dense", its errors one line
-    if not rules or ENGINE not in ("auto", "triton"):
+    why = {rule: _refusal(q.device, dtype, head_dim, rule) for rule in rules} if ENGINE == "auto" else {}
+    if not rules or ENGINE not in ("auto", "triton") or "" in why.values():  # "": "auto" did not try the kernel
         return f"attention: {f'the {engine} engine' if rules else 'no SWA or SA'} on {q.device}"
     if ENGINE == "triton":
         _engine(q, rules[0])  # its one-line refusals
-    why = {rule: _refusal(q.device, dtype, head_dim, rule) for rule in rules} if ENGINE == "auto" else {}
-    if "" in why.values():
-        return f"attention: the torch engine on {q.device}"
     import kernel
     for rule in rules if ENGINE == "triton" else ():
         kernel.check_once(q.device, dtype, head_dim, rule, VALUE_MARGIN)  # raises where the kernel cannot run

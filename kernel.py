@@ -2,10 +2,9 @@
 SA's permutation inside: triton_swa(q, k, v, width, perm, r).
 
 As in Triton's fused-attention tutorial, a forward program streams the key tiles its TILE_M query slots' band reaches,
-online softmax in fp32: O(T * w). With perm, slot s holds token perm[s]: the programs read the rows of q, k, v and write
-those of the output (and of dq, dk, dv) through perm: SA is one launch forward and two backward, with no copy of
-q, k, v in slot order. No repo imports; the rule is attention.py's, and each rule is checked against the dense rule at
-its first use on a device, dtype and head dim (check_once).
+online softmax in fp32: O(T * w). The programs read q, k, v and write out, dq, dk, dv through perm: SA is one launch
+forward and two backward, no copy in slot order. No repo imports; the rule is attention.py's, each rule checked against
+a dense one at its first use on a device, dtype and head dim (check_once).
 """
 import functools
 import math
@@ -272,7 +271,7 @@ class Tiling(NamedTuple):
     num_warps: int
     num_stages: int
     precision: str  # tl.dot input_precision for fp32
-    min_shared_kb: int  # the GPU must offer this much shared memory (KB): the kernels' measured use and a reserve
+    min_shared_kb: int  # KB of shared memory the GPU must offer: the kernels' measured use plus a reserve
 
 
 INTERPRETER = Target("cuda", 80, 163 * 1024)
@@ -480,7 +479,7 @@ def check_once(device, dtype, D, rule, margin=0.0):
     """Unsupported where the kernel cannot run this case on its GPU, or its self-check, run at the first use, failed;
     else nothing, in a dict lookup (a head dim and dtype in HEAD_DIMS and SUPPORTED_DTYPES)."""
     case = (device, dtype, D, rule)
-    if case in SELF_CHECKS and SELF_CHECKS[case] <= TOLERANCE[dtype]:
+    if SELF_CHECKS.get(case, math.inf) <= TOLERANCE[dtype]:
         return
     choose_tiling(dtype, D, device_target(device))
     if SELF_CHECK and case not in SELF_CHECKS:
