@@ -10,8 +10,9 @@ with pos = perm, gather back: tokens a >= b interact iff their slots are < windo
 i.i.d. uniform r per token, width = delta, pos = the index: a >= b interact iff |r_a - r_b| < delta, by r_a and r_b
 alone, so a KV cache decodes it. MoBA: query i sees its own chunk (j <= i) and the top_k - 1 past chunks of largest
 q_i . mean(K_chunk). Every query sees itself; no query reads a key it may not see, not even a NaN in its k, nor, on the
-CPU eagerly, in its v (elsewhere it may reach its tile's other queries: _exact). Scores are fp32. Each function
-checks q, k, v (guards.check_inputs) and, as SDPA, takes them in autocast's dtype under autocast.
+CPU eagerly, in its v (elsewhere it may reach its tile's other queries: _exact). Scores are fp32. pos, perm and r are
+(T,) or broadcastable to (B, H, T). Each function checks q, k, v (guards.check_inputs) and, as SDPA, takes them in
+autocast's dtype under autocast.
 """
 import functools
 import importlib.util
@@ -79,8 +80,7 @@ def swa_reference(q, k, v, window, pos=None):
 
 
 def sliding_window_attention(q, k, v, window, pos=None):
-    """SWA by the rule above, pos (T,) or broadcastable to (B, H, T); without pos, FlashAttention's
-    window_size=(window-1, 0). Equals swa_reference."""
+    """SWA by the rule above; without pos, FlashAttention's window_size=(window-1, 0). Equals swa_reference."""
     q, k, v = check_inputs(q, k, v, window=window, pos=pos)
     engine = _engine(q, "swa" if pos is None else None)
     if engine == "triton":
@@ -100,8 +100,7 @@ def sa_reference(q, k, v, window, perm):
 
 
 def gather(t, perm):
-    """t (B, H, T, D) in slot order: slot s holds token perm[..., s]; perm (T,) or broadcastable to (B, H, T).
-    gather(t_slots, perm.argsort(-1)) undoes it."""
+    """t (B, H, T, D) in slot order: slot s holds token perm[..., s]; gather(t_slots, perm.argsort(-1)) undoes it."""
     if perm.dim() == 1:
         return t.index_select(2, perm)  # (B, H, T, D): the fast row copy
     b, h = (torch.arange(n, device=t.device) for n in t.shape[:2])  # (B,), (H,)
@@ -109,8 +108,8 @@ def gather(t, perm):
 
 
 def stochastic_attention(q, k, v, window, perm):
-    """SA by the rank rule, perm (T,) or broadcastable to (B, H, T): a query sees ~`window` keys; window >= T is full
-    attention, the identity perm SWA. Equals sa_reference. The last three lines are README.md's recipe."""
+    """SA by the rank rule: a query sees ~`window` keys; window >= T is full attention, the identity perm SWA. Equals
+    sa_reference. The last three lines are README.md's recipe."""
     q, k, v = check_inputs(q, k, v, window=window, perm=perm)
     if _engine(q, "sa rank") == "triton":  # the three lines below in one launch: rows read and written through perm
         return _exact(_kernel, q, k, v, float(window), perm)
@@ -121,7 +120,7 @@ def stochastic_attention(q, k, v, window, perm):
 
 def row_perms(seed, lengths, T, heads=1):
     """SA's permutations (B, heads, T) for right-padded rows: row b permutes its first lengths[b] tokens, its pads
-    keep their slots. Drawn from `seed` and the row's length alone, not the rest of the batch."""
+    keep their slots. Drawn from `seed` and the row's length alone."""
     rows = [torch.cat([torch.rand(heads, n, generator=torch.Generator().manual_seed(seed)).argsort(-1),  # (heads, n)
                        torch.arange(n, T).expand(heads, -1)], -1) for n in lengths.tolist()]  # (heads, T) each
     return torch.stack(rows)  # (B, heads, T)
@@ -138,8 +137,8 @@ def sa_value_reference(q, k, v, delta, r):
 
 
 def stochastic_value_attention(q, k, v, delta, r):
-    """SA by the value rule, r (T,) or broadcastable to (B, H, T): delta = window / T connects a pair as often as the
-    rank rule. Sorted by r, a tile of queries sees one contiguous key span. Equals sa_value_reference."""
+    """SA by the value rule: delta = window / T connects a pair as often as the rank rule. Sorted by r, a tile of
+    queries sees one contiguous key span. Equals sa_value_reference."""
     q, k, v = check_inputs(q, k, v, delta=delta, r=r)
     r_sorted, perm = torch.sort(r, dim=-1, stable=True)  # (T,) or (B, H, T): each slot's r, ascending, and its token
     engine = _engine(q, "sa value")

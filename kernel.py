@@ -3,8 +3,8 @@ SA's permutation inside: triton_swa(q, k, v, width, perm, r).
 
 As in Triton's fused-attention tutorial, a forward program streams the key tiles its TILE_M query slots' band reaches,
 online softmax in fp32: O(T * w). The programs read q, k, v and write out, dq, dk, dv through perm: SA is one launch
-forward and two backward, no copy in slot order. No repo imports; the rule is attention.py's, each rule checked against
-a dense one at its first use on a device, dtype and head dim (check_once).
+forward and two backward, no copy in slot order. No repo imports. The rules are attention.py's, each checked against a
+dense one at its first use on a device, dtype and head dim (check_once).
 """
 import functools
 import math
