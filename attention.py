@@ -261,7 +261,7 @@ def _has_triton():
 
 @functools.cache  # read once (Dynamo never traces it: _kernel_ok is a constant)
 def _triton_supported():
-    """Whether "auto" may run the kernel: Triton installed, in TRITON_VERSIONS (else one warning)."""
+    """Whether Triton is installed and in TRITON_VERSIONS (outside them: one warning)."""
     if not _has_triton():
         return False
     import triton
