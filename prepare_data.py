@@ -83,8 +83,7 @@ VOCAB = {"bytes": 256, "gpt2": 50257, "r50k_base": 50257, "p50k_base": 50281, "p
          "o200k_base": 200019, "o200k_harmony": 201088}  # fixed vocabularies (tiktoken's n_vocab), known offline
 META = {  # meta.json's entries: {entry: (test, what it must be)}
     "vocab_size": (lambda V, m: count(V) and 1 <= V <= 2**32 and (V == (n := VOCAB.get(str(m.get("tokenizer")), V))
-                                                                   or f"is {V}, not the {n} ids of {m['tokenizer']}"),
-                   "an integer from 1 to 2**32"),
+                   or f"is {V}, not the {n} ids of {m['tokenizer']}"), "an integer from 1 to 2**32"),
     "tokenizer": (lambda x, m: isinstance(x, str) and x != "" and (x != "chars" or "chars" in m or "is 'chars', "
                   f"without chars, the {m['vocab_size']} distinct characters of its tokens"), "a tokenizer's name"),
     "chars": (lambda x, m: isinstance(x, str) and len(set(x)) == len(x) == m["vocab_size"] or f"is {shown(x)}, not "
