@@ -413,7 +413,7 @@ def perplexity(lm, tokens, batch_size, limit=0):
     starts = list(range(0, len(tokens) - 1, T))[:limit or None]
     need(starts, f"perplexity needs at least 2 tokens, got {len(tokens)}")
     n, nll = min(starts[-1] + T, len(tokens) - 1), 0.0  # tokens 1..n are predicted
-    segments = [tokens[s:min(s + T, n) + 1] for s in starts]  # inputs segment[:-1], targets segment[1:]
+    segments = [tokens[s:min(s + T, n) + 1] for s in starts]
     for i, logits in batch_logits(lm, [seg[:-1] for seg in segments], batch_size, "ppl"):
         y = torch.from_numpy(np.asarray(segments[i][1:], dtype=np.int64)).to(logits.device)
         nll += F.cross_entropy(logits.float(), y, reduction="sum").item()  # fp32 one row at a time, not a batch

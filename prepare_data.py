@@ -50,7 +50,6 @@ SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/da
 # Loading, for the other scripts
 
 def prepare_command(data_dir, args=None):
-    """The command that writes data_dir."""
     root, name = os.path.split(os.path.normpath(data_dir))
     args = ("" if name in DATASETS else "--input_file=FILE ") if args is None else args
     return f"`python prepare_data.py {args}--dataset={name}{f' --data_root={root}' * (root != 'data')}`"
@@ -164,7 +163,7 @@ def random_batch(tokens, meta, B, T, gen, train, copy_task=False):
     if "mqar" in meta:
         return x, mqar_targets(x, meta)
     if copy_task:
-        x = np.concatenate([x, x], 1)  # (B, T): the passage twice
+        x = np.concatenate([x, x], 1)  # (B, T)
         return x, np.concatenate([x[:, 1:], np.full((B, 1), -1)], 1)  # (B, T)
     return x, np.stack([tokens[i + 1:i + 1 + T] for i in ix]).astype(np.int64)  # (B, T)
 
@@ -211,7 +210,8 @@ def get_tokenizer(meta, source=""):
 
 def mqar_targets(x, meta):
     """Targets of MQAR sequences x (..., seq_len): at each query the value paired with its cue, else -1."""
-    P, half, o = meta["mqar"]["num_pairs"], meta["mqar"]["seq_len"] // 2, meta["mqar"].get("offset", 0)
+    m = meta["mqar"]
+    P, half, o = m["num_pairs"], m["seq_len"] // 2, m.get("offset", 0)
     cues, values = x[..., o:o + 2 * P:2], x[..., o + 1:o + 2 * P:2]  # (..., P) each
     match = x[..., half:, None] == cues[..., None, :]  # (..., T/2, P); filler 0 is no cue
     y = np.full_like(x, -1)
@@ -319,7 +319,6 @@ def writing(data_dir, meta):
 
 
 def write_meta(data_dir, meta):
-    """Write meta.json, through a .tmp file, if it passes META."""
     path, problem = os.path.join(data_dir, "meta.json"), schema_problem(meta, META)
     need(problem is None, f"{path} would be refused: {problem}")
     pathlib.Path(path + ".tmp").write_text(json.dumps(meta, indent=1))
