@@ -119,8 +119,7 @@ def check_settings(s):
     kinds, ws = items("attn", known=tuple(KINDS)), items("windows", int)
     tasks = [t for t in names if t != "ppl"]
     clash = repeat(tasks + [task_name(f) for f in files])  # results are keyed by task name
-    need(clash is None, f"task_file={s['task_file']!r}: two tasks are named {clash!r} (a task is named after its "
-         "file)")
+    need(clash is None, f"task_file={s['task_file']!r}: two tasks are named {clash!r} (a task is named after its file)")
     need(all(w >= 1 for w in ws), f"windows={s['windows']!r}: use integers >= 1")
     if s["window"] is not None:
         need(not ws, "give --window or --windows, not both")
