@@ -50,7 +50,7 @@ bootstrap_iters = 100000  # resamples for LAMBADA's ppl stderr, lm-eval's defaul
 device = "cuda" if torch.cuda.is_available() else "cpu"
 dtype = "bfloat16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "float32"
 json_out = ""  # also write the results to this JSON file
-plot = "sweep.png"  # a sweep's plot; a bare name goes into --json_out's directory if any, else out_dir ("" = none)
+plot = "sweep.png"  # a sweep's plot; a bare name goes beside --json_out if any, else in out_dir ("" = none)
 for _field in fields(GPTConfig):  # every other kind setting (KINDS rows: sa_draw, sa_rule...), for a swap
     if _field.name not in globals() and any(_field.name in row.settings for row in KINDS.values()):
         globals()[_field.name], __annotations__[_field.name] = None, _field.type | None  # None = the model's own
@@ -98,8 +98,7 @@ def run(settings):
 
 
 def check_settings(s):
-    """(ppl?, tasks, task files, kinds, windows, plot path), checked before anything loads: run() may get any dict,
-    configurator.py checks only the command line."""
+    """(ppl?, tasks, task files, kinds, windows, plot path), checked before anything loads: run() may get any dict."""
     for k, v in s.items():
         need(k in DEFAULTS, f"{k}={v!r}: eval.py has no such setting")
         problem = setting_problem(k, v, s)
@@ -113,16 +112,14 @@ def check_settings(s):
         except ValueError:
             raise InputError(f"{name}={s[name]!r}: use a comma list of integers") from None
         dup, unknown = repeat(got), next((x for x in got if known and x not in known), None)
-        need(dup is None, f"{name}={s[name]!r}: lists {dup!r} twice: give each once (a repeat would be averaged in as "
-             "another seed)")
+        need(dup is None, f"{name}={s[name]!r}: lists {dup!r} twice: give each once")
         need(unknown is None, f"{name}={s[name]!r}: unknown {unknown!r}: choose from {', '.join(known or ())}")
         return got
     names, files = items("tasks", known=("ppl", *TASKS)), items("task_file")
     kinds, ws = items("attn", known=tuple(KINDS)), items("windows", int)
     tasks = [t for t in names if t != "ppl"]
     clash = repeat(tasks + [task_name(f) for f in files])  # results are keyed by task name
-    need(clash is None, f"task_file={s['task_file']!r}: two tasks are named {clash!r} (a task is named after its "
-         "file)")
+    need(clash is None, f"task_file={s['task_file']!r}: two tasks are named {clash!r} (a task is named after its file)")
     need(all(w >= 1 for w in ws), f"windows={s['windows']!r}: use integers >= 1")
     if s["window"] is not None:
         need(not ws, "give --window or --windows, not both")
@@ -215,9 +212,9 @@ def load_model(s):
     return HFLM(model, tok, s["block_size"], dev, hf_tok.model_max_length), {}
 
 
-# Zero-shot tasks as lm-eval loads them: (name, scoring, docs), a doc holding its scoring's FIELDS (partial:
-# WinoGrande's). Tokenizer.encode adds no special tokens, encode_default the default ones (Llama's BOS...) as lm-eval
-# encodes contexts; eot: an empty context's token; name: "bytes", "gpt2", "hf:<model>"...
+# Zero-shot tasks as lm-eval loads them, a doc holding its scoring's FIELDS (partial: WinoGrande's).
+# Tokenizer.encode adds no special tokens, encode_default the default ones (Llama's BOS...) as lm-eval encodes
+# contexts; eot: an empty context's token; name: "bytes", "gpt2", "hf:<model>"...
 Tokenizer = namedtuple("Tokenizer", "name encode decode eot encode_default")
 FIELDS = {"choice": ("context", "choices", "label"), "partial": ("contexts", "continuation", "label"),
           "lambada": ("text",)}
@@ -237,6 +234,10 @@ def arc_doc(d):
             "label": d["choices"]["label"].index(d["answerKey"])}
 
 
+def piqa_doc(d):
+    return {"context": f"Question: {d['goal']}\nAnswer:", "choices": [d["sol1"], d["sol2"]], "label": int(d["label"])}
+
+
 def winogrande_doc(d):
     i = d["sentence"].index("_")  # the blank: each option fills it, the rest of the sentence is scored
     return {"contexts": [d["sentence"][:i] + o for o in (d["option1"], d["option2"])],
@@ -246,8 +247,7 @@ def winogrande_doc(d):
 TASKS = {  # name: (Hugging Face dataset, its subset, split, row -> doc)
     "lambada": ("EleutherAI/lambada_openai", "default", "test", lambda d: {"text": d["text"]}),
     "hellaswag": ("Rowan/hellaswag", None, "validation", hellaswag_doc),
-    "piqa": ("baber/piqa", None, "validation", lambda d: {"context": f"Question: {d['goal']}\nAnswer:",
-                                                          "choices": [d["sol1"], d["sol2"]], "label": int(d["label"])}),
+    "piqa": ("baber/piqa", None, "validation", piqa_doc),
     "arc_easy": ("allenai/ai2_arc", "ARC-Easy", "test", arc_doc),
     "arc_challenge": ("allenai/ai2_arc", "ARC-Challenge", "test", arc_doc),
     "winogrande": ("allenai/winogrande", "winogrande_xl", "validation", winogrande_doc),
@@ -355,7 +355,7 @@ def loglikelihoods(lm, requests, batch_size, desc="score"):
 
 
 def mean_stderr(xs):
-    """The harness's mean and mean_stderr: (mean, sample std / sqrt(n))."""
+    """The harness's mean and mean_stderr."""
     need(len(xs) > 0, "mean_stderr of no values: the task has no documents")
     return float(np.mean(xs)), (float(np.std(xs, ddof=1) / math.sqrt(len(xs))) if len(xs) > 1 else None)
 
@@ -412,7 +412,7 @@ def perplexity(lm, tokens, batch_size, limit=0):
     starts = list(range(0, len(tokens) - 1, T))[:limit or None]
     need(starts, f"perplexity needs at least 2 tokens, got {len(tokens)}")
     n, nll = min(starts[-1] + T, len(tokens) - 1), 0.0  # tokens 1..n are predicted
-    segments = [tokens[s:min(s + T, n) + 1] for s in starts]  # inputs segment[:-1], targets segment[1:]
+    segments = [tokens[s:min(s + T, n) + 1] for s in starts]
     for i, logits in batch_logits(lm, [seg[:-1] for seg in segments], batch_size, "ppl"):
         y = torch.from_numpy(np.asarray(segments[i][1:], dtype=np.int64)).to(logits.device)
         nll += F.cross_entropy(logits.float(), y, reduction="sum").item()  # fp32 one row at a time, not a batch

@@ -34,8 +34,8 @@ class HFLM:  # as eval.OurLM, for a transformers model
         return self.model(input_ids=idx, attention_mask=mask, use_cache=False).logits  # (B, T, vocab)
 
     def use(self, swap):
-        self.model.set_attn_implementation(self.native_impl if swap["attn"] == "full" else
-                                           register_hf_attention(**swap, generator=self.generator))
+        impl = self.native_impl if swap["attn"] == "full" else register_hf_attention(**swap, generator=self.generator)
+        self.model.set_attn_implementation(impl)
 
 
 def register_hf_attention(attn, window=None, moba_chunk=64, moba_topk=4, generator=None, **other):

@@ -45,20 +45,17 @@ hf_val_docs = 5000  # fineweb-edu: the first documents, as val
 DATASETS = ("pystdlib", "mqar", "shakespeare_char", "fineweb-edu", "wikitext-103")
 EXCLUDED_DIRS = {"test", "tests", "idle_test", "site-packages", "dist-packages"}  # not in pystdlib
 SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
-TOKENIZERS = ("bytes", "chars", "ids")  # any other name is a tiktoken encoding
 
 
 # Loading, for the other scripts
 
 def prepare_command(data_dir, args=None):
-    """The command that writes data_dir; args default to "" for DATASETS, else --input_file=FILE."""
     root, name = os.path.split(os.path.normpath(data_dir))
     args = ("" if name in DATASETS else "--input_file=FILE ") if args is None else args
     return f"`python prepare_data.py {args}--dataset={name}{f' --data_root={root}' * (root != 'data')}`"
 
 
 def dataset_dir(data_root, name):
-    """data_root/name, for a plain name ("" or a path would be elsewhere)."""
     need(isinstance(name, str) and name not in ("", ".", "..") and os.path.basename(name) == name,
          f"dataset={name!r}: use a plain name, no path")
     return os.path.join(data_root, name)
@@ -85,8 +82,7 @@ VOCAB = {"bytes": 256, "gpt2": 50257, "r50k_base": 50257, "p50k_base": 50281, "p
          "o200k_base": 200019, "o200k_harmony": 201088}  # fixed vocabularies (tiktoken's n_vocab), known offline
 META = {  # meta.json's entries: {entry: (test, what it must be)}
     "vocab_size": (lambda V, m: count(V) and 1 <= V <= 2**32 and (V == (n := VOCAB.get(str(m.get("tokenizer")), V))
-                                                                   or f"is {V}, not the {n} ids of {m['tokenizer']}"),
-                   "an integer from 1 to 2**32"),
+                   or f"is {V}, not the {n} ids of {m['tokenizer']}"), "an integer from 1 to 2**32"),
     "tokenizer": (lambda x, m: isinstance(x, str) and x != "" and (x != "chars" or "chars" in m or "is 'chars', "
                   f"without chars, the {m['vocab_size']} distinct characters of its tokens"), "a tokenizer's name"),
     "chars": (lambda x, m: isinstance(x, str) and len(set(x)) == len(x) == m["vocab_size"] or f"is {shown(x)}, not "
@@ -117,7 +113,7 @@ def load_meta(data_dir):
         raise InputError(f"{path} is corrupt or not from this repo ({type(e).__name__}: {str(e)[:100]}): re-run "
                          f"{fix}") from None
     check_schema(meta, META, path, required=("vocab_size", "tokenizer", "dtype", "tokens"))
-    need(meta["tokenizer"] in (*TOKENIZERS, *tiktoken_names()), f"{path} has tokenizer="
+    need(meta["tokenizer"] in ("bytes", "chars", "ids", *tiktoken_names()), f"{path} has tokenizer="
          f"{meta['tokenizer']!r}, which this repo cannot load: re-run {fix}")
     return meta
 
@@ -153,9 +149,8 @@ def load_data(data_dir, block_size, copy_task=False):
 
 
 def random_batch(tokens, meta, B, T, gen, train, copy_task=False):
-    """B random sequences from torch generator gen, (x, y) int64 numpy (B, T): text, y shifted one on; the copy task's
-    passage of T/2 tokens twice, y shifted one on (-1 last); MQAR's, y the answers (-1 elsewhere), fresh when
-    training."""
+    """B random sequences from torch generator gen, (x, y) int64 numpy (B, T), y shifted one on: text; the copy task's
+    passage of T/2 tokens twice (y's last -1). MQAR's: y the answers (-1 elsewhere), fresh when training."""
     import torch
     if "mqar" in meta and train:
         return mqar_batch(np.random.default_rng(torch.randint(2**62, (), generator=gen).item()), B, meta)
@@ -168,7 +163,7 @@ def random_batch(tokens, meta, B, T, gen, train, copy_task=False):
     if "mqar" in meta:
         return x, mqar_targets(x, meta)
     if copy_task:
-        x = np.concatenate([x, x], 1)  # (B, T): the passage twice
+        x = np.concatenate([x, x], 1)  # (B, T)
         return x, np.concatenate([x[:, 1:], np.full((B, 1), -1)], 1)  # (B, T)
     return x, np.stack([tokens[i + 1:i + 1 + T] for i in ix]).astype(np.int64)  # (B, T)
 
@@ -215,7 +210,8 @@ def get_tokenizer(meta, source=""):
 
 def mqar_targets(x, meta):
     """Targets of MQAR sequences x (..., seq_len): at each query the value paired with its cue, else -1."""
-    P, half, o = meta["mqar"]["num_pairs"], meta["mqar"]["seq_len"] // 2, meta["mqar"].get("offset", 0)
+    m = meta["mqar"]
+    P, half, o = m["num_pairs"], m["seq_len"] // 2, m.get("offset", 0)
     cues, values = x[..., o:o + 2 * P:2], x[..., o + 1:o + 2 * P:2]  # (..., P) each
     match = x[..., half:, None] == cues[..., None, :]  # (..., T/2, P); filler 0 is no cue
     y = np.full_like(x, -1)
@@ -231,7 +227,7 @@ def mqar_batch(rng, n, meta):
     cues, values = firsts(1, C + 1, P), firsts(C + 1, V, P)  # (n, P) each
     x = np.zeros((n, T), np.int64)  # (n, T), filler 0
     x[:, o:o + 2 * P:2], x[:, o + 1:o + 2 * P:2] = cues, values
-    if m.get("ordered"):  # pair i asked at T/2 + 2i
+    if m.get("ordered"):
         x[:, T // 2:T // 2 + 2 * P:2] = cues
     else:  # a cue asked twice is a second, wrong source of its value: learning slows a lot
         where = firsts(T // 2, T, Q)  # (n, Q) query positions
@@ -305,8 +301,8 @@ def token_dtype(vocab_size):
 
 @contextlib.contextmanager
 def writing(data_dir, meta):
-    """{split: <split>.bin.tmp} for the with statement to fill, removed if it fails or a split is empty; else the old
-    meta.json goes (the dataset reads as incomplete), they move into place, and meta.json is written."""
+    """{split: <split>.bin.tmp} to fill: removed if that fails or a split is empty, else moved into place while no
+    meta.json marks the dataset complete."""
     tmps = {split: os.path.join(data_dir, f"{split}.bin.tmp") for split in meta["tokens"]}
     try:
         yield tmps
@@ -323,7 +319,6 @@ def writing(data_dir, meta):
 
 
 def write_meta(data_dir, meta):
-    """Write meta.json, through a .tmp file, if it passes META."""
     path, problem = os.path.join(data_dir, "meta.json"), schema_problem(meta, META)
     need(problem is None, f"{path} would be refused: {problem}")
     pathlib.Path(path + ".tmp").write_text(json.dumps(meta, indent=1))
@@ -380,7 +375,6 @@ def prepare_text(data_dir, path, tokenizer_name, frac):
 
 
 def pystdlib_files(root):
-    """The *.py files under root outside EXCLUDED_DIRS, sorted by path."""
     files = []
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = [d for d in dirnames if d not in EXCLUDED_DIRS]  # pruned: site-packages can be huge
@@ -389,7 +383,7 @@ def pystdlib_files(root):
 
 
 def prepare_pystdlib(data_dir, frac, root=None):
-    """Python's standard library, bytes; file i is val if floor((i+1) * frac) > floor(i * frac)."""
+    """Python's standard library, as bytes."""
     root = root or sysconfig.get_paths()["stdlib"]
     files = pystdlib_files(root)
     need(files, f"no *.py files under {root}: use a Python with its standard library sources")
@@ -400,7 +394,7 @@ def prepare_pystdlib(data_dir, frac, root=None):
                          files={s: len(docs) for s, docs in splits.items()})
 
 
-def mqar_layout(seq_len, num_pairs, num_queries, vocab, ordered=False, offset=0):
+def mqar_layout(seq_len, num_pairs, num_queries, vocab, ordered, offset):
     """(num_keys, min_gap) of prepare_mqar's layout, or the rule it breaks."""
     C, room = (vocab - 1) // 2, seq_len // 2 - 2 * num_pairs  # room: filler before the second half
     need(1 <= num_pairs <= C and 1 <= num_queries <= seq_len - seq_len // 2 and room >= 0, f"mqar needs 1 <= "
@@ -472,7 +466,7 @@ def prepare_shakespeare_char(data_dir, frac):
 
 
 def prepare_fineweb_edu(data_dir, max_docs, val_docs):
-    """FineWeb-Edu's sample-10BT, streamed: the first val_docs documents are val, the rest train."""
+    """FineWeb-Edu's sample-10BT, streamed."""
     stream = hf_dataset("HuggingFaceFW/fineweb-edu", "sample-10BT", "train", streaming=True)
     texts = (row["text"] for row in (itertools.islice(stream, max_docs) if max_docs else stream))
     val = [next(texts) for _ in range(val_docs)]  # a stream is read once: val off its head
@@ -499,7 +493,7 @@ def adopt_nanogpt(data_dir, tokenizer_name):
         need(os.path.isfile(path) and os.path.getsize(path) % 2 == 0, f"{path} is missing or not a uint16 token file")
         counts[split] = os.path.getsize(path) // 2
     meta = {**fields, "dtype": "uint16", "source": f"adopted nanoGPT data in {data_dir}", "tokens": counts, "eot": eot}
-    for split in ("train", "val"):
+    for split in counts:
         load_tokens(data_dir, split, meta)
     return write_meta(data_dir, meta)
 
