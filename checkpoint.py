@@ -64,7 +64,7 @@ def save_checkpoint(obj, path):
 
 def load_checkpoint(path, device="cpu", require=(), resume=None):
     """(model on device, ckpt on the CPU, where RNG states stay), loaded without running code; one InputError if the
-    file is missing, damaged or not as train.py writes it. require: entries besides model, model_args;
+    file is missing, damaged or not train.py's. require: entries besides model, model_args;
     resume=(settings, meta): all entries, check_resume, the run's dropout."""
     if resume is not None:
         require = ("optimizer", "scaler", "iter_num", "best_val_loss", "settings", "meta", "rng")
@@ -164,9 +164,9 @@ def rng_states(data_rng, model, ddp):
 class RunDir:
     """A train.py run's out_dir, for its master. A lock (freed even on SIGKILL) keeps out a second run. A resume from
     iteration n cuts log.jsonl to before n's eval, and best_val_loss to the evals it keeps (no log: the checkpoint's),
-    as the run that never stopped has them: train.py evaluates n again only where that run did. A new run over an old
-    ckpt.pt logs to log.jsonl.new until its first checkpoint, the old pair whole. Ctrl-C waits out a checkpoint being
-    written, then says how to resume."""
+    as an unstopped run has them (train.py evaluates n again only where it did). A new run over an old ckpt.pt logs
+    to log.jsonl.new until its first checkpoint, the old pair whole. Ctrl-C waits out a checkpoint's write, then says
+    how to resume."""
 
     def __init__(self, out_dir, resume_iter=None, best_val_loss=float("inf")):
         resume, join = resume_iter is not None, os.path.join
@@ -248,8 +248,7 @@ def _remove(*paths):
 
 
 def read_log(path):
-    """log.jsonl's records, skipping blank lines and a cut-short last line (a killed run); a bad line: one
-    InputError."""
+    """log.jsonl's records, less blank lines and a cut-short last line (a killed run); a bad line: one InputError."""
     with open(path, "rb") as f:
         lines = f.readlines()
     records = []
@@ -276,8 +275,7 @@ def from_gpt2(model_type, override_args=None):
     """nanoGPT's from_pretrained: GPT-2's weights (model_type: hub_model's name, or a GPT2LMHeadModel) in our GPT;
     override_args: fields but WEIGHT_FIELDS (sa+swa's gates: at their init)."""
     override_args, allowed = override_args or {}, GPTConfig.__dataclass_fields__.keys() - set(WEIGHT_FIELDS)
-    need(override_args.keys() <= allowed, f"from_gpt2 can override only {sorted(allowed)}, got "
-         f"{sorted(override_args)}")
+    need(override_args.keys() <= allowed, f"from_gpt2 can override only {sorted(allowed)}, got {sorted(override_args)}")
     hf = model_type if isinstance(model_type, torch.nn.Module) else hub_model(model_type)
     c, weights = hf.config, hf.state_dict()
     for field, ok in (("activation_function", ("gelu_new", "gelu_pytorch_tanh")), ("layer_norm_epsilon", (1e-5,)),

@@ -1,6 +1,5 @@
 """Support, skipped on a first reading: the input checks, one call at the door of each public function. A bad input
-raises InputError, printed as one line (one_line); any other exception is a bug, with its traceback.
-"""
+raises InputError, printed as one line (one_line); any other exception is a bug, with its traceback."""
 import math
 import numbers
 import operator
@@ -41,7 +40,6 @@ def device_problem(device):
         return "use cpu, cuda or cuda:N"
     if device.startswith("cuda") and not torch.cuda.is_available():
         return "CUDA is not available here: use --device=cpu"
-    return None
 
 
 def nearest_dir(path):
@@ -70,7 +68,6 @@ def path_problem(path, is_file=False):
         tempfile.TemporaryFile(dir=d).close()
     except OSError as e:
         return f"cannot write to {path} ({e.strerror or e} in {d}): choose a writable path"
-    return None
 
 
 SETTINGS = {
@@ -155,14 +152,13 @@ def schema_problem(record, schema, required=()):
 
 
 def check_schema(record, schema, where, required=()):
-    """record, or an InputError naming where and schema_problem's finding."""
+    """An InputError naming where and schema_problem's finding, if any."""
     problem = schema_problem(record, schema, required)
     need(problem is None, f"{where}: {problem}: it was edited, or is not what this repo writes")
-    return record
 
 
 def shown(x):
-    """x in a one-line message: its repr if short, else its type (a tensor's dtype and shape)."""
+    """x, for a one-line message."""
     if type(x).__name__ in ("Tensor", "Parameter"):
         return f"a {str(x.dtype)[6:]} tensor of shape {tuple(x.shape)}"
     text = repr(x)
@@ -195,8 +191,8 @@ def check_delta(delta):
 
 def check_inputs(q, k, v, any_length=False, **args):
     """q, k, v (B, H, T, D) of one shape (any_length: keys of their own length), in autocast's dtype under it, as SDPA
-    casts them; and by name window, moba_chunk, top_k, delta, mask, perm, r, pos. It runs in every attention call: it
-    reads no values but a perm's or r's not yet checked (checked), which on a GPU waits for it."""
+    casts them; and by name window, moba_chunk, top_k, delta, mask, perm, r, pos. Run in every attention call, it
+    reads only the values of a perm or r not yet checked (checked): on a GPU, a sync."""
     import torch
     if not all(isinstance(t, torch.Tensor) for t in (q, k, v)):
         raise InputError(f"q, k, v must be tensors, got {', '.join(type(t).__name__ for t in (q, k, v))}")
@@ -229,10 +225,12 @@ def check_inputs(q, k, v, any_length=False, **args):
                              f"broadcastable to (B, H, T)=({B}, {H}, {T}), got {shown(x)}")
         if x.device != q.device:
             raise InputError(f"{name} must be on q's device {q.device}, got {x.device}")
-        if name == "pos" or not x.numel() or _unchanged(x):  # pos: any values; a draw: valid where it was made
+        if name == "pos" or not x.numel() or torch.compiler.is_compiling():  # pos: any values; tracing: none known
+            continue
+        if not x.is_inference() and getattr(x, "checked_version", None) == x._version:  # checked(x), unchanged since
             continue
         rows = x.reshape(-1, T)  # (R, T)
-        if name == "r" and not bool(rows.isfinite().all()):  # once per tensor (checked)
+        if name == "r" and not bool(rows.isfinite().all()):
             raise InputError("r must be finite, got NaN or inf")
         if name == "perm":
             hit = torch.zeros_like(rows, dtype=torch.bool).scatter_(1, rows.clamp(0, T - 1), True)  # (R, T): O(T)
@@ -243,19 +241,13 @@ def check_inputs(q, k, v, any_length=False, **args):
 
 
 def checked(t):
-    """t, marked as checked until it changes in place (its version counter: not writes through .data or numpy):
-    check_inputs then skips its values. GPT.draw_sa marks its draws (valid as drawn); check_inputs marks what passed.
-    Inference tensors keep no version: never marked, their values are checked at every call."""
+    """t, marked checked until it changes in place (by its version counter, blind to writes through .data or numpy):
+    check_inputs then skips its values. GPT.draw_sa marks its draws, check_inputs what passed. Inference tensors keep
+    no version: never marked, they are checked at every call."""
     import torch
     if not torch.compiler.is_compiling() and not t.is_inference():
         t.checked_version = t._version
     return t
-
-
-def _unchanged(t):
-    """Whether t was marked checked and has not changed since (values unknown while tracing: skipped too)."""
-    import torch
-    return torch.compiler.is_compiling() or not t.is_inference() and getattr(t, "checked_version", None) == t._version
 
 
 def check_tokens(idx, config, targets=None, lengths=None, cache=None, draws=None, sampling=None):
@@ -285,7 +277,7 @@ def check_tokens(idx, config, targets=None, lengths=None, cache=None, draws=None
         max_new_tokens, temperature, top_k = sampling
         check_count(max_new_tokens, "max_new_tokens", least=0)
         need(isinstance(temperature, numbers.Real) and not isinstance(temperature, bool) and temperature >= 0,
-             f"temperature={temperature!r}: use a number > 0, or 0 for greedy decoding")  # NaN fails too
+             f"temperature={temperature!r}: {SETTINGS['temperature'][1]}")  # NaN fails too
         if top_k is not None:
             check_count(top_k, "top_k (None: sample among all tokens)")
         need(T > 0, f"idx of shape {tuple(idx.shape)}: use a prompt (B, T) of at least one token")

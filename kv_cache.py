@@ -6,8 +6,8 @@ Per layer: k, v (B, nh, S, hs), position p in cell p % S, S = block_size, and wh
 "all" (full): no more. "window" (SWA): S = min(window, block_size); a key is overwritten once no query sees it.
 "chunks" (MoBA): S rounded up to whole chunks, and each complete chunk's fp32 mean key.
 "sorted" (value-rule SA): r sorted with positions; two binary searches find a step's keys (~2 * window at T = S).
-"prefix" (any kind without SA's draws): a step runs the kind's own function over the start + 1 keys held, all queries
-zero but the step's, the last: exact where output row i reads q_i and keys up to i alone.
+"prefix" (any kind without SA's draws): a step runs the kind's function over the start + 1 keys held, all queries zero
+but its own, the last: exact where output row i reads only q_i and keys up to i.
 None (rank-rule SA, GPTConfig.cacheable): no cache; generate recomputes the prefix.
 """
 import math
@@ -20,7 +20,7 @@ import attention
 import tiled
 from guards import check_inputs, need
 
-# Each layout and the kinds whose rule its step follows (GPTConfig.kv_layout checks a row's); None: any without draws
+# Each layout and the kinds whose rule its step follows (GPTConfig.kv_layout checks a row's)
 LAYOUTS = {"all": ("full",), "window": ("swa",), "chunks": ("moba",), "sorted": ("sa", "sa+swa"), "prefix": None}
 
 
@@ -41,8 +41,7 @@ class KVCache:
     def __init__(self, config):
         need(hasattr(config, "cacheable"), f"a KV cache takes a model's GPTConfig, got {type(config).__name__}")
         need(config.cacheable, f"a KV cache takes a cacheable model, not {uncached(config)}")
-        self.config, self.layers = config, [{} for _ in range(config.n_layer)]
-        self.layout = config.kv_layout()
+        self.config, self.layers, self.layout = config, [{} for _ in range(config.n_layer)], config.kv_layout()
         self.start = 0  # tokens seen: the next one's position
         self.chunk = min(config.moba_chunk, config.block_size)  # MoBA's
 
@@ -82,8 +81,8 @@ class KVCache:
             cache["rs"], cache["ps"] = r, p
 
     def attend(self, i, q, kind, fn, args):
-        """q (B, nh, 1, hs) of position start, stored, over layer i's cache by kind's layout; fn and its args: the
-        kind's function (the "prefix" layout runs it)."""
+        """q (B, nh, 1, hs) of position start, stored, over layer i's cache by kind's layout; fn(*args): the kind's
+        function, which the "prefix" layout runs."""
         c, cache, start, chunk, (B, nh, _, hs) = self.config, self.layers[i], self.start, self.chunk, q.shape
         if q.numel() == 0:  # an empty batch or head
             return torch.zeros_like(q)

@@ -27,10 +27,10 @@ init_from = "resume"     # "resume" (out_dir/ckpt.pt), "gpt2" ... "gpt2-xl", or 
 out_dir = "out"          # where train.py wrote ckpt.pt
 attn = ""                # a kind to swap in: full, swa, sa, moba ("": the model's own)
 window: int | None = None  # the swapped-in window (None: the model's own)
-start = "\n"             # the prompt, or "FILE:path" to read it (UTF-8 text) from a file
+start = "\n"             # the prompt, or "FILE:path" to read it from a UTF-8 file
 num_samples = 2          # independent samples
 max_new_tokens = 500     # tokens generated per sample
-temperature = 0.8        # < 1 sharpens the distribution, > 1 flattens it; 0: greedy (always the most likely token)
+temperature = 0.8        # < 1 sharpens the distribution, > 1 flattens it; 0: greedy (the most likely token)
 top_k = 200              # sample among the top_k most likely tokens; 0: among all
 seed = 1337              # seeds the sampling and SA's draws (fresh at every forward pass)
 use_cache = True         # decode from a KV cache where exact (not rank-rule SA); False: recompute the prefix
@@ -49,7 +49,7 @@ model.swap_attention(**{k: v for k, v in dict(attn=attn, window=window).items() 
 encode, decode = get_tokenizer(meta, source)
 if start.startswith("FILE:"):
     try:
-        with open(start[len("FILE:"):], encoding="utf-8") as f:
+        with open(start[5:], encoding="utf-8") as f:
             start = f.read()
     except (OSError, UnicodeDecodeError) as e:
         sys.exit(f"--start={start}: {getattr(e, 'strerror', None) or 'not UTF-8 text'}")
