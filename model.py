@@ -1,5 +1,5 @@
 """
-Read first. nanoGPT's GPT with a switchable attention: GPTConfig.attn picks every layer's kind from KINDS: "full",
+Read first. nanoGPT's GPT with switchable attention: GPTConfig.attn picks every layer's kind from KINDS: "full",
 "swa", "sa" (SWA over a fresh random permutation per layer and forward), "sa+swa" (the paper's gated dual path) or
 "moba" (the baseline). GPT.generate decodes from a KV cache where the kind and sa_rule allow (GPTConfig.cacheable).
 """

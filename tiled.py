@@ -34,7 +34,7 @@ def value_spans(r, width, margin, tile):
 class Band:
     """attention.py's rule in slot order: slot[i] = i, or r[i] given r; pos (T,) or 3-dim, broadcastable to (B, H, T)
     (None: causal SWA), r of pos's shape, ascending. flat pads each head with `left` zero slots before and `right` (and
-    the last tile's rest) after, so that a tile of nq query slots sees the nk slots around it:
+    the last tile's rest) after: a tile of nq query slots sees the nk slots around it:
 
         | pad |  0 ...         T-1 | pad |
         [left |  nq  | right]
@@ -101,7 +101,8 @@ class Band:
 
     def mask(self, heads, s, e):
         """The mask of tiles s..e-1 of `heads`: (m or 1, e-s, nq, nk)."""
-        nq, q = self.nq, slice(self.left + s * self.nq, self.left + e * self.nq)
+        nq = self.nq
+        q = slice(self.left + s * nq, self.left + e * nq)
         qpos = self.pos[heads, q].unflatten(1, (e - s, nq))  # (m or 1, e-s, nq)
         visible = self.spans(self.pos, heads, s, e)[..., None, :] <= qpos[..., :, None]
         if self.r is None:
@@ -151,9 +152,9 @@ def moba_select(q, k, moba_chunk, top_k):
         with torch.autocast(q.device.type, enabled=False):
             scores = q[:, :, rows].float() @ kmean.transpose(-1, -2)  # (B, H, rows, nc)
         past = torch.arange(nc, device=q.device) < (rows // moba_chunk)[:, None]  # (rows, nc)
-        top, i = scores.masked_fill(~past, float("-inf")).topk(n, dim=-1)  # (B, H, rows, n)
+        top, i = scores.masked_fill(~past, NEG).topk(n, dim=-1)  # (B, H, rows, n)
         idx.append(i)
-        ok.append(top > float("-inf"))
+        ok.append(top > NEG)
     if not T:
         return q.new_zeros(B, H, 0, n, dtype=torch.long), q.new_zeros(B, H, 0, n, dtype=torch.bool)
     return torch.cat(idx, 2), torch.cat(ok, 2)

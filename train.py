@@ -1,7 +1,7 @@
 """
 Read first. Train a GPT with full, SWA, SA, SA+SWA or MoBA attention, after nanoGPT's train.py.
 
-One process (a CPU or one GPU); its resume after Ctrl-C or a crash; GPT-2 fine-tuned with SA+SWA (the paper's swap,
+One process (a CPU or one GPU), its resume after Ctrl-C or a crash, GPT-2 fine-tuned with SA+SWA (the paper's swap,
 then training):
   python prepare_data.py && python train.py config/quick.py
   python train.py config/quick.py --attn=swa --window=64 --out_dir=out-swa
@@ -15,7 +15,7 @@ Every eval appends to out_dir/log.jsonl and, after iteration 0, saves out_dir/ck
 eval_only: never) with every rank's RNG states: a resume with the same settings is bitwise the run that never stopped
 on the CPU (tests/test_train.py); on CUDA only with deterministic kernels, which train.py does not ask for (SDPA's
 flash backward is not). A larger max_iters trains on, the cosine still ending at lr_decay_iters.
-Nothing is lost (checkpoint.RunDir): a second run into the same out_dir is refused, a NaN or inf loss stops the run
+Nothing is lost (checkpoint.RunDir): a second run into a busy out_dir is refused, a NaN or inf loss stops the run
 before anything of it is saved, and a new run replaces an old checkpoint only with --overwrite=True.
 """
 import math
@@ -41,7 +41,7 @@ from prepare_data import dataset_dir, load_data, random_batch, task_metrics
 # I/O
 out_dir = "out"
 eval_interval = 250  # iterations between evals, and one at the end
-log_interval = 10  # iterations between prints of the training loss and speed
+log_interval = 10  # iterations between prints of the loss and speed
 eval_iters = 50  # batches per split per eval
 eval_only = False  # evaluate once and exit
 always_save_checkpoint = True  # save at every eval; False: only when val loss improves
@@ -49,7 +49,7 @@ init_from = "scratch"  # "scratch", "resume" (out_dir/ckpt.pt), "gpt2" ... "gpt2
 overwrite = False  # True: a new run's first checkpoint replaces out_dir's ckpt.pt
 # model: each GPTConfig field is a setting (n_layer, attn, window...: see model.py); block_size is under data
 globals().update(asdict(GPTConfig()))
-vocab_size = 0  # 0: the data's vocab_size, padded up to a multiple of 64
+vocab_size = 0  # 0: the data's, padded up to a multiple of 64
 # data
 dataset = "fineweb-edu"  # data_root/<dataset>/ from prepare_data.py
 data_root = "data"
@@ -113,8 +113,7 @@ if "mqar" in meta and config.attn == "swa" and config.n_layer * (config.window -
 
 def get_batch(split, gen):
     """batch_size random sequences x, y (B, T) from generator gen: text, copy or MQAR (random_batch)."""
-    x, y = random_batch(data[split], meta, batch_size, T, gen, split == "train", copy_task)  # numpy
-    x, y = torch.from_numpy(x), torch.from_numpy(y)
+    x, y = map(torch.from_numpy, random_batch(data[split], meta, batch_size, T, gen, split == "train", copy_task))
     if device_type == "cuda":
         x, y = (t.pin_memory().to(device, non_blocking=True) for t in (x, y))
     return x, y
@@ -204,8 +203,8 @@ def stop_if_diverged(loss, what):
          f"--learning_rate?); {kept}")
 
 
-# logging: the master appends to log.jsonl each eval (per split: the loss, and _acc on MQAR, _first and _second on the
-# copy task) and, every log_interval, the loss and speed (mfu: null off CUDA)
+# logging: the master appends to log.jsonl each eval's losses and task measures and, every log_interval, the loss and
+# speed (mfu: null off CUDA)
 tokens_per_iter = gradient_accumulation_steps * world_size * batch_size * T
 run = RunDir(out_dir, iter_num if init_from == "resume" else None, best_val_loss) if master else None
 if master:
@@ -228,7 +227,7 @@ while True:
         group["lr"] = lr
 
     if iter_num % eval_interval == 0 or iter_num >= max_iters or eval_only:
-        states = rng_states(data_rng, raw_model, ddp)  # a collective under DDP: every rank takes part
+        states = rng_states(data_rng, raw_model, ddp)  # a collective under DDP
         ev = estimate_loss() if master else {}
         stop_if_diverged(ev.get("train_loss", 0.0) + ev.get("val_loss", 0.0), "eval's train + val loss")
         if master:
