@@ -79,8 +79,8 @@ def _tokens(Perm, slots, T, HAS_PERM: tl.constexpr):
 @triton.jit
 def _rows(X, tokens, slots, stride, T, D: tl.constexpr, EDGE: tl.constexpr):
     """X's rows (len(slots), D) of the tokens at these slots; slots past T (only at an edge) read as 0. Offsets within
-    a head are int32 (triton_swa keeps T * stride below 2**31): int64 spilled registers here, int32 in _attn_fwd's
-    store (AOT compiles, kernel_compile.txt)."""
+    a head are int32 (triton_swa keeps T * stride below 2**31): here int64 spilled registers, while _attn_fwd's store
+    spilled with int32 and uses int64 (AOT compiles, kernel_compile.txt)."""
     ptrs = X + tokens[:, None] * stride + tl.arange(0, D)[None, :]
     if EDGE:
         return tl.load(ptrs, mask=slots[:, None] < T, other=0.0)
