@@ -1,5 +1,4 @@
-"""
-Read first. nanoGPT's GPT with switchable attention: GPTConfig.attn picks every layer's kind from KINDS: "full",
+"""Read first. nanoGPT's GPT with switchable attention: GPTConfig.attn picks every layer's kind from KINDS: "full",
 "swa", "sa" (SWA over a fresh random permutation per layer and forward), "sa+swa" (the paper's gated dual path) or
 "moba" (the baseline). GPT.generate decodes from a KV cache where the kind and sa_rule allow (GPTConfig.cacheable).
 """
@@ -88,7 +87,7 @@ class Kind(NamedTuple):
     """All the repo reads of an attention kind."""
     fn: Optional[Callable]  # (q, k, v, *args) -> y; None: sa+swa, composed by the layer
     args: tuple  # fn's args after q, k, v: GPTConfig fields or properties, or "draw" (the layer's SA draw)
-    settings: dict  # the GPTConfig fields it reads, {name: its choices or range}: GPTConfig checks them, swaps set them
+    settings: dict  # {each GPTConfig field it reads: its choices or range}: GPTConfig checks them, swaps set them
     keys_seen: Callable  # (config, T) -> how many keys a query sees (flops_per_token)
     kv_layout: Callable  # config -> its KV-cache layout, a kv_cache.LAYOUTS key, or None: no cache
     draws: bool = False  # whether it takes SA's draws (GPT.draw_sa)
@@ -167,7 +166,7 @@ class GPTConfig:
 
     @property
     def cacheable(self):
-        """Whether GPT.generate can decode from an exact KV cache; not rank-rule SA, where whether query i sees key j
+        """Whether GPT.generate can decode from an exact KV cache; not rank-rule SA: whether query i sees key j
         depends on later tokens' slots."""
         return self.kv_layout() is not None
 
@@ -204,13 +203,13 @@ class GPT(nn.Module):
             self.register_buffer("rope_sin", angles.sin(), persistent=False)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.transformer.wte.weight = self.lm_head.weight  # weight tying
-        # SA's CPU generator: the same draws on every device; checkpoints save its state
+        # SA's CPU generator: the same draws on any device; checkpoints save its state
         self.sa_state = torch.Generator().manual_seed(sa_seed).get_state()  # (5056,) uint8, not a buffer
         self.apply(self._init_weights)
         for name, p in self.named_parameters():
             if name.endswith("c_proj.weight"):  # GPT-2's scaled init of residual projections
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
-            if name.endswith("attn.gate.weight"):  # both gates start at sigmoid(0) = 0.5
+            if name.endswith("gate.weight"):  # both gates start at sigmoid(0) = 0.5
                 nn.init.zeros_(p)
 
     def _init_weights(self, module):
@@ -274,10 +273,9 @@ class GPT(nn.Module):
             layer.attn.config = self.config
         return self
 
-    # nanoGPT's GPT.from_pretrained is checkpoint.from_gpt2
     def crop_block_size(self, block_size):
-        """nanoGPT's: a loaded model's context (e.g. GPT-2's 1024) cut to block_size; value-rule SA's sa_delta =
-        window / block_size grows by the same factor."""
+        """nanoGPT's (its from_pretrained is checkpoint.from_gpt2): a loaded model's context cut to block_size;
+        value-rule SA's sa_delta = window / block_size grows by the same factor."""
         need(block_size <= self.config.block_size, f"block_size={block_size}: the model holds at most "
              f"{self.config.block_size} positions")
         self.config = replace(self.config, block_size=block_size)
@@ -352,7 +350,7 @@ def sa_draws(state: torch.Tensor, n: int, B: int, heads: int, T: int, value: boo
              device: torch.device) -> torch.Tensor:
     """GPT.draw_sa's draws of n layers, stacked, from a CPU generator's state (advanced in place), sent to device
     without blocking. With lengths, each layer's from a seed: the rank rule's by attention.row_perms, the value rule's
-    r of token t, head h the seed's (t * heads + h)-th number. A registered op: torch.compile keeps these draws."""
+    r of token t, head h the seed's (t * heads + h)-th number. An op, so torch.compile keeps these draws."""
     g = torch.Generator().set_state(state)
     if lengths is not None:
         seeds = torch.randint(2**62, (n,), generator=g).tolist()
