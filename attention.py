@@ -179,7 +179,7 @@ def moba_attention(q, k, v, moba_chunk, top_k):
 # Support, for a second reading: what runs the band, and _exact.
 
 def _exact(engine, q, k, v, *args):
-    """engine(q, k, v, *args), autocast off; an empty B, H, T or D gives the empty output on the autograd graph. On the
+    """engine(q, k, v, *args), autocast off (the kernel runs no op autocast casts); an empty B, H, T or D gives the empty output on the autograd graph. On the
     CPU, eagerly, a non-finite v[j, d] (p @ v spreads it: 0 * NaN = NaN) reaches out[i, d] only if query i sees key j
     (the engine on q = k = 0 and v's bad entries weighs each visible key >= 1/T, each hidden one 0); not on a GPU (the
     check would wait for it), compiled, or in the kernel."""
@@ -281,11 +281,11 @@ def engine_line(device, dtype, head_dim, kinds, sa_rule="rank"):
     why = {rule: _refusal(q.device, dtype, head_dim, rule) for rule in rules} if ENGINE == "auto" else {}
     if not rules or ENGINE not in ("auto", "triton") or "" in why.values():  # "": "auto" did not try the kernel
         return f"attention: {f'the {engine} engine' if rules else 'no SWA or SA'} on {q.device}"
+    import kernel
     if ENGINE == "triton":
         _engine(q, rules[0])  # its one-line refusals
-    import kernel
-    for rule in rules if ENGINE == "triton" else ():
-        kernel.check_once(q.device, dtype, head_dim, rule, VALUE_MARGIN)  # raises where the kernel cannot run
+        for rule in rules:
+            kernel.check_once(q.device, dtype, head_dim, rule, VALUE_MARGIN)  # raises where the kernel cannot run
     failed = {rule: reason for rule, reason in why.items() if reason}
     where = f"{kernel.where(q.device)} {str(dtype)[6:]}"
     if failed:

@@ -477,10 +477,12 @@ def where(device):
 
 def check_once(device, dtype, D, rule, margin=0.0):
     """Unsupported where the kernel cannot run this case on its GPU, or its self-check, run at the first use, failed;
-    else nothing, in a dict lookup (a head dim and dtype in HEAD_DIMS and SUPPORTED_DTYPES)."""
+    else nothing, in a dict lookup."""
     case = (device, dtype, D, rule)
-    if SELF_CHECKS.get(case, math.inf) <= TOLERANCE[dtype]:
+    if SELF_CHECKS.get(case, math.inf) <= TOLERANCE.get(dtype, 0):
         return
+    if D not in HEAD_DIMS or dtype not in SUPPORTED_DTYPES:
+        raise Unsupported(f"triton_swa supports head dims {HEAD_DIMS} in {SUPPORTED_DTYPES}, got {D} in {dtype}")
     choose_tiling(dtype, D, device_target(device))
     if SELF_CHECK and case not in SELF_CHECKS:
         with torch.autocast(device.type, enabled=False):

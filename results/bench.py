@@ -121,9 +121,7 @@ def measure(kind, mode, T):
     shape = (batch, heads, T, head_dim)  # (B, H, T, D)
     q, k, v, dout = (torch.randn(shape, device=device, dtype=getattr(torch, dtype)) for _ in range(4))
     q, k, v = (t.requires_grad_(mode != "fwd") for t in (q, k, v))
-    if mode != "fwd":
-        with torch.no_grad():
-            dout = torch.empty_like(fn(q, k, v)).copy_(dout)  # dO laid out as the output, as training's is
+    dout = dout.transpose(1, 2).contiguous().transpose(1, 2)  # (B, H, T, D) laid out (B, T, H, D), as training's
     cuda = device.startswith("cuda")
     if cuda:
         torch.cuda.synchronize()

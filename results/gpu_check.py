@@ -143,18 +143,17 @@ def sweep_stage(B=4, H=12, D=64, window=256, dtype=torch.bfloat16, device="cuda"
     from bench import device_ms
     from torch.profiler import ProfilerActivity, profile
     start, T, rows, engine = time.time(), sweep_T, [], attention.ENGINE
-    attention.ENGINE = "triton"
     g = torch.Generator(device=device).manual_seed(0)
     q, k, v, dout = (torch.randn(B, H, T, D, device=device, dtype=dtype, generator=g) for _ in range(4))
     q, k, v = (t.requires_grad_() for t in (q, k, v))
     perm = torch.randperm(T, device=device, generator=g)
     calls = {"swa": lambda: attention.sliding_window_attention(q, k, v, window),
              "sa": lambda: attention.stochastic_attention(q, k, v, window, perm)}
-    with torch.no_grad():
-        dout = torch.empty_like(calls["sa"]()).copy_(dout)  # dO laid out as the output, as training's is
+    dout = dout.transpose(1, 2).contiguous().transpose(1, 2)  # (B, H, T, D) laid out (B, T, H, D), as training's
     default, choose = kernel.choose_tiling(dtype, D, kernel.device_target(q.device)), kernel.choose_tiling
-    want = {kind: call().float() for kind, call in calls.items()}
     try:
+        attention.ENGINE = "triton"
+        want = {kind: call().float() for kind, call in calls.items()}
         for tiling in TILINGS:
             if time.time() - start > sweep_timeout:
                 break

@@ -139,6 +139,13 @@ def test_the_fused_kernel_equals_the_recipe(small_blocks, monkeypatch, kind, T):
         torch.testing.assert_close(got, expected, atol=2e-5, rtol=1e-4, msg=lambda m: f"{name}: {m}")
 
 
+def test_check_once_refuses_a_head_dim_it_has_no_kernel_for(monkeypatch):
+    """engine_line under ENGINE "triton" at head dim 24: Unsupported naming the head dims, not a Triton traceback."""
+    monkeypatch.setattr(A, "ENGINE", "triton")
+    with pytest.raises(kernel.Unsupported, match="head dims"):
+        A.engine_line(KDEV, torch.float32, 24, ["swa"])
+
+
 def test_triton_swa_reads_r_by_its_own_strides(small_blocks):
     """r laid out unlike perm (same shape, other strides): the kernels read r with perm's strides, so one is copied."""
     q, k, v = qkv(2, 2, 40, 16, device=KDEV)
