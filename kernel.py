@@ -407,9 +407,7 @@ def triton_swa(q, k, v, width, perm=None, r=None, margin=0.0):
     visible to token perm[s] iff perm[t] <= perm[s] and |s - t| < width, or with r (fp32, perm's shape: slot s's value)
     |r[s] - r[t]| < width, key spans `margin` wider. perm must be a permutation and r ascending: attention.py checks
     or makes them (a check here would wait for the GPU)."""
-    B, H, T, D = q.shape
-    if D not in HEAD_DIMS or q.dtype not in SUPPORTED_DTYPES:
-        raise Unsupported(f"triton_swa supports head dims {HEAD_DIMS} in {SUPPORTED_DTYPES}, got {D} in {q.dtype}")
+    B, H, T, D = q.shape  # a head dim or dtype without a kernel: Unsupported by check_once
     if any((t.shape, t.dtype, t.device) != (q.shape, q.dtype, q.device) for t in (k, v)):
         raise ValueError(f"q, k, v must share one shape, device and dtype, got "
                          f"{[(tuple(t.shape), t.dtype, str(t.device)) for t in (q, k, v)]}")
