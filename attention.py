@@ -1,18 +1,21 @@
-"""Read first. Causal attention, q, k, v (B, H, T, D) -> (B, H, T, D): full, sliding-window (SWA), stochastic (SA),
-MoBA. SWA and both SA rules are one rule over a slot and a position per token, which the dense references, tiled.py
-and kernel.py follow (tested in test_attention.py, tests/test_kernel.py):
+"""
+Read first. Causal attention, q, k, v (B, H, T, D) -> (B, H, T, D): full, sliding-window (SWA), stochastic (SA), MoBA.
+SWA and both SA rules are one rule over a slot and a position per token:
 
     key j is visible to query i  iff  |slot[i] - slot[j]| < width  and  pos[j] <= pos[i]
 
-SWA: slot = the index, width = window, pos = arange(T) by default (i - window < j <= i); a given pos makes the band
-two-sided, causal on pos. SA, the rank rule (the paper's): slot s holds token perm[s]; gather q, k, v by perm, run SWA
-with pos = perm, gather back: tokens a >= b interact iff their slots are < window apart. SA, the value rule: slot = an
-i.i.d. uniform r per token, width = delta, pos = the index: a >= b interact iff |r_a - r_b| < delta, by r_a and r_b
-alone, so a KV cache decodes it. MoBA: query i sees its own chunk (j <= i) and the top_k - 1 past chunks of largest
-q_i . mean(K_chunk). Every query sees itself; no query reads a key it may not see, not even a NaN in its k, nor, on the
-CPU eagerly, in its v (elsewhere it may reach its tile's other queries: _exact). Scores are fp32. pos, perm and r are
-(T,) or broadcastable to (B, H, T). Each function checks q, k, v (guards.check_inputs) and, as SDPA, takes them in
-autocast's dtype under autocast.
+SWA: slot = pos = the index, width = window: query i sees keys i - window + 1 ... i, itself included.
+SA, the rank rule (the paper's): gather q, k, v by a random permutation perm (slot s holds token perm[s]), run SWA there
+with pos = perm, gather the output back: tokens a >= b interact iff their slots are less than `window` apart.
+SA, the value rule: each token draws a number r in [0, 1); slot = r, width = delta: a >= b interact iff
+|r_a - r_b| < delta. That depends on r_a and r_b alone, so a KV cache can decode it (kv_cache.py).
+MoBA: query i sees its own chunk (j <= i) and the moba_topk - 1 past chunks of largest q_i . mean(K_chunk).
+
+Each kind has a dense reference, O(T^2), beside its fast function, O(T * window); the tests hold every fast function
+to its reference, forward and gradients (test_attention.py). Each public function checks its inputs at the door
+(guards.check_inputs). perm, pos and r are (T,), or broadcastable to (B, H, T). Every query sees itself, and no query
+reads a key it may not see, not even a NaN or inf in that key's k or v (compiled, or in the Triton kernel, a
+non-finite v, or a compiled run's non-finite k, may also make NaN the other queries of its tile).
 """
 import functools
 import importlib.util
@@ -24,20 +27,18 @@ import warnings
 import torch
 import torch.nn.functional as F
 
-import tiled
+import moba
 from guards import InputError, check_count, check_delta, check_inputs
 
-# What runs SWA's and SA's band: "auto": the Triton kernel on CUDA (Triton in TRITON_VERSIONS, a head dim and dtype it
-# has, its checks passed), else "torch": tiled.py, O(T * window); "triton": the kernel (CPU: TRITON_INTERPRET=1; SWA
-# over a given pos, which SA's one launch replaces, runs on tiled.py); "dense": _dense. Full attention is SDPA.
+# What runs SWA's and SA's band (train.py's attn_engine): "auto": the Triton kernel on a CUDA GPU where it passes its
+# checks, else "torch", the plain torch code below; "triton": the kernel (on the CPU under TRITON_INTERPRET=1, for
+# tests); "dense": the band as a dense mask (rule_mask), for a debugger. Full attention is always PyTorch's SDPA.
 ENGINE = "auto"
-ENGINES = ("auto", "torch", "triton", "dense")
-KERNEL_DEVICES = ("cuda",)  # where "auto" may run the kernel (a test adds "cpu": the interpreter plays a GPU)
-TRITON_VERSIONS = ((3, 2), (3, 9))  # Triton minors tested: results/kernel_triton_versions.txt
+TILE = 128  # the torch engine's query rows per tile
 VALUE_MARGIN = 1e-6  # the value rule's key spans reach this far past delta: fp32 rounding of |r_i - r_j| (r < 1)
 
 
-# The dense references: O(T^2), every test's oracle, each beside its fast function.
+# The dense reference: the rule as a T x T mask, and a softmax over the keys it shows.
 
 def rule_mask(slot, pos, width):
     """THE rule, dense: (..., T, T) bool, True where query i may see key j; slot and pos (T,) or (..., T)."""
@@ -46,30 +47,106 @@ def rule_mask(slot, pos, width):
 
 
 def masked_attention(q, k, v, mask):
-    """softmax(q k^T / sqrt(D), hidden keys at fp32's min) @ v; keys may outnumber queries (a KV cache step). A
-    non-finite v[j, d] reaches out[i, d] only if mask[i, j]."""
+    """softmax(q k^T / sqrt(D), keys hidden where mask is False) @ v, in fp32; keys may outnumber queries (a KV cache
+    step). A non-finite v[j, d] reaches out[i, d] only where mask[i, j]."""
     q, k, v = check_inputs(q, k, v, any_length=True, mask=mask)
     with torch.autocast(q.device.type, enabled=False):
-        scores = (q.float() @ k.float().transpose(-1, -2) / math.sqrt(q.shape[-1])).masked_fill_(
-            ~mask, torch.finfo(torch.float32).min)  # (B, H, T, S)
+        scores = q.float() @ k.float().transpose(-1, -2) / math.sqrt(q.shape[-1])  # (B, H, T, S)
+        scores = scores.masked_fill(~mask, torch.finfo(torch.float32).min)  # hidden: a weight of exactly 0
         p = torch.softmax(scores, dim=-1).to(v.dtype)  # (B, H, T, S)
         bad = ~v.isfinite()  # (B, H, S, D)
         if not bad.any():
             return p @ v  # (B, H, T, D)
         seen = (mask.to(v.dtype) @ bad.to(v.dtype)) > 0  # (B, H, T, D): i sees a bad v[j, d]
-        return (p @ v.masked_fill(bad, 0)).masked_fill(seen, math.nan)
+        return (p @ v.masked_fill(bad, 0)).masked_fill(seen, math.nan)  # 0 * NaN would reach every query
 
+
+# Full attention.
 
 def full_attention(q, k, v):
     """Causal attention by PyTorch's SDPA (its flash kernels where they run)."""
     q, k, v = check_inputs(q, k, v)
-    return _exact(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), q, k, v)
+    if not (torch.compiler.is_compiling() or bool(v.isfinite().all())):  # compiled: unchecked
+        # SDPA's hidden keys weigh 0, and 0 * NaN = NaN: a bad v[j, d] is set to 0, and out[i, d] to NaN if i sees it
+        bad = ~v.isfinite()  # (B, H, T, D)
+        seen = F.scaled_dot_product_attention(torch.zeros_like(q), torch.zeros_like(k), bad.to(v.dtype), is_causal=True)
+        return F.scaled_dot_product_attention(q, k, v.masked_fill(bad, 0), is_causal=True).masked_fill(seen > 0, math.nan)
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+def full_reference(q, k, v):
+    T = q.shape[2]
+    return masked_attention(q, k, v, torch.ones(T, T, dtype=torch.bool, device=q.device).tril())
 
 
 # SWA, and both SA rules through it.
 
+def sliding_window_attention(q, k, v, window, pos=None, r=None):
+    """SWA by the rule above, in O(T * window): slot = the index, pos = arange(T) unless given (then the band reaches
+    both ways, causal on pos). With r (ascending: SA's value rule), slot = r and window is its width delta. Equals
+    swa_reference."""
+    q, k, v = check_inputs(q, k, v, pos=pos, **(dict(window=window) if r is None else dict(delta=window, r=r)))
+    engine = "torch" if q.device.type == "cpu" and ENGINE == "auto" else _engine(q, "swa" if pos is None and r is None else "")
+    if engine == "triton" and q.numel():
+        return _kernel(q, k, v, float(window))
+    B, H, T, D = q.shape
+    dev = q.device
+    idx = torch.arange(T, device=dev)
+    pos = idx if pos is None else pos  # (T,) or (B, H, T)
+    slot = idx if r is None else r
+    width = min(window, T) if r is None else window  # a window past T is T: no int64 overflow
+    if engine == "dense" or q.numel() == 0:
+        return masked_attention(q, k, v, rule_mask(slot, pos, width))
+    if r is not None and torch.compiler.is_compiling():  # the span length nk is read from r: an op (below)
+        return _value_band(q, k, v, window, pos, r)
+    # Queries in tiles of nq slots. Tile t's keys are the nk slots from start[t] on: all that its band can reach.
+    nq = min(TILE, T)
+    nt = math.ceil(T / nq)  # tiles
+    first = torch.arange(nt, device=dev) * nq  # (nt,): each tile's first slot
+    if r is None:  # slots i - before ... i + after
+        before, after = width - 1, 0 if pos is idx else width - 1
+        start, nk = first - before, before + nq + after
+    else:  # the slots whose r lies within delta of the tile's least or greatest r
+        start, nk = value_spans(r, width, first, (first + nq).clamp(max=T) - 1)
+    kslot = start[..., None] + torch.arange(nk, device=dev)  # (nt, nk), or (B, H, nt, nk) by the value rule
+    pad = (kslot < 0) | (kslot >= T)  # slots before 0 or past T - 1, hidden
+    kslot = kslot.clamp(0, T - 1)
+    qpad = nt * nq - T  # the last tile's query slots past T - 1
+    if r is None:  # every tile's keys as a strided view of the padded k and v: no copy
+        kp, vp = F.pad(k, (0, 0, before, qpad + after)), F.pad(v, (0, 0, before, qpad + after))  # (B, H, S, D)
+        ks, vs = kp.unfold(2, nk, nq).transpose(-1, -2), vp.unfold(2, nk, nq).transpose(-1, -2)  # (B, H, nt, nk, D)
+    else:
+        at = kslot.expand(B, H, nt, nk).reshape(B, H, nt * nk, 1).expand(-1, -1, -1, D)  # (B, H, nt * nk, D)
+        ks, vs = k.gather(2, at).view(B, H, nt, nk, D), v.gather(2, at).view(B, H, nt, nk, D)
+    qs = F.pad(q, (0, 0, 0, qpad)).reshape(B, H, nt, nq, D)  # (B, H, nt, nq, D): the query tiles
+    # the rule on each tile: (..., nt, nq, nk)
+    qpos = F.pad(pos, (0, qpad), value=T).unflatten(-1, (nt, nq))  # (..., nt, nq); pads see the whole tile
+    kpos = pos.gather(-1, kslot.expand(*pos.shape[:-1], nt, nk).flatten(-2)).view(*pos.shape[:-1], nt, nk)
+    kpos = kpos.masked_fill(pad, T + 1)  # (..., nt, nk): past every query, pad ones included
+    qslot = F.pad(slot, (0, qpad)).unflatten(-1, (nt, nq))  # (..., nt, nq)
+    near = (qslot[..., :, None] - slot.gather(-1, kslot.flatten(-2)).view(kslot.shape)[..., None, :]).abs() < width
+    mask = (near | (qpos[..., :, None] == T)) & (kpos[..., None, :] <= qpos[..., :, None])  # (..., nt, nq, nk)
+    mask = mask.expand(B, H, nt, nq, nk).flatten(0, 1) if mask.dim() == 5 else mask[None]  # (B * H or 1, nt, nq, nk)
+    qs, ks, vs = qs.flatten(0, 1), ks.flatten(0, 1), vs.flatten(0, 1)  # (B * H, nt, rows, D): tiles as SDPA's heads
+    finite = torch.compiler.is_compiling() or bool(k.isfinite().all() & v.isfinite().all())  # compiled: unchecked
+    if finite:  # PyTorch's fused softmax(q k^T / sqrt(D), hidden keys -inf) @ v
+        y = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask)  # (B * H, nt, nq, D)
+    else:  # the same softmax written out, where a NaN or inf must reach only the queries that see it
+        y = masked_attention(qs, ks, vs, mask)
+    return y.view(B, H, nt * nq, D)[:, :, :T]  # (B, H, T, D)
+
+
+def value_spans(r, delta, first, last):
+    """The value rule's key spans: for the query tiles of slots first[t] ... last[t], (start, nk): key slots
+    start[..., t] ... start[..., t] + nk - 1 hold every key within delta (plus VALUE_MARGIN, for fp32 rounding) of
+    the tile's queries, and the tile's own slots; r (T,) or (B, H, T) ascending."""
+    start = torch.searchsorted(r, r[..., first] - delta - VALUE_MARGIN)  # (..., nt)
+    end = torch.searchsorted(r, r[..., last] + delta + VALUE_MARGIN).maximum(last + 1)
+    return start, int((end - start).max())  # the longest span: every tile's, padded
+
+
 def swa_mask(T, window, pos=None, device=None):
-    """SWA's mask in slot order: slot = the index, pos = arange(T) by default."""
+    """SWA's rule in slot order: slot = the index, pos = arange(T) by default."""
     idx = torch.arange(T, device=device)
     return rule_mask(idx, idx if pos is None else pos, min(check_count(window, "window"), T))  # no int64 overflow
 
@@ -79,13 +156,22 @@ def swa_reference(q, k, v, window, pos=None):
     return masked_attention(q, k, v, swa_mask(q.shape[2], window, pos, q.device))
 
 
-def sliding_window_attention(q, k, v, window, pos=None):
-    """SWA by the rule above; without pos, FlashAttention's window_size=(window-1, 0). Equals swa_reference."""
-    q, k, v = check_inputs(q, k, v, window=window, pos=pos)
-    engine = _engine(q, "swa" if pos is None else None)
-    if engine == "triton":
-        return _exact(_kernel, q, k, v, float(window))
-    return _exact(BANDS[engine], q, k, v, pos, None, float(window), VALUE_MARGIN)
+def gather(t, perm):
+    """t (B, H, T, D) in slot order: slot s holds token perm[..., s]; gather(t_slots, perm.argsort(-1)) undoes it."""
+    if perm.dim() == 1:
+        return t.index_select(2, perm)  # (B, H, T, D)
+    return t.gather(2, perm.expand(*t.shape[:3])[..., None].expand(t.shape))  # (B, H, T, D)
+
+
+def stochastic_attention(q, k, v, window, perm):
+    """SA by the rank rule: a query sees about `window` keys; window >= T is full attention, the identity perm SWA.
+    Equals sa_reference. Its last three lines are README.md's recipe."""
+    q, k, v = check_inputs(q, k, v, window=window, perm=perm)
+    if q.numel() and not (q.device.type == "cpu" and ENGINE == "auto") and _engine(q, "sa rank") == "triton":
+        return _kernel(q, k, v, float(window), perm)  # the three lines below in one launch
+    qs, ks, vs = gather(q, perm), gather(k, perm), gather(v, perm)  # (B, H, T, D) each, in permuted (slot) order
+    ys = sliding_window_attention(qs, ks, vs, window, pos=perm)     # SWA there, causal on original positions
+    return gather(ys, perm.argsort(-1))                             # back to token order: gather by perm's inverse
 
 
 def sa_mask(window, perm):
@@ -99,31 +185,16 @@ def sa_reference(q, k, v, window, perm):
     return masked_attention(q, k, v, sa_mask(window, perm))
 
 
-def gather(t, perm):
-    """t (B, H, T, D) in slot order: slot s holds token perm[..., s]; gather(t_slots, perm.argsort(-1)) undoes it."""
-    if perm.dim() == 1:
-        return t.index_select(2, perm)  # (B, H, T, D): the fast row copy
-    b, h = (torch.arange(n, device=t.device) for n in t.shape[:2])  # (B,), (H,)
-    return t[b[:, None, None], h[None, :, None], perm.expand(*t.shape[:3])]  # (B, H, T, D)
-
-
-def stochastic_attention(q, k, v, window, perm):
-    """SA by the rank rule: a query sees ~`window` keys; window >= T is full attention, the identity perm SWA. Equals
-    sa_reference. The last three lines are README.md's recipe."""
-    q, k, v = check_inputs(q, k, v, window=window, perm=perm)
-    if _engine(q, "sa rank") == "triton":  # the three lines below in one launch: rows read and written through perm
-        return _exact(_kernel, q, k, v, float(window), perm)
-    qs, ks, vs = gather(q, perm), gather(k, perm), gather(v, perm)  # (B, H, T, D) each, in permuted (slot) order
-    ys = sliding_window_attention(qs, ks, vs, window, pos=perm)     # SWA there, causal on original positions
-    return gather(ys, perm.argsort(-1))                             # back to token order: gather by perm's inverse
-
-
-def row_perms(seed, lengths, T, heads=1):
-    """SA's permutations (B, heads, T) for right-padded rows: row b permutes its first lengths[b] tokens, its pads
-    keep their slots. Drawn from `seed` and the row's length alone."""
-    rows = [torch.cat([torch.rand(heads, n, generator=torch.Generator().manual_seed(seed)).argsort(-1),  # (heads, n)
-                       torch.arange(n, T).expand(heads, -1)], -1) for n in lengths.tolist()]  # (heads, T) each
-    return torch.stack(rows)  # (B, heads, T)
+def stochastic_value_attention(q, k, v, delta, r):
+    """SA by the value rule: delta = window / T connects a pair as often as the rank rule. Sorted by r, a tile of
+    queries sees one run of keys. Equals sa_value_reference."""
+    q, k, v = check_inputs(q, k, v, delta=delta, r=r)
+    r_sorted, perm = torch.sort(r, dim=-1, stable=True)  # (T,) or (B, H, T): each slot's r, ascending, and its token
+    if q.numel() and not (q.device.type == "cpu" and ENGINE == "auto") and _engine(q, "sa value") == "triton":
+        return _kernel(q, k, v, float(delta), perm, r_sorted.float(), VALUE_MARGIN)  # one launch, as the rank rule's
+    qs, ks, vs = gather(q, perm), gather(k, perm), gather(v, perm)  # (B, H, T, D) each, sorted by r
+    ys = sliding_window_attention(qs, ks, vs, delta, pos=perm, r=r_sorted)  # SWA over r: |r_i - r_j| < delta
+    return gather(ys, perm.argsort(-1))  # (B, H, T, D): back to token order
 
 
 def sa_value_mask(delta, r):
@@ -136,26 +207,21 @@ def sa_value_reference(q, k, v, delta, r):
     return masked_attention(q, k, v, sa_value_mask(delta, r))
 
 
-def stochastic_value_attention(q, k, v, delta, r):
-    """SA by the value rule: delta = window / T connects a pair as often as the rank rule. Sorted by r, a tile of
-    queries sees one contiguous key span. Equals sa_value_reference."""
-    q, k, v = check_inputs(q, k, v, delta=delta, r=r)
-    r_sorted, perm = torch.sort(r, dim=-1, stable=True)  # (T,) or (B, H, T): each slot's r, ascending, and its token
-    engine = _engine(q, "sa value")
-    if engine == "triton":  # one launch, as for the rank rule
-        return _exact(_kernel, q, k, v, float(delta), perm, r_sorted.float(), VALUE_MARGIN)
-    qs, ks, vs = gather(q, perm), gather(k, perm), gather(v, perm)  # (B, H, T, D) each, sorted by r
-    ys = _exact(BANDS[engine], qs, ks, vs, perm, r_sorted.float(), float(delta), VALUE_MARGIN)  # the band over r
-    return gather(ys, perm.argsort(-1))  # (B, H, T, D): back to token order
+# MoBA: each query's own chunk plus the past chunks moba.moba_select picks.
+
+def moba_attention(q, k, v, moba_chunk, moba_topk):
+    """MoBA (Mixture of Block Attention; its blocks are our chunks), on moba.py's engine. Equals moba_reference."""
+    q, k, v = check_inputs(q, k, v, moba_chunk=moba_chunk, moba_topk=moba_topk)
+    moba_chunk = max(1, min(int(moba_chunk), q.shape[2]))  # a chunk of T keys or more: the same rule, in memory of T
+    idx, ok = moba.moba_select(q, k, moba_chunk, int(moba_topk))  # routed once, on the true q, k
+    return moba.attention(q, k, v, idx, ok, moba_chunk)
 
 
-# MoBA: each query's own chunk plus the past chunks tiled.moba_select picks.
-
-def moba_mask(q, k, moba_chunk, top_k):
+def moba_mask(q, k, moba_chunk, moba_topk):
     """MoBA's rule: (B, H, T, T) bool, True where query i sees key j: j <= i, in i's chunk or one moba_select picked."""
-    T, top_k = q.shape[2], check_count(top_k, "top_k")
+    T, moba_topk = q.shape[2], check_count(moba_topk, "moba_topk")
     moba_chunk = max(1, min(check_count(moba_chunk, "moba_chunk"), T))  # a chunk of T keys or more: the same rule
-    idx, ok = tiled.moba_select(q, k, moba_chunk, top_k)
+    idx, ok = moba.moba_select(q, k, moba_chunk, moba_topk)
     chosen = torch.zeros(*idx.shape[:3], math.ceil(T / moba_chunk), dtype=torch.bool, device=q.device)
     chosen.scatter_(-1, idx, ok)  # (B, H, T, nchunks)
     chunk = torch.arange(T, device=q.device) // moba_chunk
@@ -163,48 +229,13 @@ def moba_mask(q, k, moba_chunk, top_k):
     return chosen[..., chunk] & torch.ones(T, T, dtype=torch.bool, device=q.device).tril()  # (B, H, T, T): causal
 
 
-def moba_reference(q, k, v, moba_chunk, top_k):
-    q, k, v = check_inputs(q, k, v, moba_chunk=moba_chunk, top_k=top_k)
-    return masked_attention(q, k, v, moba_mask(q, k, moba_chunk, top_k))
+def moba_reference(q, k, v, moba_chunk, moba_topk):
+    q, k, v = check_inputs(q, k, v, moba_chunk=moba_chunk, moba_topk=moba_topk)
+    return masked_attention(q, k, v, moba_mask(q, k, moba_chunk, moba_topk))
 
 
-def moba_attention(q, k, v, moba_chunk, top_k):
-    """MoBA (Mixture of Block Attention; its blocks are our chunks). Equals moba_reference."""
-    q, k, v = check_inputs(q, k, v, moba_chunk=moba_chunk, top_k=top_k)
-    moba_chunk = max(1, min(int(moba_chunk), q.shape[2]))  # a chunk of T keys or more: the same rule, in memory of T
-    idx, ok = tiled.moba_select(q, k, moba_chunk, int(top_k))  # routed once, on the true q, k
-    return _exact(lambda q, k, v: tiled.moba(q, k, v, idx, ok, moba_chunk)[0], q, k, v)
-
-
-# Support, for a second reading: what runs the band, and _exact.
-
-def _exact(engine, q, k, v, *args):
-    """engine(q, k, v, *args), autocast off (the kernel runs no op autocast casts); an empty B, H, T or D gives the empty output on the autograd graph. On the
-    CPU, eagerly, a non-finite v[j, d] (p @ v spreads it: 0 * NaN = NaN) reaches out[i, d] only if query i sees key j
-    (the engine on q = k = 0 and v's bad entries weighs each visible key >= 1/T, each hidden one 0); not on a GPU (the
-    check would wait for it), compiled, or in the kernel."""
-    if q.numel() == 0 or k.numel() == 0:
-        return q.new_zeros(*q.shape[:3], v.shape[3]) + (q.sum() + k.sum() + v.sum())
-    if engine is _kernel:  # no torch op in it that autocast casts
-        return engine(q, k, v, *args)
-    with torch.autocast(q.device.type, enabled=False):
-        if q.device.type != "cpu" or torch.compiler.is_compiling() or bool(v.sum().isfinite()):
-            return engine(q, k, v, *args)
-        bad = ~v.isfinite()  # (B, H, T, D)
-        with torch.no_grad():
-            seen = engine(torch.zeros_like(q), torch.zeros_like(k), bad.to(v.dtype), *args) > 0
-        return engine(q, k, v.masked_fill(bad, 0), *args).masked_fill(seen, math.nan)  # (B, H, T, D)
-
-
-def _dense(q, k, v, pos, r, width, margin):
-    """The band as a dense rule_mask in slot order, plain code to step through."""
-    idx = torch.arange(q.shape[2], device=q.device)  # (T,): SWA's slot, and its pos by default
-    mask = rule_mask(idx if r is None else r, idx if pos is None else pos, min(width, q.shape[2]))  # r comes with pos
-    return masked_attention(q, k, v, mask)
-
-
-BANDS = {"torch": tiled.band_attention, "dense": _dense}  # (q, k, v, pos, r, width, margin) in slot order
-
+# -----------------------------------------------------------------------------
+# Support, which a first reading skips: which engine runs the band.
 
 def _kernel(q, k, v, *args):
     import kernel
@@ -212,10 +243,10 @@ def _kernel(q, k, v, *args):
 
 
 def _engine(q, rule):
-    """What runs q's band by ENGINE: "triton" (the kernel, for rule "swa", "sa rank" or "sa value"; None: no kernel
-    rule), "torch" or "dense"."""
-    if ENGINE not in ENGINES:
-        raise InputError(f"attention.ENGINE must be one of {ENGINES}, got {ENGINE!r}")
+    """What runs q's band by ENGINE: "triton" (the kernel, for rule "swa", "sa rank" or "sa value"; "" or None:
+    none, e.g. SWA over a given pos), "torch" or "dense"."""
+    if ENGINE not in ("auto", "torch", "triton", "dense"):
+        raise InputError(f"attention.ENGINE must be one of auto, torch, triton, dense, got {ENGINE!r}")
     if ENGINE == "triton" and rule:
         if not _has_triton():
             raise InputError("attn_engine 'triton' needs the triton package (pip install triton); 'auto' or 'torch' "
@@ -228,6 +259,42 @@ def _engine(q, rule):
     if ENGINE == "auto" and rule and H * T * D < 2**31 and _kernel_ok(q.device, q.dtype, D, rule):  # int32 offsets
         return "triton"
     return "dense" if ENGINE == "dense" else "torch"
+
+
+# torch.compile cannot trace the value rule's torch band, whose span length is read from r: it calls these ops instead,
+# which run sliding_window_attention eagerly (the backward recomputes the forward and differentiates it)
+
+@torch.library.custom_op("sa::value_band", mutates_args=())
+def _value_band(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, delta: float, pos: torch.Tensor,
+                r: torch.Tensor) -> torch.Tensor:
+    return sliding_window_attention(q, k, v, delta, pos, r).contiguous()
+
+
+@torch.library.custom_op("sa::value_band_backward", mutates_args=())
+def _value_band_backward(dy: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, delta: float,
+                         pos: torch.Tensor, r: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    _, vjp = torch.func.vjp(lambda q, k, v: sliding_window_attention(q, k, v, delta, pos, r), q, k, v)
+    return vjp(dy)
+
+
+def _save_value_band(ctx, inputs, output):
+    q, k, v, ctx.delta, pos, r = inputs
+    ctx.save_for_backward(q, k, v, pos, r)
+
+
+def _value_band_grads(ctx, dy):
+    q, k, v, pos, r = ctx.saved_tensors
+    return *_value_band_backward(dy, q, k, v, ctx.delta, pos, r), None, None, None
+
+
+_value_band.register_fake(lambda q, *_: torch.empty_like(q))
+_value_band_backward.register_fake(lambda dy, q, k, v, *_: (torch.empty_like(q), torch.empty_like(k),
+                                                              torch.empty_like(v)))
+_value_band.register_autograd(_value_band_grads, setup_context=_save_value_band)
+
+
+KERNEL_DEVICES = ("cuda",)  # where "auto" may run the kernel (a test adds "cpu": the interpreter plays a GPU)
+TRITON_VERSIONS = ((3, 2), (3, 9))  # Triton minors tested: results/kernel_triton_versions.txt
 
 
 @torch.compiler.assume_constant_result  # decided before tracing: a compiled graph never holds a kernel that refuses
@@ -281,9 +348,10 @@ def engine_line(device, dtype, head_dim, kinds, sa_rule="rank"):
     why = {rule: _refusal(q.device, dtype, head_dim, rule) for rule in rules} if ENGINE == "auto" else {}
     if not rules or ENGINE not in ("auto", "triton") or "" in why.values():  # "": "auto" did not try the kernel
         return f"attention: {f'the {engine} engine' if rules else 'no SWA or SA'} on {q.device}"
+    if ENGINE == "triton":
+        _engine(q, rules[0])  # its one-line refusals, before triton is imported
     import kernel
     if ENGINE == "triton":
-        _engine(q, rules[0])  # its one-line refusals
         for rule in rules:
             kernel.check_once(q.device, dtype, head_dim, rule, VALUE_MARGIN)  # raises where the kernel cannot run
     failed = {rule: reason for rule, reason in why.items() if reason}

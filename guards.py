@@ -191,43 +191,46 @@ def check_delta(delta):
 
 def check_inputs(q, k, v, any_length=False, **args):
     """q, k, v (B, H, T, D) of one shape (any_length: keys of their own length), in autocast's dtype under it, as SDPA
-    casts them; and by name window, moba_chunk, top_k, delta, mask, perm, r, pos. Run in every attention call, it
-    reads only the values of a perm or r not yet checked (checked): on a GPU, a sync."""
+    casts them; and by name window, moba_chunk, moba_topk, delta, mask, perm, r, pos. It reads the values of a perm or
+    r only once: a tensor that passed, or that checked() marked, is not read again until it changes (on a GPU, reading
+    a value waits for the GPU)."""
     import torch
-    if not all(isinstance(t, torch.Tensor) for t in (q, k, v)):
-        raise InputError(f"q, k, v must be tensors, got {', '.join(type(t).__name__ for t in (q, k, v))}")
+    if not (isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)):
+        raise InputError(f"q, k, v must be tensors, got {type(q).__name__}, {type(k).__name__}, {type(v).__name__}")
     if q.dim() != 4 or k.shape != v.shape or q.shape[:2] != k.shape[:2] or q.shape[3] != k.shape[3] \
             or not (any_length or q.shape == k.shape):
         raise InputError(f"q, k, v must be (B, H, T, D) of one shape, got {[tuple(t.shape) for t in (q, k, v)]}")
-    if not all(t.is_floating_point() for t in (q, k, v)):  # softmax @ v would truncate integers
+    if not (q.is_floating_point() and k.is_floating_point() and v.is_floating_point()):  # softmax @ v truncates ints
         raise InputError(f"q, k, v must be floating point, got {q.dtype}, {k.dtype}, {v.dtype}")
     if not q.device == k.device == v.device or q.is_meta:
         raise InputError(f"q, k, v must be on one device that holds data, got {q.device}, {k.device}, {v.device}")
     if torch.is_autocast_enabled(q.device.type):  # whatever the inputs' dtypes
-        q, k, v = (t.to(torch.get_autocast_dtype(q.device.type)) for t in (q, k, v))
+        dtype = torch.get_autocast_dtype(q.device.type)
+        q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
     elif not q.dtype == k.dtype == v.dtype:  # as SDPA: no silent cast to q's dtype
         raise InputError(f"q, k, v must have one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     B, H, T = q.shape[:3]
     for name, x in args.items():
         if name == "delta":
             check_delta(x)
-        if name in ("window", "moba_chunk", "top_k"):
-            check_count(x, name)
+        if name in ("window", "moba_chunk", "moba_topk") and (type(x) is not int or x < 1):
+            check_count(x, name)  # an integer >= 1 of numpy's passes, any other value is refused
         if name == "mask" and not (isinstance(x, torch.Tensor) and x.dtype == torch.bool and x.dim() <= 4 and all(
                 n in (1, m) for n, m in zip(x.shape[::-1], (k.shape[2], T, H, B)))):
             raise InputError(f"mask must be a bool tensor broadcastable to (B, H, T, S)=({B}, {H}, {T}, {k.shape[2]}), "
                              f"got {shown(x)}")
         if name not in ("perm", "r", "pos") or x is None and name == "pos":
             continue
-        if not isinstance(x, torch.Tensor) or not (x.is_floating_point() if name == "r" else x.dtype == torch.long) or \
-                x.dim() not in (1, 3) or any(n not in (1, m) for n, m in zip(x.shape[:-1], (B, H))) or x.shape[-1] != T:
+        if not isinstance(x, torch.Tensor) or not (x.is_floating_point() if name == "r" else x.dtype == torch.long) \
+                or not (x.dim() == 1 or x.dim() == 3 and x.shape[0] in (1, B) and x.shape[1] in (1, H)) \
+                or x.shape[-1] != T:
             raise InputError(f"{name} must be {'a float tensor' if name == 'r' else 'a LongTensor'} of shape (T,) or "
                              f"broadcastable to (B, H, T)=({B}, {H}, {T}), got {shown(x)}")
         if x.device != q.device:
             raise InputError(f"{name} must be on q's device {q.device}, got {x.device}")
         if name == "pos" or not x.numel() or torch.compiler.is_compiling():  # pos: any values; tracing: none known
             continue
-        if not x.is_inference() and getattr(x, "checked_version", None) == x._version:  # checked(x), unchanged since
+        if not x.is_inference() and getattr(x, "checked_version", None) == x._version:  # checked, unchanged since
             continue
         rows = x.reshape(-1, T)  # (R, T)
         if name == "r" and not bool(rows.isfinite().all()):
@@ -241,18 +244,18 @@ def check_inputs(q, k, v, any_length=False, **args):
 
 
 def checked(t):
-    """t, marked checked until it changes in place (by its version counter, blind to writes through .data or numpy):
-    check_inputs then skips its values. GPT.draw_sa marks its draws, check_inputs what passed. Inference tensors keep
-    no version: never marked, they are checked at every call."""
+    """t, marked as checked until it changes in place (by its version counter, blind to writes through .data or
+    numpy): check_inputs then skips its values. The model marks its SA draws (model.sa_draw), check_inputs what passed.
+    Inference tensors keep no version: never marked, they are checked at every call."""
     import torch
     if not torch.compiler.is_compiling() and not t.is_inference():
         t.checked_version = t._version
     return t
 
 
-def check_tokens(idx, config, targets=None, lengths=None, cache=None, draws=None, sampling=None):
-    """For config's model: GPT.forward's door (idx, targets, lengths, cache, draws) and generate's (sampling:
-    max_new_tokens, temperature, top_k)."""
+def check_tokens(idx, config, targets=None, cache=None, draws=None, sampling=None):
+    """For config's model: GPT.forward's door (idx, targets, cache, draws) and generate's (sampling: max_new_tokens,
+    temperature, top_k)."""
     import torch
     for name, t, least in [("idx", idx, 0)] + ([("targets", targets, -1)] if targets is not None else []):
         if not isinstance(t, torch.Tensor) or t.dim() != 2 or t.dtype not in (torch.long, torch.int) or t.is_meta \
@@ -260,17 +263,13 @@ def check_tokens(idx, config, targets=None, lengths=None, cache=None, draws=None
             raise InputError(f"{name} must be a (B, T) tensor of token ids (int64 or int32) of idx's shape, with data "
                              f"(not on meta), got {shown(t)}")
         if t.numel() and t.device.type == "cpu" and not torch.compiler.is_compiling() and not (
-                least <= t.numpy().min() and t.numpy().max() < config.vocab_size):  # no sync: a GPU's embedding asserts
+                least <= t.numpy().min() and t.numpy().max() < config.vocab_size):  # no wait: a GPU's embedding asserts
             raise InputError(f"{name} holds token ids outside [{least}, vocab_size={config.vocab_size})")
-    (B, T), ok = idx.shape, isinstance(lengths, torch.Tensor) and lengths.dtype in (torch.long, torch.int)
-    if lengths is not None and not (ok and lengths.shape == (B,) and bool(((lengths >= 1) & (lengths <= T)).all())):
-        raise InputError(f"lengths must be a (B,)=({B},) integer tensor of real tokens per row, 1 <= lengths <= "
-                         f"T={T}, got {' '.join(str(lengths).split())[:80]}")
-    start = 0 if cache is None else cache.start
+    start, T = 0 if cache is None else cache.start, idx.shape[1]
     if start + T > config.block_size and sampling is None:  # generate crops to the last block_size tokens
         raise InputError(f"sequence length {start + T} exceeds block_size {config.block_size}")
-    if cache is not None and (lengths is not None or start and T > 1):
-        raise InputError(f"a KV cache takes no lengths, and one token at a time after the prompt; got {T} at {start}")
+    if cache is not None and start and T > 1:
+        raise InputError(f"a KV cache takes one token at a time after the prompt; got {T} at {start}")
     if cache is not None and cache.config != config:  # another model's, or this one's before a swap_attention
         raise InputError("this KV cache was made for another config: make a new KVCache(config)")
     if sampling is not None:

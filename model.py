@@ -1,42 +1,42 @@
-"""Read first. nanoGPT's GPT with switchable attention: GPTConfig.attn picks every layer's kind from KINDS: "full",
-"swa", "sa" (SWA over a fresh random permutation per layer and forward), "sa+swa" (the paper's gated dual path) or
-"moba" (the baseline). GPT.generate decodes from a KV cache where the kind and sa_rule allow (GPTConfig.cacheable).
+"""
+Read first. nanoGPT's GPT with a switchable attention: GPTConfig.attn picks every layer's kind, "full", "swa", "sa"
+(SWA over a fresh random permutation per layer and forward), "sa+swa" (the paper's gated dual path) or "moba" (the
+baseline). CausalSelfAttention.attend calls each kind's function in attention.py.
 """
 import math
 import numbers
 import operator
 from collections import OrderedDict
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass, fields, replace
-from typing import Callable, NamedTuple, Optional
+from dataclasses import asdict, dataclass, replace
+from typing import List
 
 import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
 import attention
-from guards import InputError, check_tokens, checked, need, setting_problem
-from kv_cache import LAYOUTS, KVCache, use_kv_cache
+from guards import InputError, check_count, check_tokens, checked, need
+from kv_cache import KVCache, cacheable, use_kv_cache
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+ATTNS = ("full", "swa", "sa", "sa+swa", "moba")  # the kinds: a new one is its function, its branch in attend, its field
 
 
 class CausalSelfAttention(nn.Module):
-    """Causal self-attention of kind config.attn; "sa+swa" (the paper's best) runs SA and SWA on one q, k, v, gated
-    per token, head and path: Y = sigmoid(x W_sa) Y_sa + sigmoid(x W_swa) Y_swa."""
 
     def __init__(self, config, layer_idx=0):
         super().__init__()
         self.config, self.layer_idx = config, layer_idx  # layer_idx: its place in a KVCache
-        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
+        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)  # q, k, v
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.resid_dropout = nn.Dropout(config.dropout)
-        if config.attn == "sa+swa":  # the gates read ln_1(x)
+        if config.attn == "sa+swa":  # a gate per head for each path, read from the layer's input
             self.gate = nn.Linear(config.n_embd, 2 * config.n_head, bias=False)
 
-    def forward(self, x, draw=None, rope=None, cache=None):
-        """x (B, T, C) -> (B, T, C). draw: this layer's SA draw; rope: (cos, sin) of the T positions; cache: a KVCache
-        to fill (attend reads it)."""
+    def forward(self, x, rope=None, draw=None, cache=None):
+        """x (B, T, C) -> (B, T, C). rope: (cos, sin) of the T positions; draw: this layer's SA draw; cache: generate's
+        KV cache, which this layer fills (and a decoding step reads)."""
         B, T, C = x.size()
         nh = self.config.n_head
         q, k, v = self.c_attn(x).split(C, dim=2)  # (B, T, C) each
@@ -47,26 +47,34 @@ class CausalSelfAttention(nn.Module):
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         if cache is not None:
             cache.store(self.layer_idx, k, v, draw)
-        if self.config.attn == "sa+swa":
-            g = torch.sigmoid(self.gate(x)).transpose(1, 2).unsqueeze(-1)  # (B, 2*nh, T, 1)
-            y_sa, y_swa = self.attend("sa", q, k, v, draw, cache), self.attend("swa", q, k, v, None, cache)
-            y = g[:, :nh] * y_sa + g[:, nh:] * y_swa
+        if self.config.attn == "sa+swa":  # the paper's gated dual path: Y = sigmoid(x W_sa) Y_sa + sigmoid(x W_swa) Y_swa
+            g = torch.sigmoid(self.gate(x)).transpose(1, 2).unsqueeze(-1)  # (B, 2 * nh, T, 1)
+            y = g[:, :nh] * self.attend("sa", q, k, v, draw, cache) + g[:, nh:] * self.attend("swa", q, k, v, None, cache)
         else:
             y = self.attend(self.config.attn, q, k, v, draw, cache)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
         return self.resid_dropout(self.c_proj(y))
 
     def attend(self, kind, q, k, v, draw, cache=None):
-        """q, k, v (B, nh, T, hs) -> (B, nh, T, hs) by kind's KINDS row; a decode step reads the KV cache instead."""
-        row = KINDS[kind]
-        args = [draw if a == "draw" else getattr(self.config, a) for a in row.args]
-        if cache is not None and cache.start > 0:
-            return cache.attend(self.layer_idx, q, kind, row.fn, args)
-        return row.fn(q, k, v, *args)
+        """q, k, v (B, nh, T, hs) -> y (B, nh, T, hs) by attention `kind`, with its settings."""
+        c = self.config
+        if cache is not None and cache.start > 0:  # a decoding step: the new token's query over the KV cache
+            return cache.attend(self.layer_idx, q, kind)
+        if kind == "full":
+            return attention.full_attention(q, k, v)
+        if kind == "swa":
+            return attention.sliding_window_attention(q, k, v, c.window)
+        if kind == "sa" and c.sa_rule == "rank":  # draw: a permutation of the T positions
+            return attention.stochastic_attention(q, k, v, c.window, draw)
+        if kind == "sa":  # the value rule; draw: a number r per token
+            return attention.stochastic_value_attention(q, k, v, c.sa_delta, draw)
+        if kind == "moba":
+            return attention.moba_attention(q, k, v, c.moba_chunk, c.moba_topk)
+        raise InputError(f"attn={kind!r} has no branch in CausalSelfAttention.attend")
 
 
-class Layer(nn.Module):
-    """GPT-2's pre-LayerNorm layer."""
+class Block(nn.Module):
+    """GPT-2's pre-LayerNorm transformer block."""
 
     def __init__(self, config, layer_idx=0):
         super().__init__()
@@ -78,46 +86,14 @@ class Layer(nn.Module):
             c_fc=nn.Linear(C, 4 * C, bias=config.bias), gelu=nn.GELU(approximate="tanh"),
             c_proj=nn.Linear(4 * C, C, bias=config.bias), dropout=nn.Dropout(config.dropout)))
 
-    def forward(self, x, draw=None, rope=None, cache=None):
-        x = x + self.attn(self.ln_1(x), draw, rope, cache)
+    def forward(self, x, rope=None, draw=None, cache=None):
+        x = x + self.attn(self.ln_1(x), rope, draw, cache)
         return x + self.mlp(self.ln_2(x))
-
-
-class Kind(NamedTuple):
-    """All the repo reads of an attention kind."""
-    fn: Optional[Callable]  # (q, k, v, *args) -> y; None: sa+swa, composed by the layer
-    args: tuple  # fn's args after q, k, v: GPTConfig fields or properties, or "draw" (the layer's SA draw)
-    settings: dict  # {each GPTConfig field it reads: its choices or range}: GPTConfig checks them, swaps set them
-    keys_seen: Callable  # (config, T) -> how many keys a query sees (flops_per_token)
-    kv_layout: Callable  # config -> its KV-cache layout, a kv_cache.LAYOUTS key, or None: no cache
-    draws: bool = False  # whether it takes SA's draws (GPT.draw_sa)
-
-
-def sa_by_rule(q, k, v, window, sa_rule, sa_delta, draw):
-    if sa_rule == "value":
-        return attention.stochastic_value_attention(q, k, v, sa_delta, draw)
-    return attention.stochastic_attention(q, k, v, window, draw)
-
-
-POSITIVE = range(1, 2**63)  # an integer >= 1
-SA = {"window": POSITIVE, "sa_draw": ("layer", "head"), "sa_rule": ("rank", "value")}
-# Every kind. A new one: its function, a row here, a GPTConfig field per setting of its own (README's "Add a kind").
-KINDS = {
-    "full": Kind(attention.full_attention, (), {}, lambda c, T: (T + 1) / 2, lambda c: "all"),
-    "swa": Kind(attention.sliding_window_attention, ("window",), {"window": POSITIVE}, lambda c, T: min(c.window, T),
-                lambda c: "window"),
-    "sa": Kind(sa_by_rule, ("window", "sa_rule", "sa_delta", "draw"), SA, lambda c, T: min(c.window, T),
-               lambda c: "sorted" if c.sa_rule == "value" else None, draws=True),
-    "sa+swa": Kind(None, (), SA, lambda c, T: 2 * min(c.window, T),
-                   lambda c: "sorted" if c.sa_rule == "value" else None, draws=True),
-    "moba": Kind(attention.moba_attention, ("moba_chunk", "moba_topk"), {"moba_chunk": POSITIVE, "moba_topk": POSITIVE},
-                 lambda c, T: min(c.moba_chunk * c.moba_topk, T), lambda c: "chunks"),
-}
 
 
 @dataclass
 class GPTConfig:
-    # GPT-2 small's shape (124M) with SA+SWA. Each field is a train.py setting.
+    # GPT-2 small's shape (124M) with SA+SWA. Each field is also a train.py setting.
     block_size: int = 1024  # maximum sequence length
     vocab_size: int = 50304  # GPT-2's 50257 padded to a multiple of 64
     n_layer: int = 12
@@ -125,61 +101,45 @@ class GPTConfig:
     n_embd: int = 768
     dropout: float = 0.0  # residual and embedding dropout
     bias: bool = False  # biases in Linears and LayerNorms (GPT-2 has them)
-    attn: str = "sa+swa"  # a kind of KINDS
-    window: int = 256  # SWA/SA keys per query, itself included (value-rule SA: at T = block_size)
+    attn: str = "sa+swa"  # the attention: one of ATTNS
+    window: int = 256  # SWA's and SA's keys per query, itself included (SA's value rule: on average, at block_size)
     moba_chunk: int = 64  # MoBA's key chunk (its paper's "block")
     moba_topk: int = 4  # MoBA's chunks per query, its own included
-    sa_draw: str = "layer"  # "layer": one SA draw per layer (the paper); "head": one per layer, row and head
+    sa_draw: str = "layer"  # "layer": one SA draw per layer (the paper); "head": one per layer, batch row and head
     sa_rule: str = "rank"  # "rank": windows over permuted slots (the paper); "value": a number r per token
     pos_emb: str = "rope"  # "rope" or "learned" (GPT-2's, to load its weights)
     rope_base: float = 10000.0
 
-    def __post_init__(self):  # every model's door: each field checked (guards.SETTINGS, its values), its KV layout
-        allowed = dict(attn=tuple(KINDS), pos_emb=("rope", "learned"), bias=(True, False))
-        for row in KINDS.values():
-            allowed.update(row.settings)  # rows that share a setting give it the same values
-        for f in fields(self):
-            value = getattr(self, f.name)
-            int_like = f.type is int and hasattr(value, "__index__")  # numpy's numbers too
-            if not isinstance(value, bool) and (int_like or f.type is float and isinstance(value, numbers.Real)):
-                value = f.type(operator.index(value) if f.type is int else value)
-                setattr(self, f.name, value)
-            options = allowed.get(f.name)
-            want = f"one of {options}" if options else "a number" if f.type is float else "an integer"
-            if isinstance(options, range):
-                want = f"an integer >= {options.start}" + f" and < {options.stop}" * (options.stop < 2**63)
-            problem = setting_problem(f.name, value, asdict(self)) if type(value) is f.type else f"must be {want}"
-            if problem is None and options is not None and value not in options:
-                problem = f"must be {want}"
-            need(problem is None, f"GPTConfig.{f.name}={value!r} is invalid: {problem}")
-        need(self.n_embd % self.n_head == 0, f"GPTConfig.n_embd={self.n_embd} is invalid: must be divisible by "
+    def __post_init__(self):  # every model's door: each field checked, a bad one named in one line
+        for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd", "window", "moba_chunk", "moba_topk"):
+            setattr(self, name, operator.index(check_count(getattr(self, name), f"GPTConfig.{name}")))
+        for name in ("dropout", "rope_base"):
+            value = getattr(self, name)
+            need(isinstance(value, numbers.Real) and not isinstance(value, bool), f"GPTConfig.{name}={value!r}: "
+                 "use a number")
+            setattr(self, name, float(value))
+        need(0 <= self.dropout < 1, f"GPTConfig.dropout={self.dropout!r}: use a value in [0, 1)")  # NaN fails too
+        need(1 < self.rope_base < math.inf, f"GPTConfig.rope_base={self.rope_base!r}: use a number > 1 (10000 is usual)")
+        for name, choices in (("attn", ATTNS), ("sa_draw", ("layer", "head")), ("sa_rule", ("rank", "value")),
+                              ("pos_emb", ("rope", "learned"))):
+            need(getattr(self, name) in choices, f"GPTConfig.{name}={getattr(self, name)!r}: use one of {choices}")
+        need(type(self.bias) is bool, f"GPTConfig.bias={self.bias!r}: use True or False")
+        need(self.n_embd % self.n_head == 0, f"GPTConfig.n_embd={self.n_embd}: must be divisible by "
              f"n_head={self.n_head}")
-        need(self.pos_emb != "rope" or self.n_embd // self.n_head % 2 == 0, f"GPTConfig.n_embd={self.n_embd} is "
-             "invalid: RoPE needs an even head size n_embd // n_head")
-        self.kv_layout()
+        need(self.pos_emb != "rope" or self.n_embd // self.n_head % 2 == 0, f"GPTConfig.n_embd={self.n_embd}: RoPE "
+             "needs an even head size n_embd // n_head")
 
     @property
     def sa_delta(self):
-        """The value rule's width: a pair meets with probability ~2 * delta, as by the rank rule at T = block_size; a
-        query sees 1 + (T - 1) * (delta - delta**2 / 2) keys on average."""
+        """The value rule's width: a pair meets with probability 2 * delta - delta**2, about the rank rule's at T =
+        block_size; a query sees 1 + (T - 1) * (delta - delta**2 / 2) keys on average."""
         return self.window / self.block_size
 
     @property
     def cacheable(self):
-        """Whether GPT.generate can decode from an exact KV cache; not rank-rule SA: whether query i sees key j
-        depends on later tokens' slots."""
-        return self.kv_layout() is not None
-
-    def kv_layout(self, kind=None):
-        """How a KVCache stores kind (default: the model's), by its KINDS row: a layout that decodes it, or None."""
-        kind = kind or self.attn
-        layout, draws = KINDS[kind].kv_layout(self), KINDS[kind].draws
-        need(layout in (None, *LAYOUTS), f"attn={kind!r}: its KINDS row names the KV-cache layout {layout!r}, not one "
-             f"of kv_cache.LAYOUTS")
-        decodes, fix = LAYOUTS.get(layout), "None" if draws else "'prefix' or None"
-        need(layout is None or (kind in decodes if decodes else not draws), f"attn={kind!r}: the KV-cache layout "
-             f"{layout!r} decodes {' and '.join(decodes or ['kinds without SA draws'])} alone: its row may name {fix}")
-        return layout
+        """Whether GPT.generate can decode from an exact KV cache (kv_cache.cacheable): not rank-rule SA, where
+        whether query i sees key j depends on later tokens' slots."""
+        return cacheable(self)
 
 
 class GPT(nn.Module):
@@ -190,7 +150,7 @@ class GPT(nn.Module):
         self.transformer = nn.ModuleDict(dict(
             wte=nn.Embedding(config.vocab_size, config.n_embd),
             drop=nn.Dropout(config.dropout),
-            h=nn.ModuleList([Layer(config, i) for i in range(config.n_layer)]),
+            h=nn.ModuleList([Block(config, i) for i in range(config.n_layer)]),
             ln_f=nn.LayerNorm(config.n_embd, bias=config.bias),
         ))
         if config.pos_emb == "learned":
@@ -203,7 +163,8 @@ class GPT(nn.Module):
             self.register_buffer("rope_sin", angles.sin(), persistent=False)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.transformer.wte.weight = self.lm_head.weight  # weight tying
-        # SA's CPU generator: the same draws on any device; checkpoints save its state
+        # SA's own random generator on the CPU (the same draws on any device), its state kept in a tensor that
+        # checkpoints save: sa_draw makes a torch.Generator from it and stores the state it leaves
         self.sa_state = torch.Generator().manual_seed(sa_seed).get_state()  # (5056,) uint8, not a buffer
         self.apply(self._init_weights)
         for name, p in self.named_parameters():
@@ -223,21 +184,31 @@ class GPT(nn.Module):
     def get_num_params(self):
         return sum(p.numel() for p in self.parameters())
 
-    def forward(self, idx, targets=None, lengths=None, cache=None, draws=None):
-        """idx (B, T) -> logits (B, T, vocab), and the loss if targets (-1: ignored). lengths: right-padded rows' real
-        tokens (draw_sa); cache: a KVCache that idx continues; draws: SA's per layer, not fresh ones."""
-        check_tokens(idx, self.config, targets, lengths, cache, draws)
+    def forward(self, idx, targets=None, cache=None, draws=None):
+        """idx (B, T) -> logits (B, T, vocab), and the loss if targets (-1: ignored). cache: generate's KV cache, which
+        idx continues; draws: one SA draw per layer, instead of fresh ones."""
+        check_tokens(idx, self.config, targets, cache, draws)
         B, T = idx.size()
+        c = self.config
         start = 0 if cache is None else cache.start  # idx[:, 0]'s position
         x = self.transformer.wte(idx)  # (B, T, C)
-        if self.config.pos_emb == "learned":
+        rope = None
+        if c.pos_emb == "learned":
             x = x + self.transformer.wpe(torch.arange(start, start + T, device=idx.device))  # (B, T, C)
-        rope = (self.rope_cos[start:start + T], self.rope_sin[start:start + T]) if self.config.pos_emb == "rope" \
-            else None
+        else:
+            rope = self.rope_cos[start:start + T], self.rope_sin[start:start + T]  # (T, hs/2) each
         x = self.transformer.drop(x)
-        draws = self.draw_sa(B, T, idx.device, lengths) if draws is None else draws
-        for layer, draw in zip(self.transformer.h, draws):
-            x = layer(x, draw, rope, cache)
+        # SA's draw, fresh per layer and forward: a permutation of the T positions, or one number r per token (the value
+        # rule); (T,), or with sa_draw="head" one per batch row and head, (B, nh, T)
+        shape = [T] if c.sa_draw == "layer" else [B, c.n_head, T]
+        draw = None
+        for i, block in enumerate(self.transformer.h):
+            if draws is not None:
+                draw = draws[i]
+            elif c.attn in ("sa", "sa+swa"):
+                draw = (sa_draw_op if torch.compiler.is_compiling() else sa_draw)(
+                    self.sa_state, shape, c.sa_rule == "value", idx.device)
+            x = block(x, rope, draw, cache)
         if cache is not None:
             cache.start += T
         logits = self.lm_head(self.transformer.ln_f(x))  # (B, T, vocab)
@@ -246,20 +217,6 @@ class GPT(nn.Module):
             loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.reshape(-1), ignore_index=-1)
         return logits, loss
 
-    def draw_sa(self, B, T, device, lengths=None):
-        """SA's fresh draw per layer (None for other kinds): a permutation, or numbers r in [0, 1) by sa_rule="value";
-        (T,) or (B, nh, T) by sa_draw. With lengths (B,) of right-padded rows (sa_draws): (B, 1 or nh, T), the value
-        rule's (1, 1 or nh, T)."""
-        c = self.config
-        if not KINDS[c.attn].draws:
-            return [None] * c.n_layer
-        for name, n in (("B", B), ("T", T)):  # no call when valid: runs in every forward
-            if type(n) is not int or n < 0:
-                raise InputError(f"{name} must be an integer >= 0, got {n!r}")
-        heads = 1 if c.sa_draw == "layer" else c.n_head
-        draws = sa_draws(self.sa_state, c.n_layer, B, heads, T, c.sa_rule == "value", lengths, torch.device(device))
-        return [checked(d) for d in draws]  # valid as drawn (guards.checked)
-
     def seed_sa(self, seed):
         """Restart SA's draws from seed."""
         need(hasattr(seed, "__index__") and not isinstance(seed, bool) and -2**63 <= seed < 2**64, f"seed must be an "
@@ -267,10 +224,10 @@ class GPT(nn.Module):
         self.sa_state.copy_(torch.Generator().manual_seed(operator.index(seed)).get_state())
 
     def swap_attention(self, **changes):
-        """Training-free swap: these weights with another kind or budget (see swapped)."""
+        """Training-free swap: these weights with another kind or its settings (see swapped)."""
         self.config = swapped(self.config, **changes)
-        for layer in self.transformer.h:
-            layer.attn.config = self.config
+        for block in self.transformer.h:
+            block.attn.config = self.config
         return self
 
     def crop_block_size(self, block_size):
@@ -279,8 +236,8 @@ class GPT(nn.Module):
         need(block_size <= self.config.block_size, f"block_size={block_size}: the model holds at most "
              f"{self.config.block_size} positions")
         self.config = replace(self.config, block_size=block_size)
-        for layer in self.transformer.h:
-            layer.attn.config = self.config
+        for block in self.transformer.h:
+            block.attn.config = self.config
         if self.config.pos_emb == "learned":
             self.transformer.wpe.weight = nn.Parameter(self.transformer.wpe.weight[:block_size])
         else:
@@ -295,14 +252,32 @@ class GPT(nn.Module):
         return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, **fused)
 
     def flops_per_token(self, T):
-        """Training FLOPs per token: 6N for the weights plus 12 * L * C * the keys a query sees (KINDS' keys_seen:
-        below T = block_size, it overstates value-rule SA)."""
+        """Training FLOPs per token at sequence length T (nanoGPT's count): 6 per weight, plus 12 * n_layer * n_embd
+        per key a query sees, on average over the T queries; None for a kind not counted here."""
         c = self.config
-        return 6 * self.get_num_params() + 12 * c.n_layer * c.n_embd * KINDS[c.attn].keys_seen(c, T)
+        w = min(c.window, T)
+        band = w * (2 * T - w + 1) / (2 * T)  # SWA's min(i + 1, w) on average; the rank rule's too
+        value = 1 + (T - 1) * (c.sa_delta - c.sa_delta ** 2 / 2)  # itself, and each earlier key w.p. 2 delta - delta^2
+        sa = value if c.sa_rule == "value" else band
+        if c.attn == "full":
+            keys = (T + 1) / 2
+        elif c.attn == "swa":
+            keys = band
+        elif c.attn == "sa":
+            keys = sa
+        elif c.attn == "sa+swa":
+            keys = band + sa
+        elif c.attn == "moba":  # its own chunk up to itself, and up to moba_topk - 1 whole past chunks
+            m = min(c.moba_chunk, T)
+            keys = sum(i % m + 1 + min(c.moba_topk - 1, i // m) * m for i in range(T)) / T
+        else:
+            return None
+        return 6 * self.get_num_params() + 12 * c.n_layer * c.n_embd * keys
 
     def estimate_mfu(self, tokens_per_iter, dt, T, peak_flops=312e12):
-        """Model FLOPs utilisation against an A100's bf16 peak."""
-        return self.flops_per_token(T) * tokens_per_iter / dt / peak_flops
+        """Model FLOPs utilisation against an A100's bf16 peak (None where flops_per_token is)."""
+        flops = self.flops_per_token(T)
+        return None if flops is None else flops * tokens_per_iter / dt / peak_flops
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True):
@@ -337,7 +312,7 @@ class GPT(nn.Module):
 
 
 # -----------------------------------------------------------------------------
-# Support, which a first reading skips: RoPE, SA's draws, swaps, autocast.
+# Support, which a first reading skips: RoPE, SA's draw, swaps, autocast.
 
 def apply_rope(x, cos, sin):
     """x (B, nh, T, hs) rotated by its T positions' angles, cos and sin (T, hs/2)."""
@@ -345,41 +320,38 @@ def apply_rope(x, cos, sin):
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], -1).type_as(x)  # (B, nh, T, hs)
 
 
-@torch.library.custom_op("sa::draws", mutates_args=("state",))
-def sa_draws(state: torch.Tensor, n: int, B: int, heads: int, T: int, value: bool, lengths: Optional[torch.Tensor],
-             device: torch.device) -> torch.Tensor:
-    """GPT.draw_sa's draws of n layers, stacked, from a CPU generator's state (advanced in place), sent to device
-    without blocking. With lengths, each layer's from a seed: the rank rule's by attention.row_perms, the value rule's
-    r of token t, head h the seed's (t * heads + h)-th number. An op, so torch.compile keeps these draws."""
+def sa_draw(state: torch.Tensor, shape: List[int], value: bool, device: torch.device) -> torch.Tensor:
+    """SA's draw of the given shape, (T,) or (B, nh, T), on device: a random permutation of range(T) in each row, or
+    (value) numbers r in [0, 1), from the CPU generator whose state is `state`, advanced in place. Marked as checked:
+    attention.py need not read it back from a GPU to check it."""
     g = torch.Generator().set_state(state)
-    if lengths is not None:
-        seeds = torch.randint(2**62, (n,), generator=g).tolist()
-        draws = [attention.row_perms(s, lengths, T, heads) if not value else
-                 torch.rand(T, heads, generator=torch.Generator().manual_seed(s)).T[None] for s in seeds]
+    if value:
+        draw = torch.rand(shape, generator=g)
+    elif len(shape) == 1:
+        draw = torch.randperm(shape[0], generator=g)
     else:
-        shape = [T] if heads == 1 else [B, heads, T]
-        draws = [torch.rand(shape, generator=g) if value else torch.randperm(T, generator=g) if heads == 1 else
-                 torch.rand(shape, generator=g).argsort(-1) for _ in range(n)]
+        draw = torch.rand(shape, generator=g).argsort(-1)  # a permutation per row
     state.copy_(g.get_state())
-    draws = torch.stack(draws)
-    return (draws.pin_memory() if device.type == "cuda" else draws).to(device, non_blocking=True)
+    if device.type == "cuda":  # from pinned memory, the copy below does not wait for the GPU
+        draw = draw.pin_memory()
+    return checked(draw.to(device, non_blocking=True))
 
 
-@sa_draws.register_fake
-def _(state, n, B, heads, T, value, lengths, device):
-    shape = (n, T) if heads == 1 and lengths is None else (n, 1 if value and lengths is not None else B, heads, T)
-    return torch.empty(shape, dtype=torch.float if value else torch.long, device=device)
+# torch.compile cannot trace a torch.Generator: it calls sa_draw as this op, whose body it leaves alone
+sa_draw_op = torch.library.custom_op("sa::draw", sa_draw, mutates_args=("state",))
+sa_draw_op.register_fake(lambda state, shape, value, device: torch.empty(
+    shape, dtype=torch.float if value else torch.long, device=device))
 
 
-def swap_fields():
-    """What a swap may change: attn and every kind's settings (KINDS rows); dropout and RoPE were built once."""
-    return ("attn", *dict.fromkeys(name for row in KINDS.values() for name in row.settings))
+SWAPPABLE = ("attn", "window", "moba_chunk", "moba_topk", "sa_draw", "sa_rule")  # the attention's settings
 
 
 def swapped(config, **changes):
-    """config with changes (GPT.swap_attention); InputError where the weights cannot swap."""
-    other = sorted(set(changes) - set(swap_fields()))
-    need(not other, f"swap_attention changes the attention ({', '.join(swap_fields())}), not {', '.join(other)}")
+    """config with changes (GPT.swap_attention): the attention's settings, and any field GPTConfig has beyond
+    GPT-2's shape (a new kind's); not dropout or RoPE, built once. InputError where the weights cannot swap."""
+    built = ("block_size", "vocab_size", "n_layer", "n_head", "n_embd", "dropout", "bias", "pos_emb", "rope_base")
+    other = sorted(set(changes) & set(built) | set(changes) - set(asdict(config)))
+    need(not other, f"swap_attention changes the attention ({', '.join(SWAPPABLE)}), not {', '.join(other)}")
     new = replace(config, **changes)
     need((new.attn == "sa+swa") == (config.attn == "sa+swa"), f"cannot swap attn={config.attn!r} -> {new.attn!r} "
          "without training: the gates of sa+swa are learned with both paths (a swap may change its window)")

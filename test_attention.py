@@ -11,7 +11,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import attention as A
-import tiled
+import moba
 import model as M
 from model import GPT, GPTConfig
 
@@ -100,24 +100,28 @@ def edge_pairs(T, delta, seed):
     return r
 
 
-def test_value_spans_hold_every_key_within_delta():
-    """tiled.value_spans (kernel.py's copy is held equal to it): each query tile's key span holds every key within
-    delta of one of its queries, with pairs at delta give or take an ulp; without VALUE_MARGIN some tile loses one.
-    (The torch engine pads every tile to the longest span, which hides most such losses; the kernel reads exact
-    spans.)"""
-    T, delta, tile = 200, 0.1, tiled.TILE
-    missed = {}
-    for margin in (A.VALUE_MARGIN, 0.0):
+def test_value_spans_hold_every_key_within_delta(monkeypatch):
+    """attention.value_spans: each query tile's key span holds every key within delta of one of its queries, with
+    pairs at delta give or take an ulp; without VALUE_MARGIN some tile loses one. (The torch engine pads every tile to
+    the longest span, which hides most such losses; the kernel reads exact spans, by its own search.)"""
+    T, delta, tile = 200, 0.1, 64
+    first = torch.arange(0, T, tile)
+    last = (first + tile).clamp(max=T) - 1
+    missed, margins = {}, (A.VALUE_MARGIN, 0.0)
+    for margin in margins:
+        monkeypatch.setattr(A, "VALUE_MARGIN", margin)
         missed[margin] = []
         for seed in range(100):
-            rs = edge_pairs(T, delta, seed).sort().values[None]  # (1, T): slots in r order
-            lo, hi = tiled.value_spans(rs, delta, margin, tile)  # (1, ntiles) each
-            sees = (rs[0, :, None] - rs[0, None, :]).abs() < delta  # (T, T): the rule, query slot i, key slot j
+            rs = edge_pairs(T, delta, seed).sort().values  # (T,): slots in r order
+            lo, nk = A.value_spans(rs, delta, first, last)  # (ntiles,), the longest span
+            hi = torch.searchsorted(rs, rs[last] + delta + margin).maximum(last + 1)  # each tile's own end
+            sees = (rs[:, None] - rs[None, :]).abs() < delta  # (T, T): the rule, query slot i, key slot j
             t, j = torch.arange(T) // tile, torch.arange(T)
-            inside = (lo[0, t, None] <= j) & (j < hi[0, t, None])  # (T, T): key j in query i's tile's span
+            inside = (lo[t, None] <= j) & (j < hi[t, None])  # (T, T): key j in query i's tile's span
+            assert (hi - lo).max() == nk
             if (sees & ~inside).any():
                 missed[margin].append(seed)
-    assert missed[A.VALUE_MARGIN] == [] and missed[0.0], missed
+    assert missed[margins[0]] == [] and missed[0.0], missed
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -282,8 +286,8 @@ def test_moba_routes_in_fp32():
     """bf16 inputs are routed by fp32 scores, as MoBA's own code does: the same chunks as for the
     same (rounded) values in fp32. Scoring in bf16 picks other chunks on some rows."""
     q, k = (x.detach().to(torch.bfloat16) for x in qkv(2, 4, 2048, 64)[:2])
-    idx16, ok16 = tiled.moba_select(q, k, 16, 4)
-    idx32, ok32 = tiled.moba_select(q.float(), k.float(), 16, 4)
+    idx16, ok16 = moba.moba_select(q, k, 16, 4)
+    idx32, ok32 = moba.moba_select(q.float(), k.float(), 16, 4)
     assert torch.equal(ok16, ok32)
     assert torch.equal(idx16.sort(-1).values, idx32.sort(-1).values)
 
@@ -354,16 +358,13 @@ def test_model_trains_under_autocast(attn, sa_rule):
     assert loss.isfinite() and all(p.grad is None or p.grad.isfinite().all() for p in model.parameters())
 
 
-@pytest.mark.parametrize("size", [1, 1 << 30])
-@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("tile", [1, 7, 1 << 30])
 @pytest.mark.parametrize("kind", ["swa", "sa", "sa-bht", "sa-value", "moba"])
-def test_any_call_size_equals_reference(monkeypatch, kind, fused, size):
-    """The engine's calls, one group each (size 1) or every head's groups at once (as the defaults do at
-    T=300), on PyTorch's fused CPU kernel and on the matmul code used off the CPU: equal too."""
-    monkeypatch.setattr(tiled, "CALL", size)
-    monkeypatch.setattr(tiled, "FUSED_CALL", size)
-    if not fused:
-        monkeypatch.setattr(tiled, "_fused", lambda q, finite, layout: False)
+def test_any_tile_size_equals_reference(monkeypatch, kind, tile):
+    """The torch engine's query tiles of one row, of 7 (no divisor of T = 300) or of all T at once, and MoBA's calls
+    of one group or of every group at once: equal too."""
+    monkeypatch.setattr(A, "TILE", tile)
+    monkeypatch.setattr(moba, "CALL", tile)
     fast, ref = attention_kinds(300)[kind]
     assert_same(fast, *qkv(2, 3, 300, 16), ref)
 
@@ -451,7 +452,7 @@ def test_bad_inputs_raise_clear_errors(monkeypatch):
                        (torch.rand(10), "delta")):
         with pytest.raises(ValueError, match=problem):
             A.stochastic_value_attention(q, k, v, 0.0 if problem == "delta" else 0.2, r)
-    with pytest.raises(ValueError, match="top_k"):
+    with pytest.raises(ValueError, match="moba_topk"):
         A.moba_attention(q, k, v, 4, 0)
     for perm in (torch.zeros(10, dtype=torch.long), torch.tensor([0, 1, 2, 3, 4, 5, 6, 7, 8, 8]),
                  torch.tensor([-1, 1, 2, 3, 4, 5, 6, 7, 8, 9]), torch.tensor([10, 1, 2, 3, 4, 5, 6, 7, 8, 9]),
@@ -494,7 +495,7 @@ def test_the_references_check_their_arguments_as_the_fast_paths_do():
                         (lambda: A.stochastic_value_attention(q, k, v, True, r), "delta must be a number"),
                         (lambda: A.stochastic_value_attention(q, k, v, "0.1", r), "delta must be a number"),
                         (lambda: A.moba_reference(q, k, v, 0, 2), "moba_chunk must be an integer >= 1"),
-                        (lambda: A.moba_reference(q, k, v, 4, 0), "top_k must be an integer >= 1"),
+                        (lambda: A.moba_reference(q, k, v, 4, 0), "moba_topk must be an integer >= 1"),
                         (lambda: A.sliding_window_attention(q, k, v, 4, pos=torch.arange(7)), "pos must be a Long"),
                         (lambda: A.swa_reference(q, k, v, 4, torch.arange(8.0)), "pos must be a LongTensor")):
         with pytest.raises(ValueError, match=problem):
@@ -556,22 +557,13 @@ def test_draws_of_the_wrong_length_raise():
         # had no len(); a stacked tensor's message printed it on many lines
         with pytest.raises(ValueError, match="draws must be a list of one draw per layer, 2, got a [A-Za-z]+( of .)?$"):
             model(idx, draws=draws)
-    for B, T, name in ((-1, 8, "B"), (1, -1, "T"), (1, 2.0, "T")):  # were torch's negative-dimension traceback
-        with pytest.raises(ValueError, match=f"^{name} must be an integer >= 0"):
-            model.draw_sa(B, T, "cpu")
 
 
 def test_bad_model_inputs_raise_one_line():
-    """Each of these used to run (lengths=[3] on a batch of 2 treated row 1 as of length 3; lengths > T ran)
-    or end in a traceback (draws of None, float or out-of-vocabulary ids, a huge seed)."""
+    """Each of these used to end in a traceback (draws of None, float or out-of-vocabulary ids, a huge seed)."""
     model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=64, window=4, attn="sa+swa",
                           sa_draw="head"))
     idx = torch.zeros(2, 8, dtype=torch.long)
-    for lengths in (torch.tensor([3]), torch.tensor([3, 9]), torch.tensor([0, 4]), torch.tensor([-1, 4]),
-                    torch.tensor([3.0, 4.0]), [3, 4], torch.tensor([[3, 4]])):
-        with pytest.raises(ValueError, match=r"lengths must be a \(B,\)=\(2,\) integer tensor .* 1 <= lengths <= T=8"):
-            model(idx, lengths=lengths)
-    model(idx, lengths=torch.tensor([1, 8]))
     for bad, problem in ((idx.float(), "idx must be a .B, T. tensor of token ids"), (idx[0], "idx must be a"),
                          (idx + 64, r"token ids outside \[0, vocab_size=64\)"), (idx - 1, "token ids outside")):
         with pytest.raises(ValueError, match=problem):
@@ -594,7 +586,7 @@ def test_bad_model_inputs_raise_one_line():
 # -----------------------------------------------------------------------------
 # The model: causality, training, determinism.
 
-KINDS = list(M.KINDS)
+KINDS = list(M.ATTNS)
 
 
 def tiny(attn, sa_draw="layer", seed=0, **kw):
@@ -648,7 +640,7 @@ def test_every_kind_learns_a_task_only_attention_solves(attn):
 
 def test_the_pair_task_needs_attention(monkeypatch):
     """The control: with attention returning zeros, the same training stays near log 63."""
-    monkeypatch.setitem(M.KINDS, "full", M.KINDS["full"]._replace(fn=lambda q, k, v: torch.zeros_like(v)))
+    monkeypatch.setattr(A, "full_attention", lambda q, k, v: torch.zeros_like(v))
     assert train_on_pairs(tiny("full")) > 0.85 * math.log(63)
 
 
@@ -660,13 +652,14 @@ def test_sa_permutations_are_seeded_and_fresh_per_layer():
     assert torch.equal(first, b(x)[0])      # same seed, same permutations, same output
     assert not torch.equal(first, c(x)[0])  # another seed, other permutations
     assert not torch.equal(first, a(x)[0])  # each forward pass draws fresh permutations
-    perms = a.draw_sa(2, 50, "cpu")
+    cpu, state = torch.device("cpu"), a.sa_state
+    perms = [M.sa_draw(state, [50], False, cpu) for _ in range(2)]
     assert all(sorted(p.tolist()) == list(range(50)) for p in perms)
     assert not torch.equal(perms[0], perms[1])
-    heads = tiny("sa", sa_draw="head").draw_sa(2, 50, "cpu")
-    assert heads[0].shape == (2, 2, 50) and not torch.equal(heads[0][0, 0], heads[0][1, 1])
-    rs = tiny("sa", sa_rule="value").draw_sa(2, 50, "cpu")
-    assert rs[0].shape == (50,) and rs[0].dtype == torch.float32 and 0 <= rs[0].min() < rs[0].max() < 1
+    heads = M.sa_draw(state, [2, 2, 50], False, cpu)
+    assert sorted(heads[1, 0].tolist()) == list(range(50)) and not torch.equal(heads[0, 0], heads[1, 1])
+    rs = M.sa_draw(state, [50], True, cpu)
+    assert rs.dtype == torch.float32 and 0 <= rs.min() < rs.max() < 1
 
 
 def test_swap_attention_refuses_untrained_gates():
@@ -794,42 +787,6 @@ def test_masked_attention_checks_its_mask():
             A.masked_attention(q, k, v, mask)
 
 
-def test_a_new_kind_is_a_function_and_a_row(monkeypatch):
-    """A fork's own attention: its function (here SWA at half the window, written as a user would) and one row of
-    model.KINDS. Then the model trains on it, flops_per_token and generate (no cache: the row says None) work, and
-    eval.py sweeps it. A kind without a row is refused in one line, by GPTConfig, before any model is built."""
-    import eval as ev
-
-    def half_window(q, k, v, window):
-        return A.sliding_window_attention(q, k, v, max(1, window // 2))
-    monkeypatch.setitem(M.KINDS, "half", M.Kind(half_window, ("window",), {"window": M.POSITIVE},
-                                                lambda c, T: min(c.window // 2, T), lambda c: None))
-    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=16, block_size=32, vocab_size=32, window=8, attn="half"))
-    x = torch.randint(0, 32, (2, 32), generator=torch.Generator().manual_seed(0))
-    _, loss = model(x[:, :-1], x[:, 1:])
-    loss.backward()
-    assert loss.isfinite() and model.flops_per_token(32) > 6 * model.get_num_params()
-    assert not model.config.cacheable and model.generate(x[:, :4], 3).shape == (2, 7)
-    torch.testing.assert_close(model.transformer.h[0].attn.attend("half", *qkv(2, 2, 31, 8), None),
-                               A.swa_reference(*qkv(2, 2, 31, 8), 4))
-    lm = ev.OurLM(model.swap_attention(attn="swa"), None, 32, "cpu", torch.no_grad())
-    assert "half" in [s["attn"] for s in ev.plan(lm, [], [4, 8], {"moba_chunk": None, "moba_topk": 4})]
-    monkeypatch.delitem(M.KINDS, "half")
-    with pytest.raises(ValueError, match="GPTConfig.attn='half' is invalid: must be one of"):
-        GPTConfig(attn="half")
-
-
-def test_the_value_rule_runs_the_sa_row(monkeypatch):
-    """attend ran value-rule SA past the table (attention.stochastic_value_attention, not KINDS["sa"].fn): a fork's
-    own SA function was silently skipped for one rule. Both rules now run the row's function."""
-    sa, draws = M.KINDS["sa"], []
-    monkeypatch.setitem(M.KINDS, "sa", sa._replace(fn=lambda *a: draws.append(a[-1]) or sa.fn(*a)))
-    for rule, dtype in (("rank", torch.long), ("value", torch.float32)):
-        draws.clear()
-        tiny("sa", sa_rule=rule)(torch.randint(0, 64, (2, 20)))
-        assert [d.dtype for d in draws] == [dtype, dtype]  # one call per layer, with this rule's draw
-
-
 def test_sa_value_hides_keys_at_exactly_delta():
     """Pairs at exactly delta (r multiples of 1/32, delta = 1/8: exact in fp32): the rule's strict < hides them.
     edge_pairs lands within ulps of delta but, at r's usual ulp, never on fp32(delta) itself."""
@@ -854,4 +811,4 @@ def test_sa_swa_gates_weigh_each_path():
         q, k, v = [t.view(B, T, nh, C // nh).transpose(1, 2) for t in attn.c_attn(x).split(C, dim=2)]
         g = torch.sigmoid(x @ attn.gate.weight.T).transpose(1, 2).unsqueeze(-1)  # (B, 2 * nh, T, 1)
         y = g[:, :nh] * A.stochastic_attention(q, k, v, 4, perm) + g[:, nh:] * A.sliding_window_attention(q, k, v, 4)
-        torch.testing.assert_close(attn(x, perm), attn.c_proj(y.transpose(1, 2).reshape(B, T, C)))
+        torch.testing.assert_close(attn(x, None, perm), attn.c_proj(y.transpose(1, 2).reshape(B, T, C)))
