@@ -1,21 +1,23 @@
 """
-Read first. Causal attention, q, k, v (B, H, T, D) -> (B, H, T, D): full, sliding-window (SWA), stochastic (SA), MoBA.
-SWA and both SA rules are one rule over a slot and a position per token:
+Read first. Causal attention, q, k, v (B, H, T, D) -> (B, H, T, D): full, sliding-window (SWA),
+stochastic (SA), MoBA. SWA and both SA rules are one rule over a slot and a position per token:
 
     key j is visible to query i  iff  |slot[i] - slot[j]| < width  and  pos[j] <= pos[i]
 
-SWA: slot = pos = the index, width = window: query i sees keys i - window + 1 ... i, itself included.
-SA, the rank rule (the paper's): gather q, k, v by a random permutation perm (slot s holds token perm[s]), run SWA there
-with pos = perm, gather the output back: tokens a >= b interact iff their slots are less than `window` apart.
-SA, the value rule: each token draws a number r in [0, 1); slot = r, width = delta: a >= b interact iff
-|r_a - r_b| < delta. That depends on r_a and r_b alone, so a KV cache can decode it (kv_cache.py).
-MoBA: query i sees its own chunk (j <= i) and the moba_topk - 1 past chunks of largest q_i . mean(K_chunk).
+SWA: slot = pos = the index, width = window: query i sees keys i - window + 1 ... i, itself
+included. SA, the rank rule (the paper's): gather q, k, v by a random permutation perm (slot s holds
+token perm[s]), run SWA there with pos = perm, gather the output back: tokens a >= b interact iff
+their slots are less than `window` apart. SA, the value rule: each token draws a number r in [0, 1);
+slot = r, width = delta: a >= b interact iff |r_a - r_b| < delta. That depends on r_a and r_b alone,
+so a KV cache can decode it (kv_cache.py). MoBA: query i sees its own chunk (j <= i) and the
+moba_topk - 1 past chunks of largest q_i . mean(K_chunk).
 
-Each kind has a dense reference, O(T^2), beside its fast function, O(T * window); the tests hold every fast function
-to its reference, forward and gradients (test_attention.py). Each public function checks its inputs at the door
-(guards.check_inputs). perm, pos and r are (T,), or broadcastable to (B, H, T). Every query sees itself, and no query
-reads a key it may not see, not even a NaN or inf in that key's k or v (compiled, or in the Triton kernel, a
-non-finite v, or a compiled run's non-finite k, may also make NaN the other queries of its tile).
+Each kind has a dense reference, O(T^2), beside its fast function, O(T * window); the tests hold
+every fast function to its reference, forward and gradients (test_attention.py). Each public
+function checks its inputs at the door (guards.check_inputs). perm, pos and r are (T,), or
+broadcastable to (B, H, T). Every query sees itself, and no query reads a key it may not see, not
+even a NaN or inf in that key's k or v (compiled, or in the Triton kernel, a non-finite v, or a
+compiled run's non-finite k, may also make NaN the other queries of its tile).
 """
 import functools
 import importlib.util
@@ -30,35 +32,40 @@ import torch.nn.functional as F
 import moba
 from guards import InputError, check_count, check_delta, check_inputs
 
-# What runs SWA's and SA's band (train.py's attn_engine): "auto": the Triton kernel on a CUDA GPU where it passes its
-# checks, else "torch", the plain torch code below; "triton": the kernel (on the CPU under TRITON_INTERPRET=1, for
-# tests); "dense": the band as a dense mask (rule_mask), for a debugger. Full attention is always PyTorch's SDPA.
+# What runs SWA's and SA's band (train.py's attn_engine): "auto": the Triton kernel on a CUDA GPU
+# where it passes its checks, else "torch", the plain torch code below; "triton": the kernel (on the
+# CPU under TRITON_INTERPRET=1, for tests); "dense": the band as a dense mask (rule_mask), for a
+# debugger. Full attention is always PyTorch's SDPA.
 ENGINE = "auto"
 TILE = 128  # the torch engine's query rows per tile
-VALUE_MARGIN = 1e-6  # the value rule's key spans reach this far past delta: fp32 rounding of |r_i - r_j| (r < 1)
+# the value rule's key spans reach this far past delta: fp32 rounding of |r_i - r_j| (r < 1)
+VALUE_MARGIN = 1e-6
 
 
 # The dense reference: the rule as a T x T mask, and a softmax over the keys it shows.
 
 def rule_mask(slot, pos, width):
-    """THE rule, dense: (..., T, T) bool, True where query i may see key j; slot and pos (T,) or (..., T)."""
+    """THE rule, dense: (..., T, T) bool, True where query i may see key j; slot and pos (T,) or
+    (..., T)."""
     near = (slot[..., :, None] - slot[..., None, :]).abs() < width  # (..., T, T)
     return near & (pos[..., None, :] <= pos[..., :, None])
 
 
 def masked_attention(q, k, v, mask):
-    """softmax(q k^T / sqrt(D), keys hidden where mask is False) @ v, in fp32; keys may outnumber queries (a KV cache
-    step). A non-finite v[j, d] reaches out[i, d] only where mask[i, j]."""
+    """softmax(q k^T / sqrt(D), keys hidden where mask is False) @ v, in fp32; keys may outnumber
+    queries (a KV cache step). A non-finite v[j, d] reaches out[i, d] only where mask[i, j]."""
     q, k, v = check_inputs(q, k, v, any_length=True, mask=mask)
     with torch.autocast(q.device.type, enabled=False):
         scores = q.float() @ k.float().transpose(-1, -2) / math.sqrt(q.shape[-1])  # (B, H, T, S)
-        scores = scores.masked_fill(~mask, torch.finfo(torch.float32).min)  # hidden: a weight of exactly 0
+        # hidden: a weight of exactly 0
+        scores = scores.masked_fill(~mask, torch.finfo(torch.float32).min)
         p = torch.softmax(scores, dim=-1).to(v.dtype)  # (B, H, T, S)
         bad = ~v.isfinite()  # (B, H, S, D)
         if not bad.any():
             return p @ v  # (B, H, T, D)
         seen = (mask.to(v.dtype) @ bad.to(v.dtype)) > 0  # (B, H, T, D): i sees a bad v[j, d]
-        return (p @ v.masked_fill(bad, 0)).masked_fill(seen, math.nan)  # 0 * NaN would reach every query
+        # 0 * NaN would reach every query
+        return (p @ v.masked_fill(bad, 0)).masked_fill(seen, math.nan)
 
 
 # Full attention.
@@ -66,12 +73,15 @@ def masked_attention(q, k, v, mask):
 def full_attention(q, k, v):
     """Causal attention by PyTorch's SDPA (its flash kernels where they run)."""
     q, k, v = check_inputs(q, k, v)
-    if not (torch.compiler.is_compiling() or bool(v.isfinite().all())):  # compiled: unchecked
-        # SDPA's hidden keys weigh 0, and 0 * NaN = NaN: a bad v[j, d] is set to 0, and out[i, d] to NaN if i sees it
-        bad = ~v.isfinite()  # (B, H, T, D)
-        seen = F.scaled_dot_product_attention(torch.zeros_like(q), torch.zeros_like(k), bad.to(v.dtype), is_causal=True)
-        return F.scaled_dot_product_attention(q, k, v.masked_fill(bad, 0), is_causal=True).masked_fill(seen > 0, math.nan)
-    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    if torch.compiler.is_compiling() or bool(v.isfinite().all()):  # compiled: not checked
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    # SDPA weighs a hidden key 0, and 0 * NaN = NaN: each bad v[j, d] is set to 0, then out[i, d]
+    # to NaN where query i sees key j (SDPA with q = k = 0 weighs each key it sees >= 1/T)
+    bad = ~v.isfinite()  # (B, H, T, D)
+    zero_q, zero_k = torch.zeros_like(q), torch.zeros_like(k)
+    seen = F.scaled_dot_product_attention(zero_q, zero_k, bad.to(v.dtype), is_causal=True) > 0
+    y = F.scaled_dot_product_attention(q, k, v.masked_fill(bad, 0), is_causal=True)
+    return y.masked_fill(seen, math.nan)  # (B, H, T, D)
 
 
 def full_reference(q, k, v):
@@ -82,54 +92,62 @@ def full_reference(q, k, v):
 # SWA, and both SA rules through it.
 
 def sliding_window_attention(q, k, v, window, pos=None, r=None):
-    """SWA by the rule above, in O(T * window): slot = the index, pos = arange(T) unless given (then the band reaches
-    both ways, causal on pos). With r (ascending: SA's value rule), slot = r and window is its width delta. Equals
-    swa_reference."""
-    q, k, v = check_inputs(q, k, v, pos=pos, **(dict(window=window) if r is None else dict(delta=window, r=r)))
-    engine = "torch" if q.device.type == "cpu" and ENGINE == "auto" else _engine(q, "swa" if pos is None and r is None else "")
+    """SWA by the rule above, in O(T * window): slot = the index, pos = arange(T) unless given
+    (then the band reaches both ways, causal on pos). With r (ascending: SA's value rule), slot = r
+    and window is its width delta. Equals swa_reference."""
+    width = dict(window=window) if r is None else dict(delta=window, r=r)
+    q, k, v = check_inputs(q, k, v, pos=pos, **width)
+    engine = "torch"  # the CPU's, and "auto"'s where the kernel does not run: support, below
+    if q.device.type != "cpu" or ENGINE != "auto":
+        engine = _engine(q, "swa" if pos is None and r is None else "")
     if engine == "triton" and q.numel():
         return _kernel(q, k, v, float(window))
     B, H, T, D = q.shape
-    dev = q.device
-    idx = torch.arange(T, device=dev)
+    idx = torch.arange(T, device=q.device)
     pos = idx if pos is None else pos  # (T,) or (B, H, T)
     slot = idx if r is None else r
     width = min(window, T) if r is None else window  # a window past T is T: no int64 overflow
     if engine == "dense" or q.numel() == 0:
         return masked_attention(q, k, v, rule_mask(slot, pos, width))
-    if r is not None and torch.compiler.is_compiling():  # the span length nk is read from r: an op (below)
+    if r is not None and torch.compiler.is_compiling():  # nk is read from r: an op (below)
         return _value_band(q, k, v, window, pos, r)
-    # Queries in tiles of nq slots. Tile t's keys are the nk slots from start[t] on: all that its band can reach.
+    # Queries in tiles of nq slots; tile t's keys are the nk slots from start[t] on, all its band
+    # can reach. The last tile's qpad slots past T - 1 are padding.
     nq = min(TILE, T)
     nt = math.ceil(T / nq)  # tiles
-    first = torch.arange(nt, device=dev) * nq  # (nt,): each tile's first slot
-    if r is None:  # slots i - before ... i + after
+    qpad = nt * nq - T
+    first = torch.arange(nt, device=q.device) * nq  # (nt,): each tile's first slot
+    if r is None:  # query i's band: slots i - before ... i + after
         before, after = width - 1, 0 if pos is idx else width - 1
         start, nk = first - before, before + nq + after
     else:  # the slots whose r lies within delta of the tile's least or greatest r
         start, nk = value_spans(r, width, first, (first + nq).clamp(max=T) - 1)
-    kslot = start[..., None] + torch.arange(nk, device=dev)  # (nt, nk), or (B, H, nt, nk) by the value rule
-    pad = (kslot < 0) | (kslot >= T)  # slots before 0 or past T - 1, hidden
+    kslot = start[..., None] + torch.arange(nk, device=q.device)  # (nt, nk), or (..., nt, nk)
+    pad = (kslot < 0) | (kslot >= T)  # key slots before 0 or past T - 1: hidden
     kslot = kslot.clamp(0, T - 1)
-    qpad = nt * nq - T  # the last tile's query slots past T - 1
-    if r is None:  # every tile's keys as a strided view of the padded k and v: no copy
-        kp, vp = F.pad(k, (0, 0, before, qpad + after)), F.pad(v, (0, 0, before, qpad + after))  # (B, H, S, D)
-        ks, vs = kp.unfold(2, nk, nq).transpose(-1, -2), vp.unfold(2, nk, nq).transpose(-1, -2)  # (B, H, nt, nk, D)
-    else:
-        at = kslot.expand(B, H, nt, nk).reshape(B, H, nt * nk, 1).expand(-1, -1, -1, D)  # (B, H, nt * nk, D)
-        ks, vs = k.gather(2, at).view(B, H, nt, nk, D), v.gather(2, at).view(B, H, nt, nk, D)
     qs = F.pad(q, (0, 0, 0, qpad)).reshape(B, H, nt, nq, D)  # (B, H, nt, nq, D): the query tiles
-    # the rule on each tile: (..., nt, nq, nk)
-    qpos = F.pad(pos, (0, qpad), value=T).unflatten(-1, (nt, nq))  # (..., nt, nq); pads see the whole tile
-    kpos = pos.gather(-1, kslot.expand(*pos.shape[:-1], nt, nk).flatten(-2)).view(*pos.shape[:-1], nt, nk)
-    kpos = kpos.masked_fill(pad, T + 1)  # (..., nt, nk): past every query, pad ones included
+    if r is None:  # every tile's keys as a strided view of the padded k and v: no copy
+        kp = F.pad(k, (0, 0, before, qpad + after))  # (B, H, before + nt * nq + after, D)
+        vp = F.pad(v, (0, 0, before, qpad + after))
+        ks = kp.unfold(2, nk, nq).transpose(-1, -2)  # (B, H, nt, nk, D)
+        vs = vp.unfold(2, nk, nq).transpose(-1, -2)
+    else:  # copies of each tile's keys
+        at = kslot.expand(B, H, nt, nk).reshape(B, H, nt * nk, 1).expand(-1, -1, -1, D)
+        ks = k.gather(2, at).view(B, H, nt, nk, D)  # (B, H, nt, nk, D)
+        vs = v.gather(2, at).view(B, H, nt, nk, D)
+    # The rule on each tile, (..., nt, nq, nk). Padding queries (pos T) see every real key of their
+    # tile, so that no row is all hidden; padding keys (pos T + 1) are hidden from every query.
+    qpos = F.pad(pos, (0, qpad), value=T).unflatten(-1, (nt, nq))  # (..., nt, nq)
     qslot = F.pad(slot, (0, qpad)).unflatten(-1, (nt, nq))  # (..., nt, nq)
-    near = (qslot[..., :, None] - slot.gather(-1, kslot.flatten(-2)).view(kslot.shape)[..., None, :]).abs() < width
-    mask = (near | (qpos[..., :, None] == T)) & (kpos[..., None, :] <= qpos[..., :, None])  # (..., nt, nq, nk)
-    mask = mask.expand(B, H, nt, nq, nk).flatten(0, 1) if mask.dim() == 5 else mask[None]  # (B * H or 1, nt, nq, nk)
-    qs, ks, vs = qs.flatten(0, 1), ks.flatten(0, 1), vs.flatten(0, 1)  # (B * H, nt, rows, D): tiles as SDPA's heads
-    finite = torch.compiler.is_compiling() or bool(k.isfinite().all() & v.isfinite().all())  # compiled: unchecked
-    if finite:  # PyTorch's fused softmax(q k^T / sqrt(D), hidden keys -inf) @ v
+    kpos = pos.gather(-1, kslot.expand(*pos.shape[:-1], nt, nk).flatten(-2))  # (..., nt * nk)
+    kpos = kpos.view(*pos.shape[:-1], nt, nk).masked_fill(pad, T + 1)  # (..., nt, nk)
+    kslot = slot.gather(-1, kslot.flatten(-2)).view(kslot.shape)  # slot values: r by the value rule
+    near = (qslot[..., :, None] - kslot[..., None, :]).abs() < width
+    mask = (near | (qpos[..., :, None] == T)) & (kpos[..., None, :] <= qpos[..., :, None])
+    mask = mask.expand(B, H, nt, nq, nk).flatten(0, 1) if mask.dim() == 5 else mask[None]
+    qs, ks, vs = qs.flatten(0, 1), ks.flatten(0, 1), vs.flatten(0, 1)  # (B * H, nt, rows, D)
+    if torch.compiler.is_compiling() or bool(k.isfinite().all() & v.isfinite().all()):
+        # the tiles as SDPA's heads: softmax(q k^T / sqrt(D), hidden keys -inf) @ v, fused
         y = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask)  # (B * H, nt, nq, D)
     else:  # the same softmax written out, where a NaN or inf must reach only the queries that see it
         y = masked_attention(qs, ks, vs, mask)
@@ -137,9 +155,10 @@ def sliding_window_attention(q, k, v, window, pos=None, r=None):
 
 
 def value_spans(r, delta, first, last):
-    """The value rule's key spans: for the query tiles of slots first[t] ... last[t], (start, nk): key slots
-    start[..., t] ... start[..., t] + nk - 1 hold every key within delta (plus VALUE_MARGIN, for fp32 rounding) of
-    the tile's queries, and the tile's own slots; r (T,) or (B, H, T) ascending."""
+    """The value rule's key spans for the query tiles of slots first[t] ... last[t]: (start, nk),
+    key slots start[..., t] ... start[..., t] + nk - 1 hold every key within delta (plus
+    VALUE_MARGIN, for fp32 rounding) of the tile's queries, and the tile's own slots; r (T,) or
+    (B, H, T), ascending."""
     start = torch.searchsorted(r, r[..., first] - delta - VALUE_MARGIN)  # (..., nt)
     end = torch.searchsorted(r, r[..., last] + delta + VALUE_MARGIN).maximum(last + 1)
     return start, int((end - start).max())  # the longest span: every tile's, padded
@@ -148,7 +167,8 @@ def value_spans(r, delta, first, last):
 def swa_mask(T, window, pos=None, device=None):
     """SWA's rule in slot order: slot = the index, pos = arange(T) by default."""
     idx = torch.arange(T, device=device)
-    return rule_mask(idx, idx if pos is None else pos, min(check_count(window, "window"), T))  # no int64 overflow
+    width = min(check_count(window, "window"), T)  # a window past T is T: no int64 overflow
+    return rule_mask(idx, idx if pos is None else pos, width)
 
 
 def swa_reference(q, k, v, window, pos=None):
@@ -157,18 +177,19 @@ def swa_reference(q, k, v, window, pos=None):
 
 
 def gather(t, perm):
-    """t (B, H, T, D) in slot order: slot s holds token perm[..., s]; gather(t_slots, perm.argsort(-1)) undoes it."""
+    """t (B, H, T, D) in slot order: slot s holds token perm[..., s]. gather(t_slots,
+    perm.argsort(-1)) undoes it."""
     if perm.dim() == 1:
         return t.index_select(2, perm)  # (B, H, T, D)
     return t.gather(2, perm.expand(*t.shape[:3])[..., None].expand(t.shape))  # (B, H, T, D)
 
 
 def stochastic_attention(q, k, v, window, perm):
-    """SA by the rank rule: a query sees about `window` keys; window >= T is full attention, the identity perm SWA.
-    Equals sa_reference. Its last three lines are README.md's recipe."""
+    """SA by the rank rule: a query sees about `window` keys; window >= T is full attention, the
+    identity perm SWA. Equals sa_reference. Its last three lines are README.md's recipe."""
     q, k, v = check_inputs(q, k, v, window=window, perm=perm)
-    if q.numel() and not (q.device.type == "cpu" and ENGINE == "auto") and _engine(q, "sa rank") == "triton":
-        return _kernel(q, k, v, float(window), perm)  # the three lines below in one launch
+    if (q.device.type != "cpu" or ENGINE != "auto") and q.numel() and _engine(q, "sa rank") == "triton":
+        return _kernel(q, k, v, float(window), perm)  # the three lines below, in one launch
     qs, ks, vs = gather(q, perm), gather(k, perm), gather(v, perm)  # (B, H, T, D) each, in permuted (slot) order
     ys = sliding_window_attention(qs, ks, vs, window, pos=perm)     # SWA there, causal on original positions
     return gather(ys, perm.argsort(-1))                             # back to token order: gather by perm's inverse
@@ -177,7 +198,8 @@ def stochastic_attention(q, k, v, window, perm):
 def sa_mask(window, perm):
     """SA's rank rule in token order: slot = each token's slot (perm's inverse), pos = arange(T)."""
     T = perm.shape[-1]
-    return rule_mask(perm.argsort(-1), torch.arange(T, device=perm.device), min(check_count(window, "window"), T))
+    width = min(check_count(window, "window"), T)
+    return rule_mask(perm.argsort(-1), torch.arange(T, device=perm.device), width)
 
 
 def sa_reference(q, k, v, window, perm):
@@ -186,14 +208,14 @@ def sa_reference(q, k, v, window, perm):
 
 
 def stochastic_value_attention(q, k, v, delta, r):
-    """SA by the value rule: delta = window / T connects a pair as often as the rank rule. Sorted by r, a tile of
-    queries sees one run of keys. Equals sa_value_reference."""
+    """SA by the value rule: delta = window / T connects a pair as often as the rank rule. Sorted by
+    r, a tile of queries sees one run of keys. Equals sa_value_reference."""
     q, k, v = check_inputs(q, k, v, delta=delta, r=r)
-    r_sorted, perm = torch.sort(r, dim=-1, stable=True)  # (T,) or (B, H, T): each slot's r, ascending, and its token
-    if q.numel() and not (q.device.type == "cpu" and ENGINE == "auto") and _engine(q, "sa value") == "triton":
-        return _kernel(q, k, v, float(delta), perm, r_sorted.float(), VALUE_MARGIN)  # one launch, as the rank rule's
+    r_sorted, perm = torch.sort(r, dim=-1, stable=True)  # each slot's r, ascending, and its token
+    if (q.device.type != "cpu" or ENGINE != "auto") and q.numel() and _engine(q, "sa value") == "triton":
+        return _kernel(q, k, v, float(delta), perm, r_sorted.float(), VALUE_MARGIN)  # one launch
     qs, ks, vs = gather(q, perm), gather(k, perm), gather(v, perm)  # (B, H, T, D) each, sorted by r
-    ys = sliding_window_attention(qs, ks, vs, delta, pos=perm, r=r_sorted)  # SWA over r: |r_i - r_j| < delta
+    ys = sliding_window_attention(qs, ks, vs, delta, pos=perm, r=r_sorted)  # |r_i - r_j| < delta
     return gather(ys, perm.argsort(-1))  # (B, H, T, D): back to token order
 
 
@@ -210,23 +232,28 @@ def sa_value_reference(q, k, v, delta, r):
 # MoBA: each query's own chunk plus the past chunks moba.moba_select picks.
 
 def moba_attention(q, k, v, moba_chunk, moba_topk):
-    """MoBA (Mixture of Block Attention; its blocks are our chunks), on moba.py's engine. Equals moba_reference."""
+    """MoBA (Mixture of Block Attention; its blocks are our chunks), on moba.py's engine. Equals
+    moba_reference."""
     q, k, v = check_inputs(q, k, v, moba_chunk=moba_chunk, moba_topk=moba_topk)
-    moba_chunk = max(1, min(int(moba_chunk), q.shape[2]))  # a chunk of T keys or more: the same rule, in memory of T
+    # a chunk of T keys or more: the same rule, in memory of T
+    moba_chunk = max(1, min(int(moba_chunk), q.shape[2]))
     idx, ok = moba.moba_select(q, k, moba_chunk, int(moba_topk))  # routed once, on the true q, k
     return moba.attention(q, k, v, idx, ok, moba_chunk)
 
 
 def moba_mask(q, k, moba_chunk, moba_topk):
-    """MoBA's rule: (B, H, T, T) bool, True where query i sees key j: j <= i, in i's chunk or one moba_select picked."""
+    """MoBA's rule: (B, H, T, T) bool, True where query i sees key j: j <= i, in i's chunk or one
+    moba_select picked."""
     T, moba_topk = q.shape[2], check_count(moba_topk, "moba_topk")
-    moba_chunk = max(1, min(check_count(moba_chunk, "moba_chunk"), T))  # a chunk of T keys or more: the same rule
+    # a chunk of T keys or more: the same rule
+    moba_chunk = max(1, min(check_count(moba_chunk, "moba_chunk"), T))
     idx, ok = moba.moba_select(q, k, moba_chunk, moba_topk)
     chosen = torch.zeros(*idx.shape[:3], math.ceil(T / moba_chunk), dtype=torch.bool, device=q.device)
     chosen.scatter_(-1, idx, ok)  # (B, H, T, nchunks)
     chunk = torch.arange(T, device=q.device) // moba_chunk
     chosen[..., torch.arange(T), chunk] = True  # own chunk
-    return chosen[..., chunk] & torch.ones(T, T, dtype=torch.bool, device=q.device).tril()  # (B, H, T, T): causal
+    # (B, H, T, T): causal
+    return chosen[..., chunk] & torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
 
 
 def moba_reference(q, k, v, moba_chunk, moba_topk):
@@ -243,8 +270,8 @@ def _kernel(q, k, v, *args):
 
 
 def _engine(q, rule):
-    """What runs q's band by ENGINE: "triton" (the kernel, for rule "swa", "sa rank" or "sa value"; "" or None:
-    none, e.g. SWA over a given pos), "torch" or "dense"."""
+    """What runs q's band by ENGINE: "triton" (the kernel, for rule "swa", "sa rank" or "sa value";
+    "" or None: none, e.g. SWA over a given pos), "torch" or "dense"."""
     if ENGINE not in ("auto", "torch", "triton", "dense"):
         raise InputError(f"attention.ENGINE must be one of auto, torch, triton, dense, got {ENGINE!r}")
     if ENGINE == "triton" and rule:
@@ -256,13 +283,15 @@ def _engine(q, rule):
                              "CPU under TRITON_INTERPRET=1, for tests): use attn_engine 'auto' or 'torch'")
         return "triton"
     H, T, D = q.shape[1:]
-    if ENGINE == "auto" and rule and H * T * D < 2**31 and _kernel_ok(q.device, q.dtype, D, rule):  # int32 offsets
+    # int32 offsets
+    if ENGINE == "auto" and rule and H * T * D < 2**31 and _kernel_ok(q.device, q.dtype, D, rule):
         return "triton"
     return "dense" if ENGINE == "dense" else "torch"
 
 
-# torch.compile cannot trace the value rule's torch band, whose span length is read from r: it calls these ops instead,
-# which run sliding_window_attention eagerly (the backward recomputes the forward and differentiates it)
+# torch.compile cannot trace the value rule's torch band, whose span length is read from r: it calls
+# these ops instead, which run sliding_window_attention eagerly (the backward recomputes the forward
+# and differentiates it)
 
 @torch.library.custom_op("sa::value_band", mutates_args=())
 def _value_band(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, delta: float, pos: torch.Tensor,
@@ -293,11 +322,13 @@ _value_band_backward.register_fake(lambda dy, q, k, v, *_: (torch.empty_like(q),
 _value_band.register_autograd(_value_band_grads, setup_context=_save_value_band)
 
 
-KERNEL_DEVICES = ("cuda",)  # where "auto" may run the kernel (a test adds "cpu": the interpreter plays a GPU)
+# where "auto" may run the kernel (a test adds "cpu": the interpreter plays a GPU)
+KERNEL_DEVICES = ("cuda",)
 TRITON_VERSIONS = ((3, 2), (3, 9))  # Triton minors tested: results/kernel_triton_versions.txt
 
 
-@torch.compiler.assume_constant_result  # decided before tracing: a compiled graph never holds a kernel that refuses
+# decided before tracing: a compiled graph never holds a kernel that refuses
+@torch.compiler.assume_constant_result
 def _kernel_ok(device, dtype, D, rule):
     """Whether "auto" runs the kernel (_refusal); one warning where it failed a check."""
     why = _refusal(device, dtype, D, rule)
@@ -307,8 +338,8 @@ def _kernel_ok(device, dtype, D, rule):
 
 
 def _refusal(device, dtype, D, rule):
-    """None where "auto" runs the kernel (ENGINE's conditions; kernel.check_once checks the GPU, then self-checks at
-    the first use); else "" (not tried), or why not."""
+    """None where "auto" runs the kernel (ENGINE's conditions; kernel.check_once checks the GPU,
+    then self-checks at the first use); else "" (not tried), or why not."""
     if device.type not in KERNEL_DEVICES or not _triton_supported():
         return ""
     import kernel
@@ -317,11 +348,13 @@ def _refusal(device, dtype, D, rule):
     try:
         kernel.check_once(device, dtype, D, rule, VALUE_MARGIN)
     except kernel.CANNOT_RUN as e:
-        return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"  # its message's first line
+        # its message's first line
+        return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"
     return None
 
 
-@torch.compiler.assume_constant_result  # a constant to torch.compile: torch 2.11's Dynamo breaks the graph at find_spec
+# a constant to torch.compile: torch 2.11's Dynamo breaks the graph at find_spec
+@torch.compiler.assume_constant_result
 def _has_triton():
     return importlib.util.find_spec("triton") is not None
 
@@ -339,21 +372,25 @@ def _triton_supported():
 
 
 def engine_line(device, dtype, head_dim, kinds, sa_rule="rank"):
-    """The line train.py, sample.py and eval.py print: what runs the SWA and SA of kinds (a list, or one) in dtype on
-    device. On a GPU, the kernel's checks for each rule run now, before any training."""
+    """The line train.py, sample.py and eval.py print: what runs the SWA and SA of kinds (a list, or
+    one) in dtype on device. On a GPU, the kernel's checks for each rule run now, before any
+    training."""
     q = torch.empty(0, 0, 0, head_dim, device=device, dtype=dtype)
     kinds = {kinds} if isinstance(kinds, str) else set(kinds)
     rules = [r for r, users in (("swa", {"swa", "sa+swa"}), ("sa " + sa_rule, {"sa", "sa+swa"})) if users & kinds]
-    engine, start = _engine(q, None), time.perf_counter()  # None: "torch" or "dense", its errors one line
+    # None: "torch" or "dense", its errors one line
+    engine, start = _engine(q, None), time.perf_counter()
     why = {rule: _refusal(q.device, dtype, head_dim, rule) for rule in rules} if ENGINE == "auto" else {}
-    if not rules or ENGINE not in ("auto", "triton") or "" in why.values():  # "": "auto" did not try the kernel
+    # "": "auto" did not try the kernel
+    if not rules or ENGINE not in ("auto", "triton") or "" in why.values():
         return f"attention: {f'the {engine} engine' if rules else 'no SWA or SA'} on {q.device}"
     if ENGINE == "triton":
         _engine(q, rules[0])  # its one-line refusals, before triton is imported
     import kernel
     if ENGINE == "triton":
         for rule in rules:
-            kernel.check_once(q.device, dtype, head_dim, rule, VALUE_MARGIN)  # raises where the kernel cannot run
+            # raises where the kernel cannot run
+            kernel.check_once(q.device, dtype, head_dim, rule, VALUE_MARGIN)
     failed = {rule: reason for rule, reason in why.items() if reason}
     where = f"{kernel.where(q.device)} {str(dtype)[6:]}"
     if failed:

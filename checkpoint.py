@@ -9,14 +9,14 @@ import socket
 import sys
 import urllib.parse
 import zipfile
-from dataclasses import replace
+from dataclasses import fields, replace
 
 import numpy as np
 import torch
 
 from guards import InputError, check_schema, count, device_problem, file_problem, memory, need, schema_problem
-from model import GPT, GPTConfig, swap_fields
-from prepare_data import META
+from model import GPT, GPTConfig
+from prepare_data import META, get_tokenizer
 
 RNG_BYTES = torch.get_rng_state().numel()  # a CPU generator's state
 SCALER = {"scale": float, "growth_factor": float, "backoff_factor": float, "growth_interval": int,
@@ -99,8 +99,10 @@ def load_checkpoint(path, device="cpu", require=(), resume=None):
     nan = [k for k, v in saved.items() if v.is_floating_point() and not torch.isfinite(v).all()]
     need(not nan, f"{path}: {len(nan)} weights hold NaN or inf (e.g. {nan and nan[0]}): its run diverged; "
          "train again with a lower learning_rate")
-    was = ckpt.get("settings", {})  # fields train.py takes from its settings, GPT-2's init too
-    off = [k for k in (*swap_fields(), "block_size") if k in was and was[k] != getattr(shapes.config, k)]
+    was = ckpt.get("settings", {})
+    # the fields train.py takes from its settings, from GPT-2 too: block_size and the attention's
+    taken = [f.name for f in fields(GPTConfig) if f.name not in BUILT] + ["block_size"]
+    off = [k for k in taken if k in was and was[k] != getattr(shapes.config, k)]
     need(not off, f"{path}: its model_args have {', '.join(f'{k}={getattr(shapes.config, k)!r}' for k in off)}, its "
          f"settings {', '.join(f'{k}={was[k]!r}' for k in off)}: {edited}")
     if resume is not None:
@@ -269,6 +271,9 @@ def read_log(path):
 GPT2_SIZES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
 GPT2_META = {"tokenizer": "gpt2", "vocab_size": 50257, "eot": 50256}  # GPT-2 BPE, as fineweb-edu's meta.json has it
 WEIGHT_FIELDS = ("vocab_size", "n_layer", "n_head", "n_embd", "bias", "pos_emb", "block_size")
+# GPTConfig's fields that no swap changes (model.swapped): the weights' shape, dropout and RoPE, built once; the others
+# are the attention's, a fork's new kind's own setting included
+BUILT = (*WEIGHT_FIELDS, "dropout", "rope_base")
 
 
 def from_gpt2(model_type, override_args=None):
@@ -279,7 +284,7 @@ def from_gpt2(model_type, override_args=None):
     hf = model_type if isinstance(model_type, torch.nn.Module) else hub_model(model_type)
     c, weights = hf.config, hf.state_dict()
     for field, ok in (("activation_function", ("gelu_new", "gelu_pytorch_tanh")), ("layer_norm_epsilon", (1e-5,)),
-                      ("n_inner", (None, 4 * c.n_embd))):  # our Layer must compute exactly what GPT-2's does
+                      ("n_inner", (None, 4 * c.n_embd))):  # our Block must compute exactly what GPT-2's does
         need(getattr(c, field) in ok, f"GPT-2 config {field}={getattr(c, field)!r}: our GPT needs one of {ok}")
     model = GPT(GPTConfig(**{"attn": "full", "dropout": 0.0, **override_args}, block_size=c.n_positions, bias=True,
                           vocab_size=c.vocab_size, n_layer=c.n_layer, n_head=c.n_head, n_embd=c.n_embd,
@@ -309,6 +314,35 @@ def hub_model(name):
         why = "the Hugging Face hub is unreachable and it is not in the local cache" if offline else \
             str(e).splitlines()[0][:200]
         raise InputError(f"--init_from={name}: cannot load it ({why}); go online once, or give a local path") from None
+
+
+def gpt2_tokenizer(name):
+    """(encode, decode) of GPT-2 `name` (a size or a GPT2LMHeadModel's directory): the tokenizer saved in the
+    directory (transformers' files) if any, else tiktoken's gpt2, which needs the network once (then it is cached)."""
+    saved = os.path.isdir(name) and hf_tokenizer(name, required=False)
+    if saved:
+        return lambda s: saved.encode(s, add_special_tokens=False), saved.decode
+    try:
+        return get_tokenizer(GPT2_META, name)
+    except InputError as e:
+        if not os.path.isdir(name):
+            raise
+        raise InputError(f"{e}; or save GPT-2's tokenizer in {name} (tokenizer.save_pretrained)") from None
+
+
+def hf_tokenizer(name, required=True):
+    """transformers' tokenizer of a Hugging Face model (a hub name or a directory). Where the directory holds no
+    tokenizer files, transformers builds one of a single token: an InputError (required), else None."""
+    try:
+        from transformers import AutoTokenizer
+    except ImportError:
+        raise InputError(f"--init_from={name} loads a Hugging Face model: pip install transformers") from None
+    tok = AutoTokenizer.from_pretrained(name)
+    if len(tok) > 1:
+        return tok
+    need(not required, f"--init_from={name}: no tokenizer there (no tokenizer.json, or vocab.json and merges.txt...; "
+         "transformers built one of a single token): save the model's tokenizer in it (tokenizer.save_pretrained)")
+    return None
 
 
 def hub_offline(name):

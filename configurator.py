@@ -2,8 +2,9 @@
 Support, which a first reading skips. nanoGPT's configurator: a script runs `exec(open("configurator.py").read())`
 after its plain globals, which each config file and --key=value then override, left to right, printing what it sets:
     python train.py config/quick.py --attn=swa
-A value must fit its default's type (a None default: its annotation's) and range (guards.SETTINGS), else the script
-ends in one line (guards.one_line), as on any InputError, a config file's error or Ctrl-C.
+A value must fit its type (where the script annotates the setting, as `window: int | None = None`, the annotation's
+first type or None; else its default's type) and its range (guards.SETTINGS); if not, the script ends in one line
+(guards.one_line), as on any InputError, a config file's error or Ctrl-C.
 `setting_names` then names every setting; --help lists them.
 """
 import ast

@@ -23,10 +23,10 @@ import torch.nn.functional as F
 from torch.nn.utils.rnn import pad_sequence
 
 import attention
-from checkpoint import GPT2_META, GPT2_SIZES, from_gpt2, hub_offline, load_checkpoint
+from checkpoint import BUILT, GPT2_META, GPT2_SIZES, from_gpt2, hf_tokenizer, hub_offline, load_checkpoint
 from guards import InputError, count, need, path_problem, setting_problem
-from hf import HFLM
-from model import DTYPES, KINDS, GPTConfig, autocast, swapped
+from hf import HFLM, padded_sa_draws
+from model import ATTNS, DTYPES, GPTConfig, autocast, swapped
 from prepare_data import dataset_dir, get_tokenizer, hf_dataset, load_meta, load_tokens, progress, pyplot
 
 # -----------------------------------------------------------------------------
@@ -38,11 +38,14 @@ split = "val"  # its split (wikitext-103 also has test)
 tasks = ""  # comma list of ppl, lambada, hellaswag, piqa, arc_easy, arc_challenge, winogrande ("" = ppl)
 task_file = ""  # comma list of JSONL files, each a task named after it (no ppl unless in tasks)
 limit = 0  # documents per task, block_size segments for ppl (0 = all)
-attn = ""  # comma list of model.KINDS to swap in ("" = the model's own; --windows: each one-function kind)
-window: int | None = None  # a swap's window (None = the model's own)
+attn = ""  # comma list of kinds to swap in, of model.ATTNS ("" = the model's own; with --windows: SWEEP)
+# A swap's settings, each given to the kinds that read it (READS); a setting that no kind of the run reads is refused
+window: int | None = None  # swa's, sa's and sa+swa's keys per query; MoBA's key budget (None = the model's own)
 windows = ""  # comma list of windows to sweep
-moba_chunk: int | None = None  # MoBA's key chunk (None = window // moba_topk: the window's key budget)
-moba_topk = 4  # MoBA's chunks per query, its own included
+moba_chunk: int | None = None  # MoBA's key chunk (None = window // moba_topk, the window's budget, else the model's)
+moba_topk: int | None = None  # MoBA's chunks per query, its own included (None = the model's own, else 4)
+sa_draw: str | None = None  # SA's draws: "layer" (one per layer) or "head" (per row and head) (None = the model's)
+sa_rule: str | None = None  # SA's rule: "rank" (the paper's) or "value" (None = the model's own)
 seeds = 1  # SA's permutation seeds 0..seeds-1: mean ± std
 block_size: int | None = None  # context length cap (None = the model's own)
 batch_size = 8
@@ -51,11 +54,18 @@ device = "cuda" if torch.cuda.is_available() else "cpu"
 dtype = "bfloat16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "float32"
 json_out = ""  # also write the results to this JSON file
 plot = "sweep.png"  # a sweep's plot; a bare name goes beside --json_out if any, else in out_dir ("" = none)
-for _field in fields(GPTConfig):  # every other kind setting (KINDS rows: sa_draw, sa_rule...), for a swap
-    if _field.name not in globals() and any(_field.name in row.settings for row in KINDS.values()):
+SWAP_SETTINGS = ["window", "moba_chunk", "moba_topk", "sa_draw", "sa_rule"]  # the settings above
+for _field in fields(GPTConfig):  # any other field a swap takes is a fork's new kind's own: a swap setting too
+    if _field.name not in globals() and _field.name not in BUILT:
         globals()[_field.name], __annotations__[_field.name] = None, _field.type | None  # None = the model's own
+        SWAP_SETTINGS.append(_field.name)
 # -----------------------------------------------------------------------------
 DEFAULTS = {k: v for k, v in globals().items() if k[:1].islower() and isinstance(v, (int, float, str, type(None)))}
+SWEEP = ("full", "swa", "sa", "moba")  # what --windows sweeps without --attn: each kind that is one function
+# The swap settings each kind reads (MoBA's window: its key budget, window // moba_topk per chunk); a fork's new kind
+# is given every one, as eval.py cannot tell which it reads
+READS = {"full": (), "swa": ("window",), "sa": ("window", "sa_draw", "sa_rule"),
+         "sa+swa": ("window", "sa_draw", "sa_rule"), "moba": ("window", "moba_chunk", "moba_topk")}
 
 
 def run(settings):
@@ -65,15 +75,16 @@ def run(settings):
     task_list = [load_task_file(f, s["limit"]) for f in files] + [load_task(t, s["limit"]) for t in names]
     lm, trained = load_model(s)
     swaps = plan(lm, kinds, ws, s)
-    print(attention.engine_line(s["device"], DTYPES[s["dtype"]], lm.head_dim, [(w or lm.native)["attn"] for w in swaps],
-                              getattr(lm.model.config, "sa_rule", "rank")))
+    sa_rule = s["sa_rule"] or getattr(lm.model.config, "sa_rule", "rank")  # a Hugging Face model: the rank rule
+    print(attention.engine_line(s["device"], DTYPES[s["dtype"]], lm.head_dim,
+                                [(swap or lm.native)["attn"] for swap in swaps], sa_rule))
     ppl_name, tokens = perplexity_tokens(s, lm, trained) if ppl else (None, None)
     rows, bs = [], s["batch_size"]
     for swap in swaps:
         if swap:
             lm.use(swap)
         label = swap or lm.native
-        for seed in range(s["seeds"] if KINDS[label["attn"]].draws else 1):
+        for seed in range(s["seeds"] if label["attn"] in ("sa", "sa+swa") else 1):  # the kinds with SA's draws
             lm.seed(seed)
             found = {} if tokens is None else {ppl_name: perplexity(lm, tokens, bs, s["limit"])}
             found.update({n: evaluate_task(lm, n, k, docs, bs, s["bootstrap_iters"]) for n, k, docs in task_list})
@@ -116,11 +127,13 @@ def check_settings(s):
         need(unknown is None, f"{name}={s[name]!r}: unknown {unknown!r}: choose from {', '.join(known or ())}")
         return got
     names, files = items("tasks", known=("ppl", *TASKS)), items("task_file")
-    kinds, ws = items("attn", known=tuple(KINDS)), items("windows", int)
+    kinds, ws = items("attn", known=ATTNS), items("windows", int)
     tasks = [t for t in names if t != "ppl"]
     clash = repeat(tasks + [task_name(f) for f in files])  # results are keyed by task name
     need(clash is None, f"task_file={s['task_file']!r}: two tasks are named {clash!r} (a task is named after its file)")
     need(all(w >= 1 for w in ws), f"windows={s['windows']!r}: use integers >= 1")
+    empty = next((n for n in SWAP_SETTINGS if s[n] == ""), None)  # "" is no value: it would be dropped unread
+    need(empty is None, f"{empty}='': give it a value, or leave it out for the model's own")
     if s["window"] is not None:
         need(not ws, "give --window or --windows, not both")
         ws = [s["window"]]
@@ -132,48 +145,75 @@ def check_settings(s):
 
 
 def plan(lm, kinds, ws, s):
-    """[None] (the model as is) or lm.use() kwargs: a kind without settings (full) once, each other per window with
-    the settings of its KINDS row that s gives. Several windows without --attn sweep each one-function kind; an
-    sa+swa model keeps its kind (model.swapped)."""
-    if not kinds and not ws:
-        return [None]
+    """[None] (the model as is) or a list of lm.use() kwargs, one per swap: full once, each other
+    kind once per window, with the settings of s that it reads (READS). Without --attn, several
+    windows sweep SWEEP (an sa+swa model keeps its kind: model.swapped), and any other setting swaps
+    the model's own kind. A setting that no kind of the run reads is refused, and so is --seeds
+    without SA: each would do nothing."""
     native = lm.native["attn"]
-    kinds = kinds or ([k for k, kind in KINDS.items() if kind.fn] if len(ws) > 1 and native != "sa+swa" else [native])
-    if kinds != ["full"] and not ws:
-        need("window" in lm.native, f"--attn={s['attn']} on this model needs --window or --windows")
+    given = [n for n in SWAP_SETTINGS if n != "window" and s[n] is not None] + ["window"] * bool(ws)
+    swap_kinds = kinds or (list(SWEEP) if len(ws) > 1 and native != "sa+swa" else [native])
+    if kinds:
+        where = f"--attn={s['attn']}"
+    elif len(swap_kinds) == 1:
+        where = f"this model's own attention, {native}"
+    else:
+        where = f"the sweep's {', '.join(swap_kinds)}"
+    for n in given:
+        readers = [k for k in ATTNS if n in READS.get(k, SWAP_SETTINGS)]  # a fork's kind: all
+        name, value = ("windows", s["windows"]) if n == "window" and s["windows"] else (n, s[n])
+        need(set(readers) & set(swap_kinds), f"{name}={value!r} does nothing on {where}: drop it, "
+             f"or swap in a kind that reads it (--attn={','.join(readers)})")
+    need(s["seeds"] == 1 or {"sa", "sa+swa"} & set(swap_kinds), f"seeds={s['seeds']} does nothing "
+         f"on {where}: only SA draws; drop it, or swap SA in (--attn=sa)")
+    if not kinds and not given:
+        return [None]
+    if not ws and set(swap_kinds) - {"full", "moba"}:  # swa, sa, sa+swa, a fork's kind: a window
+        need("window" in lm.native, f"--attn={s['attn'] or native} on this model needs --window or "
+             "--windows")
         ws = [lm.native["window"]]
+    own_topk = lm.own.moba_topk if isinstance(lm, OurLM) else GPTConfig.moba_topk  # HF: 4
     swaps = []
-    for k in kinds:
-        own = KINDS[k].settings
-        for w in ws if own else [None]:
-            swap = {"attn": k, **{n: s.get(n) for n in own if s.get(n) is not None}}
-            if own:
+    for k in swap_kinds:
+        reads = READS.get(k, SWAP_SETTINGS)
+        for w in ws if "window" in reads and ws else [None]:  # None: full, or MoBA by its chunk
+            swap = {"attn": k, **{n: s[n] for n in reads if n != "window" and s[n] is not None}}
+            if w is not None:
                 swap["window"] = w
-            if "moba_chunk" in own and s.get("moba_chunk") is None:
-                swap["moba_chunk"] = max(1, w // s["moba_topk"])
+            if k == "moba" and s["moba_chunk"] is None and w is not None:  # w keys, in chunks
+                swap["moba_chunk"] = max(1, w // (s["moba_topk"] or own_topk))
+            need(k != "moba" or "moba_chunk" in swap or isinstance(lm, OurLM), "--attn=moba on "
+                 "this model needs --moba_chunk, --window or --windows")
             swaps.append(swap)
     for swap in swaps if isinstance(lm, OurLM) else []:  # all checked before the first runs
-        swapped(lm.model.config, **swap)
+        swapped(lm.own, **swap)
     return swaps
 
 
 # A model (OurLM; hf.HFLM for transformers) has tok (a Tokenizer), block_size, head_dim, device, native (its own
-# attention), logits(idx, lengths), use(swap), seed(s). lengths (B,): each right-padded row's real tokens, which alone
-# SA permutes: padding never changes a score (batch_size changes SA's draws).
+# attention: its kind, and its window if the kind reads one), logits(idx, lengths), use(swap), seed(s). lengths (B,):
+# each right-padded row's real tokens, which alone SA permutes: padding never changes a score (batch_size changes SA's
+# draws).
 
 class OurLM:  # our GPT: a checkpoint or GPT-2
 
     def __init__(self, model, tok, block_size, device, ctx):
         self.model, self.tok, self.device, self.ctx, c = model.eval(), tok, device, ctx, model.config
         self.block_size, self.head_dim = min(block_size or c.block_size, c.block_size), c.n_embd // c.n_head
-        self.seed = model.seed_sa
-        self.native = {"attn": c.attn, **({"window": c.window} if "window" in KINDS[c.attn].settings else {})}
+        self.seed, self.own = model.seed_sa, c  # own: the model's config, which each swap starts from
+        # swa, sa, sa+swa and a fork's kind read a window; MoBA reads one only to size its chunk
+        self.native = {"attn": c.attn, **({"window": c.window} if c.attn not in ("full", "moba") else {})}
 
     def logits(self, idx, lengths=None):
+        """idx (B, T) -> logits (B, T, vocab); lengths (B,): the real tokens of each right-padded row, which alone
+        SA permutes (hf.padded_sa_draws)."""
+        draws = None if lengths is None else padded_sa_draws(self.model, idx, lengths)
         with self.ctx:
-            return self.model(idx, lengths=lengths)[0]  # (B, T, vocab)
+            return self.model(idx, draws=draws)[0]  # (B, T, vocab)
 
     def use(self, swap):
+        """Swap in swap's kind and settings, the others the model's own (not a former swap's)."""
+        self.model.config = self.own
         self.model.swap_attention(**swap)
 
 
@@ -194,11 +234,8 @@ def load_model(s):
     try:
         if name in GPT2_SIZES:
             return ours(from_gpt2(name).to(dev), GPT2_META, name), {}
-        try:
-            from transformers import AutoModelForCausalLM, AutoTokenizer
-        except ImportError:
-            raise InputError(f"--init_from={name} loads a Hugging Face model: pip install transformers") from None
-        hf_tok = AutoTokenizer.from_pretrained(name)
+        hf_tok = hf_tokenizer(name)  # an InputError without transformers, or where the directory has no tokenizer
+        from transformers import AutoModelForCausalLM
         model = AutoModelForCausalLM.from_pretrained(name, dtype=DTYPES[s["dtype"]]).to(dev)
     except OSError as e:  # not on the hub, not in the cache, or offline
         why = "the Hugging Face hub is unreachable and it is not in the local cache" if offline else \

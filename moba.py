@@ -103,15 +103,6 @@ def _masked(s, mask, finite):
     return s.add_(mask) if finite else s.masked_fill_(mask == NEG, NEG)
 
 
-def _group_forward(qc, kc, vc, mask, finite):
-    """softmax(qc kc^T / sqrt(D) + mask) vc, logsumexp: (m, n, nq, D), (m, n, nq)."""
-    s = _masked((qc @ kc.transpose(-1, -2)).mul_(qc.shape[-1] ** -0.5), mask, finite)  # (m, n, nq, nk)
-    top = s.amax(-1, keepdim=True)  # (m, n, nq, 1): every row sees a key
-    p = s.sub_(top).exp_()  # unnormalised
-    total = p.sum(-1, keepdim=True)
-    return (p @ vc).div_(total), (top + total.log()).squeeze(-1)
-
-
 def _group_backward(doc, qc, kc, vc, lse, rowdot, mask, finite):
     """dq, dk, dv per group, from lse (over the row's groups) and rowdot = rowsum(dO * O), in place."""
     scale = qc.shape[-1] ** -0.5
@@ -131,7 +122,14 @@ def forward(q, k, v, idx, ok, moba_chunk):
     total, out = torch.zeros_like(top), torch.zeros_like(qf)
     finite = bool(kf.sum().isfinite())  # every key; an overflow only costs speed
     for qrows, krows, mask in layout.calls(CALL):  # (m, n, nq), (m, n, nk), (.., nq, nk)
-        o, lse = _group_forward(_gather(qf, qrows), _gather(kf, krows), _gather(vf, krows), mask, finite)
+        qc, kc, vc = _gather(qf, qrows), _gather(kf, krows), _gather(vf, krows)  # (m, n, rows, D)
+        # the group's softmax(qc kc^T / sqrt(D) + mask) @ vc, and its log-sum-exp
+        s = _masked((qc @ kc.transpose(-1, -2)).mul_(qc.shape[-1] ** -0.5), mask, finite)  # (m, n, nq, nk)
+        most = s.amax(-1, keepdim=True)  # (m, n, nq, 1): every row sees a key
+        p = s.sub_(most).exp_()  # unnormalised
+        total_p = p.sum(-1, keepdim=True)
+        o, lse = (p @ vc).div_(total_p), (most + total_p.log()).squeeze(-1)  # (m, n, nq, D), (m, n, nq)
+        # merged into each row's groups so far
         rows, o, lse = qrows.flatten(), o.flatten(0, -2), lse.flatten()  # (n,), (n, D), (n,)
         seen = rows.unique()
         old = top[seen]
@@ -165,12 +163,28 @@ def backward(dout, out, lse, q, k, v, idx, ok, moba_chunk):
     return layout.unflat(dq, q.dtype), layout.unflat(dk, k.dtype), layout.unflat(dv, v.dtype)
 
 
-# forward and backward as registered ops: opaque to torch.compile, so a compiled model has no graph break
-moba = torch.library.custom_op("sa::moba", forward, mutates_args=(),
-                               schema="(Tensor q, Tensor k, Tensor v, Tensor idx, Tensor ok, int moba_chunk) -> (Tensor, Tensor)")
+class MobaAttention(torch.autograd.Function):
+    """forward and backward, for autograd (eager calls; compiled ones call the ops below)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, idx, ok, moba_chunk):
+        out, lse = forward(q, k, v, idx, ok, moba_chunk)
+        ctx.save_for_backward(out, lse, q, k, v, idx, ok)
+        ctx.moba_chunk = moba_chunk
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        return *backward(dout, *ctx.saved_tensors, ctx.moba_chunk), None, None, None
+
+
+# forward and backward as registered ops, opaque to torch.compile: a compiled model has no graph break
+moba = torch.library.custom_op(
+    "sa::moba", forward, mutates_args=(),
+    schema="(Tensor q, Tensor k, Tensor v, Tensor idx, Tensor ok, int moba_chunk) -> (Tensor, Tensor)")
 moba_backward = torch.library.custom_op(
-    "sa::moba_backward", backward, mutates_args=(), schema="(Tensor dout, Tensor out, Tensor lse, Tensor q, Tensor k, "
-    "Tensor v, Tensor idx, Tensor ok, int moba_chunk) -> (Tensor, Tensor, Tensor)")
+    "sa::moba_backward", backward, mutates_args=(), schema="(Tensor dout, Tensor out, Tensor lse, Tensor q, "
+    "Tensor k, Tensor v, Tensor idx, Tensor ok, int moba_chunk) -> (Tensor, Tensor, Tensor)")
 moba.register_fake(lambda q, *_: (q.new_empty(q.shape), q.new_empty(q.shape[:3], dtype=torch.float32)))
 moba_backward.register_fake(lambda dout, out, lse, q, k, v, *_: (q.new_empty(q.shape), k.new_empty(k.shape),
                                                                     v.new_empty(v.shape)))
@@ -181,8 +195,18 @@ def _save(ctx, inputs, output):
     ctx.moba_chunk = inputs[5]
 
 
-moba.register_autograd(lambda ctx, dout, _: (*moba_backward(dout, *ctx.saved_tensors, ctx.moba_chunk), None, None, None),
-                       setup_context=_save)
+def _moba_grads(ctx, dout, _):
+    return *moba_backward(dout, *ctx.saved_tensors, ctx.moba_chunk), None, None, None
+
+
+moba.register_autograd(_moba_grads, setup_context=_save)
+
+
+def run(q, k, v, idx, ok, moba_chunk):
+    """MoBA's output (B, H, T, D): the autograd.Function eagerly, the op compiled."""
+    if torch.compiler.is_compiling():
+        return moba(q, k, v, idx, ok, moba_chunk)[0]
+    return MobaAttention.apply(q, k, v, idx, ok, moba_chunk)
 
 
 def attention(q, k, v, idx, ok, moba_chunk):
@@ -193,8 +217,8 @@ def attention(q, k, v, idx, ok, moba_chunk):
         if q.numel() == 0:  # the empty output, on the autograd graph
             return q.new_zeros(*q.shape[:3], v.shape[3]) + (q.sum() + k.sum() + v.sum())
         if q.device.type != "cpu" or torch.compiler.is_compiling() or bool(v.isfinite().all()):
-            return moba(q, k, v, idx, ok, moba_chunk)[0]
+            return run(q, k, v, idx, ok, moba_chunk)
         bad = ~v.isfinite()  # (B, H, T, D)
         with torch.no_grad():
-            seen = moba(torch.zeros_like(q), torch.zeros_like(k), bad.to(v.dtype), idx, ok, moba_chunk)[0] > 0
-        return moba(q, k, v.masked_fill(bad, 0), idx, ok, moba_chunk)[0].masked_fill(seen, math.nan)  # (B, H, T, D)
+            seen = run(torch.zeros_like(q), torch.zeros_like(k), bad.to(v.dtype), idx, ok, moba_chunk) > 0
+        return run(q, k, v.masked_fill(bad, 0), idx, ok, moba_chunk).masked_fill(seen, math.nan)  # (B, H, T, D)

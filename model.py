@@ -1,14 +1,15 @@
 """
-Read first. nanoGPT's GPT with a switchable attention: GPTConfig.attn picks every layer's kind, "full", "swa", "sa"
-(SWA over a fresh random permutation per layer and forward), "sa+swa" (the paper's gated dual path) or "moba" (the
-baseline). CausalSelfAttention.attend calls each kind's function in attention.py.
+Read first. nanoGPT's GPT with a switchable attention: GPTConfig.attn picks every layer's kind,
+"full", "swa", "sa" (SWA over a fresh random permutation per layer and forward), "sa+swa" (the
+paper's gated dual path) or "moba" (the baseline). CausalSelfAttention.attend calls each kind's
+function in attention.py.
 """
 import math
 import numbers
 import operator
 from collections import OrderedDict
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from typing import List
 
 import torch
@@ -16,11 +17,12 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 import attention
-from guards import InputError, check_count, check_tokens, checked, need
+from guards import InputError, check_tokens, checked, need
 from kv_cache import KVCache, cacheable, use_kv_cache
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-ATTNS = ("full", "swa", "sa", "sa+swa", "moba")  # the kinds: a new one is its function, its branch in attend, its field
+# the kinds: a new one is its function, its branch in attend, its field
+ATTNS = ("full", "swa", "sa", "sa+swa", "moba")
 
 
 class CausalSelfAttention(nn.Module):
@@ -35,8 +37,8 @@ class CausalSelfAttention(nn.Module):
             self.gate = nn.Linear(config.n_embd, 2 * config.n_head, bias=False)
 
     def forward(self, x, rope=None, draw=None, cache=None):
-        """x (B, T, C) -> (B, T, C). rope: (cos, sin) of the T positions; draw: this layer's SA draw; cache: generate's
-        KV cache, which this layer fills (and a decoding step reads)."""
+        """x (B, T, C) -> (B, T, C). rope: (cos, sin) of the T positions; draw: this layer's SA
+        draw; cache: generate's KV cache, which this layer fills (and a decoding step reads)."""
         B, T, C = x.size()
         nh = self.config.n_head
         q, k, v = self.c_attn(x).split(C, dim=2)  # (B, T, C) each
@@ -47,9 +49,12 @@ class CausalSelfAttention(nn.Module):
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         if cache is not None:
             cache.store(self.layer_idx, k, v, draw)
-        if self.config.attn == "sa+swa":  # the paper's gated dual path: Y = sigmoid(x W_sa) Y_sa + sigmoid(x W_swa) Y_swa
+        if self.config.attn == "sa+swa":  # the paper's gated dual path
             g = torch.sigmoid(self.gate(x)).transpose(1, 2).unsqueeze(-1)  # (B, 2 * nh, T, 1)
-            y = g[:, :nh] * self.attend("sa", q, k, v, draw, cache) + g[:, nh:] * self.attend("swa", q, k, v, None, cache)
+            g_sa, g_swa = g[:, :nh], g[:, nh:]  # (B, nh, T, 1) each: a gate per token, head and path
+            y_sa = self.attend("sa", q, k, v, draw, cache)
+            y_swa = self.attend("swa", q, k, v, None, cache)
+            y = g_sa * y_sa + g_swa * y_swa  # Y = sigmoid(x W_sa) * Y_sa + sigmoid(x W_swa) * Y_swa
         else:
             y = self.attend(self.config.attn, q, k, v, draw, cache)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
@@ -58,7 +63,8 @@ class CausalSelfAttention(nn.Module):
     def attend(self, kind, q, k, v, draw, cache=None):
         """q, k, v (B, nh, T, hs) -> y (B, nh, T, hs) by attention `kind`, with its settings."""
         c = self.config
-        if cache is not None and cache.start > 0:  # a decoding step: the new token's query over the KV cache
+        # a decoding step: the new token's query over the KV cache
+        if cache is not None and cache.start > 0:
             return cache.attend(self.layer_idx, q, kind)
         if kind == "full":
             return attention.full_attention(q, k, v)
@@ -102,43 +108,55 @@ class GPTConfig:
     dropout: float = 0.0  # residual and embedding dropout
     bias: bool = False  # biases in Linears and LayerNorms (GPT-2 has them)
     attn: str = "sa+swa"  # the attention: one of ATTNS
-    window: int = 256  # SWA's and SA's keys per query, itself included (SA's value rule: on average, at block_size)
+    # SWA's and SA's keys per query, itself included (SA's value rule: on average, at block_size)
+    window: int = 256
     moba_chunk: int = 64  # MoBA's key chunk (its paper's "block")
     moba_topk: int = 4  # MoBA's chunks per query, its own included
-    sa_draw: str = "layer"  # "layer": one SA draw per layer (the paper); "head": one per layer, batch row and head
-    sa_rule: str = "rank"  # "rank": windows over permuted slots (the paper); "value": a number r per token
+    # "layer": one SA draw per layer (the paper); "head": one per layer, batch row and head
+    sa_draw: str = "layer"
+    # "rank": windows over permuted slots (the paper); "value": a number r per token
+    sa_rule: str = "rank"
     pos_emb: str = "rope"  # "rope" or "learned" (GPT-2's, to load its weights)
     rope_base: float = 10000.0
 
     def __post_init__(self):  # every model's door: each field checked, a bad one named in one line
-        for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd", "window", "moba_chunk", "moba_topk"):
-            setattr(self, name, operator.index(check_count(getattr(self, name), f"GPTConfig.{name}")))
-        for name in ("dropout", "rope_base"):
+        # each integer field (a new kind's too) an integer >= 1, each float field a number
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.type is int:
+                ok = hasattr(value, "__index__") and not isinstance(value, bool) and operator.index(value) >= 1
+                need(ok, f"GPTConfig.{f.name}={value!r} is invalid: must be an integer >= 1")
+                setattr(self, f.name, operator.index(value))  # numpy's integers too
+            if f.type is float:
+                ok = isinstance(value, numbers.Real) and not isinstance(value, bool)
+                need(ok, f"GPTConfig.{f.name}={value!r} is invalid: must be a number")
+                setattr(self, f.name, float(value))
+        need(0 <= self.dropout < 1,  # NaN fails too
+             f"GPTConfig.dropout={self.dropout!r} is invalid: must be in [0, 1)")
+        need(1 < self.rope_base < math.inf,
+             f"GPTConfig.rope_base={self.rope_base!r} is invalid: must be a number > 1 (10000 is usual)")
+        choices = {"attn": ATTNS, "sa_draw": ("layer", "head"), "sa_rule": ("rank", "value"),
+                   "pos_emb": ("rope", "learned"), "bias": (True, False)}
+        for name, allowed in choices.items():
             value = getattr(self, name)
-            need(isinstance(value, numbers.Real) and not isinstance(value, bool), f"GPTConfig.{name}={value!r}: "
-                 "use a number")
-            setattr(self, name, float(value))
-        need(0 <= self.dropout < 1, f"GPTConfig.dropout={self.dropout!r}: use a value in [0, 1)")  # NaN fails too
-        need(1 < self.rope_base < math.inf, f"GPTConfig.rope_base={self.rope_base!r}: use a number > 1 (10000 is usual)")
-        for name, choices in (("attn", ATTNS), ("sa_draw", ("layer", "head")), ("sa_rule", ("rank", "value")),
-                              ("pos_emb", ("rope", "learned"))):
-            need(getattr(self, name) in choices, f"GPTConfig.{name}={getattr(self, name)!r}: use one of {choices}")
-        need(type(self.bias) is bool, f"GPTConfig.bias={self.bias!r}: use True or False")
-        need(self.n_embd % self.n_head == 0, f"GPTConfig.n_embd={self.n_embd}: must be divisible by "
-             f"n_head={self.n_head}")
-        need(self.pos_emb != "rope" or self.n_embd // self.n_head % 2 == 0, f"GPTConfig.n_embd={self.n_embd}: RoPE "
-             "needs an even head size n_embd // n_head")
+            need(value in allowed and type(value) is type(allowed[0]),
+                 f"GPTConfig.{name}={value!r} is invalid: must be one of {allowed}")
+        need(self.n_embd % self.n_head == 0,
+             f"GPTConfig.n_embd={self.n_embd} is invalid: must be divisible by n_head={self.n_head}")
+        need(self.pos_emb != "rope" or self.n_embd // self.n_head % 2 == 0,
+             f"GPTConfig.n_embd={self.n_embd} is invalid: RoPE needs an even head size n_embd // n_head")
 
     @property
     def sa_delta(self):
-        """The value rule's width: a pair meets with probability 2 * delta - delta**2, about the rank rule's at T =
-        block_size; a query sees 1 + (T - 1) * (delta - delta**2 / 2) keys on average."""
+        """The value rule's width: a pair meets with probability 2 * delta - delta**2, about the
+        rank rule's at T = block_size; a query sees 1 + (T - 1) * (delta - delta**2 / 2) keys on
+        average."""
         return self.window / self.block_size
 
     @property
     def cacheable(self):
-        """Whether GPT.generate can decode from an exact KV cache (kv_cache.cacheable): not rank-rule SA, where
-        whether query i sees key j depends on later tokens' slots."""
+        """Whether GPT.generate can decode from an exact KV cache (kv_cache.cacheable): not
+        rank-rule SA, where whether query i sees key j depends on later tokens' slots."""
         return cacheable(self)
 
 
@@ -158,14 +176,17 @@ class GPT(nn.Module):
         else:  # RoPE's angles
             hs = config.n_embd // config.n_head
             inv_freq = 1.0 / config.rope_base ** (torch.arange(0, hs, 2).float() / hs)  # (hs/2,)
-            angles = torch.outer(torch.arange(config.block_size).float(), inv_freq)  # (block_size, hs/2)
+            # (block_size, hs/2)
+            angles = torch.outer(torch.arange(config.block_size).float(), inv_freq)
             self.register_buffer("rope_cos", angles.cos(), persistent=False)
             self.register_buffer("rope_sin", angles.sin(), persistent=False)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.transformer.wte.weight = self.lm_head.weight  # weight tying
-        # SA's own random generator on the CPU (the same draws on any device), its state kept in a tensor that
-        # checkpoints save: sa_draw makes a torch.Generator from it and stores the state it leaves
-        self.sa_state = torch.Generator().manual_seed(sa_seed).get_state()  # (5056,) uint8, not a buffer
+        # SA's own random generator on the CPU (the same draws on any device), its state kept in a
+        # tensor that checkpoints save: sa_draw makes a torch.Generator from it and stores the state
+        # it leaves
+        # (5056,) uint8, not a buffer
+        self.sa_state = torch.Generator().manual_seed(sa_seed).get_state()
         self.apply(self._init_weights)
         for name, p in self.named_parameters():
             if name.endswith("c_proj.weight"):  # GPT-2's scaled init of residual projections
@@ -185,8 +206,9 @@ class GPT(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
     def forward(self, idx, targets=None, cache=None, draws=None):
-        """idx (B, T) -> logits (B, T, vocab), and the loss if targets (-1: ignored). cache: generate's KV cache, which
-        idx continues; draws: one SA draw per layer, instead of fresh ones."""
+        """idx (B, T) -> logits (B, T, vocab), and the loss if targets (-1: ignored). cache:
+        generate's KV cache, which idx continues; draws: one SA draw per layer, instead of fresh
+        ones."""
         check_tokens(idx, self.config, targets, cache, draws)
         B, T = idx.size()
         c = self.config
@@ -194,12 +216,14 @@ class GPT(nn.Module):
         x = self.transformer.wte(idx)  # (B, T, C)
         rope = None
         if c.pos_emb == "learned":
-            x = x + self.transformer.wpe(torch.arange(start, start + T, device=idx.device))  # (B, T, C)
+            # (B, T, C)
+            x = x + self.transformer.wpe(torch.arange(start, start + T, device=idx.device))
         else:
             rope = self.rope_cos[start:start + T], self.rope_sin[start:start + T]  # (T, hs/2) each
         x = self.transformer.drop(x)
-        # SA's draw, fresh per layer and forward: a permutation of the T positions, or one number r per token (the value
-        # rule); (T,), or with sa_draw="head" one per batch row and head, (B, nh, T)
+        # SA's draw, fresh per layer and forward: a permutation of the T positions, or one number r
+        # per token (the value rule); (T,), or with sa_draw="head" one per batch row and head, (B,
+        # nh, T)
         shape = [T] if c.sa_draw == "layer" else [B, c.n_head, T]
         draw = None
         for i, block in enumerate(self.transformer.h):
@@ -214,7 +238,8 @@ class GPT(nn.Module):
         logits = self.lm_head(self.transformer.ln_f(x))  # (B, T, vocab)
         loss = None
         if targets is not None:
-            loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.reshape(-1), ignore_index=-1)
+            logits_2d = logits.view(-1, logits.size(-1)).float()  # (B * T, vocab), fp32 for the loss
+            loss = F.cross_entropy(logits_2d, targets.reshape(-1), ignore_index=-1)
         return logits, loss
 
     def seed_sa(self, seed):
@@ -231,8 +256,8 @@ class GPT(nn.Module):
         return self
 
     def crop_block_size(self, block_size):
-        """nanoGPT's (its from_pretrained is checkpoint.from_gpt2): a loaded model's context cut to block_size;
-        value-rule SA's sa_delta = window / block_size grows by the same factor."""
+        """nanoGPT's (its from_pretrained is checkpoint.from_gpt2): a loaded model's context cut to
+        block_size; value-rule SA's sa_delta = window / block_size grows by the same factor."""
         need(block_size <= self.config.block_size, f"block_size={block_size}: the model holds at most "
              f"{self.config.block_size} positions")
         self.config = replace(self.config, block_size=block_size)
@@ -248,16 +273,19 @@ class GPT(nn.Module):
         decay = [p for p in params if p.dim() >= 2]    # matmul weights and embeddings
         no_decay = [p for p in params if p.dim() < 2]  # biases and LayerNorm gains
         groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-        fused = dict(fused=True) if device_type == "cuda" else {}  # every torch of requirements.txt has it
+        # every torch of requirements.txt has it
+        fused = dict(fused=True) if device_type == "cuda" else {}
         return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, **fused)
 
     def flops_per_token(self, T):
-        """Training FLOPs per token at sequence length T (nanoGPT's count): 6 per weight, plus 12 * n_layer * n_embd
-        per key a query sees, on average over the T queries; None for a kind not counted here."""
+        """Training FLOPs per token at sequence length T (nanoGPT's count): 6 per weight, plus 12 *
+        n_layer * n_embd per key a query sees, on average over the T queries; None for a kind not
+        counted here."""
         c = self.config
         w = min(c.window, T)
         band = w * (2 * T - w + 1) / (2 * T)  # SWA's min(i + 1, w) on average; the rank rule's too
-        value = 1 + (T - 1) * (c.sa_delta - c.sa_delta ** 2 / 2)  # itself, and each earlier key w.p. 2 delta - delta^2
+        # itself, and each earlier key w.p. 2 delta - delta^2
+        value = 1 + (T - 1) * (c.sa_delta - c.sa_delta ** 2 / 2)
         sa = value if c.sa_rule == "value" else band
         if c.attn == "full":
             keys = (T + 1) / 2
@@ -267,7 +295,8 @@ class GPT(nn.Module):
             keys = sa
         elif c.attn == "sa+swa":
             keys = band + sa
-        elif c.attn == "moba":  # its own chunk up to itself, and up to moba_topk - 1 whole past chunks
+        # its own chunk up to itself, and up to moba_topk - 1 whole past chunks
+        elif c.attn == "moba":
             m = min(c.moba_chunk, T)
             keys = sum(i % m + 1 + min(c.moba_topk - 1, i // m) * m for i in range(T)) / T
         else:
@@ -281,15 +310,16 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True):
-        """Append max_new_tokens sampled tokens to idx (B, T); temperature=0: greedy. use_cache: decode from a KVCache
-        where the model allows, refilled from the last block_size // 2 tokens when full; else each step recomputes the
-        last block_size tokens (nanoGPT)."""
+        """Append max_new_tokens sampled tokens to idx (B, T); temperature=0: greedy. use_cache:
+        decode from a KVCache where the model allows, refilled from the last block_size // 2 tokens
+        when full; else each step recomputes the last block_size tokens (nanoGPT)."""
         c = self.config
         check_tokens(idx, c, sampling=(max_new_tokens, temperature, top_k))
         use_cache = use_kv_cache(c, use_cache)
         cache = None
         for _ in range(max_new_tokens):
-            if use_cache and (cache is None or cache.start == c.block_size):  # the prompt, or a full cache
+            # the prompt, or a full cache
+            if use_cache and (cache is None or cache.start == c.block_size):
                 keep = c.block_size if cache is None else max(1, c.block_size // 2)
                 cache = KVCache(c)
                 logits, _ = self(idx[:, -keep:], cache=cache)
@@ -321,9 +351,10 @@ def apply_rope(x, cos, sin):
 
 
 def sa_draw(state: torch.Tensor, shape: List[int], value: bool, device: torch.device) -> torch.Tensor:
-    """SA's draw of the given shape, (T,) or (B, nh, T), on device: a random permutation of range(T) in each row, or
-    (value) numbers r in [0, 1), from the CPU generator whose state is `state`, advanced in place. Marked as checked:
-    attention.py need not read it back from a GPU to check it."""
+    """SA's draw of the given shape, (T,) or (B, nh, T), on device: a random permutation of range(T)
+    in each row, or (value) numbers r in [0, 1), from the CPU generator whose state is `state`,
+    advanced in place. Marked as checked: attention.py need not read it back from a GPU to check it.
+    """
     g = torch.Generator().set_state(state)
     if value:
         draw = torch.rand(shape, generator=g)
@@ -337,18 +368,21 @@ def sa_draw(state: torch.Tensor, shape: List[int], value: bool, device: torch.de
     return checked(draw.to(device, non_blocking=True))
 
 
-# torch.compile cannot trace a torch.Generator: it calls sa_draw as this op, whose body it leaves alone
+# torch.compile cannot trace a torch.Generator: it calls sa_draw as this op, whose body it leaves
+# alone
 sa_draw_op = torch.library.custom_op("sa::draw", sa_draw, mutates_args=("state",))
 sa_draw_op.register_fake(lambda state, shape, value, device: torch.empty(
     shape, dtype=torch.float if value else torch.long, device=device))
 
 
-SWAPPABLE = ("attn", "window", "moba_chunk", "moba_topk", "sa_draw", "sa_rule")  # the attention's settings
+# the attention's settings
+SWAPPABLE = ("attn", "window", "moba_chunk", "moba_topk", "sa_draw", "sa_rule")
 
 
 def swapped(config, **changes):
-    """config with changes (GPT.swap_attention): the attention's settings, and any field GPTConfig has beyond
-    GPT-2's shape (a new kind's); not dropout or RoPE, built once. InputError where the weights cannot swap."""
+    """config with changes (GPT.swap_attention): the attention's settings, and any field GPTConfig
+    has beyond GPT-2's shape (a new kind's); not dropout or RoPE, built once. InputError where the
+    weights cannot swap."""
     built = ("block_size", "vocab_size", "n_layer", "n_head", "n_embd", "dropout", "bias", "pos_emb", "rope_base")
     other = sorted(set(changes) & set(built) | set(changes) - set(asdict(config)))
     need(not other, f"swap_attention changes the attention ({', '.join(SWAPPABLE)}), not {', '.join(other)}")

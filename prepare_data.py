@@ -42,7 +42,14 @@ hf_max_docs = 0  # fineweb-edu: documents read, val's included (0: all, ~10B tok
 hf_val_docs = 5000  # fineweb-edu: the first documents, as val
 # -----------------------------------------------------------------------------
 
-DATASETS = ("pystdlib", "mqar", "shakespeare_char", "fineweb-edu", "wikitext-103")
+# Each named dataset and how it is written into data_dir from this script's settings s: a new one is a line here
+DATASETS = {
+    "pystdlib": lambda data_dir, s: prepare_pystdlib(data_dir, s["val_fraction"]),
+    "mqar": lambda data_dir, s: prepare_mqar(data_dir, **{k[5:]: s[k] for k in s if k.startswith("mqar_")}),
+    "shakespeare_char": lambda data_dir, s: prepare_shakespeare_char(data_dir, s["val_fraction"]),
+    "fineweb-edu": lambda data_dir, s: prepare_fineweb_edu(data_dir, s["hf_max_docs"], s["hf_val_docs"]),
+    "wikitext-103": lambda data_dir, s: prepare_wikitext_103(data_dir),
+}
 EXCLUDED_DIRS = {"test", "tests", "idle_test", "site-packages", "dist-packages"}  # not in pystdlib
 SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 
@@ -146,26 +153,6 @@ def load_data(data_dir, block_size, copy_task=False):
     need(T <= block_size, f"block_size={block_size} is smaller than the MQAR sequences: use --block_size={T}")
     least = T + ("mqar" not in meta)  # text: a sequence and its next token; MQAR: whole sequences
     return meta, {split: load_tokens(data_dir, split, meta, least) for split in ("train", "val")}, T
-
-
-def random_batch(tokens, meta, B, T, gen, train, copy_task=False):
-    """B random sequences from torch generator gen, (x, y) int64 numpy (B, T), y shifted one on: text; the copy task's
-    passage of T/2 tokens twice (y's last -1). MQAR's: y the answers (-1 elsewhere), fresh when training."""
-    import torch
-    if "mqar" in meta and train:
-        return mqar_batch(np.random.default_rng(torch.randint(2**62, (), generator=gen).item()), B, meta)
-    n = T // 2 if copy_task else T  # tokens read per sequence
-    if "mqar" in meta:  # whole sequences
-        ix = torch.randint(len(tokens) // T, (B,), generator=gen).numpy() * T
-    else:
-        ix = torch.randint(len(tokens) - n, (B,), generator=gen).numpy()
-    x = np.stack([tokens[i:i + n] for i in ix]).astype(np.int64)  # (B, n)
-    if "mqar" in meta:
-        return x, mqar_targets(x, meta)
-    if copy_task:
-        x = np.concatenate([x, x], 1)  # (B, T)
-        return x, np.concatenate([x[:, 1:], np.full((B, 1), -1)], 1)  # (B, T)
-    return x, np.stack([tokens[i + 1:i + 1 + T] for i in ix]).astype(np.int64)  # (B, T)
 
 
 def task_metrics(logits, y, meta, copy_task=False):
@@ -509,15 +496,7 @@ if __name__ == "__main__":
             adopt_nanogpt(data_dir, tokenizer)
         elif input_file:
             prepare_text(data_dir, input_file, tokenizer, val_fraction)
-        elif name == "pystdlib":
-            prepare_pystdlib(data_dir, val_fraction)
-        elif name == "mqar":
-            prepare_mqar(data_dir, **{k[5:]: globals()[k] for k in setting_names if k.startswith("mqar_")})
-        elif name == "shakespeare_char":
-            prepare_shakespeare_char(data_dir, val_fraction)
-        elif name == "fineweb-edu":
-            prepare_fineweb_edu(data_dir, hf_max_docs, hf_val_docs)
         else:
-            prepare_wikitext_103(data_dir)
+            DATASETS[name](data_dir, {k: globals()[k] for k in setting_names})
     except OSError as e:
         sys.exit(f"cannot write {e.filename or data_dir}: {e.strerror or e}")

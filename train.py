@@ -22,7 +22,7 @@ import math
 import os
 import time
 from collections import Counter
-from dataclasses import asdict, fields
+from dataclasses import fields
 
 import numpy as np
 import torch
@@ -32,8 +32,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import attention
 from checkpoint import RunDir, from_gpt2, load_checkpoint, restore, rng_states
 from guards import check_memory, need
-from model import DTYPES, GPT, GPTConfig, autocast, swap_fields
-from prepare_data import dataset_dir, load_data, random_batch, task_metrics
+from model import DTYPES, GPT, SWAPPABLE, GPTConfig, autocast
+from prepare_data import dataset_dir, load_data, mqar_batch, mqar_targets, task_metrics
 
 # -----------------------------------------------------------------------------
 # Defaults: a GPT-2-small-sized (124M) SA+SWA model on FineWeb-Edu, 5000 iterations of 0.5M tokens (2.6B); its peak
@@ -47,8 +47,20 @@ eval_only = False  # evaluate once and exit
 always_save_checkpoint = True  # save at every eval; False: only when val loss improves
 init_from = "scratch"  # "scratch", "resume" (out_dir/ckpt.pt), "gpt2" ... "gpt2-xl", or a GPT2LMHeadModel's directory
 overwrite = False  # True: a new run's first checkpoint replaces out_dir's ckpt.pt
-# model: each GPTConfig field is a setting (n_layer, attn, window...: see model.py); block_size is under data
-globals().update(asdict(GPTConfig()))
+# model (GPTConfig: model.py)
+n_layer = 12
+n_head = 12
+n_embd = 768
+dropout = 0.0  # residual and embedding dropout
+bias = False  # biases in Linears and LayerNorms (GPT-2 has them)
+attn = "sa+swa"  # the attention: full, swa, sa, sa+swa (the paper's gated SA and SWA) or moba
+window = 256  # SWA's and SA's keys per query, itself included
+sa_draw = "layer"  # "layer": one SA permutation per layer and forward (the paper's); "head": one per row and head
+sa_rule = "rank"  # "rank": SWA over the permuted order (the paper's); "value": a number r per token (see model.py)
+moba_chunk = 64  # MoBA's key chunk (its paper's "block")
+moba_topk = 4  # MoBA's chunks per query, its own included
+pos_emb = "rope"  # "rope", or "learned" (GPT-2's, to load its weights)
+rope_base = 10000.0
 vocab_size = 0  # 0: the data's, padded up to a multiple of 64
 # data
 dataset = "fineweb-edu"  # data_root/<dataset>/ from prepare_data.py
@@ -76,6 +88,8 @@ compile: bool | None = None  # torch.compile; None: on CUDA only (the CPU is slo
 attn_engine = "auto"  # attention.ENGINE: auto, torch, triton or dense
 backend = ""  # DDP's: "" = nccl on CUDA, gloo on the CPU
 seed = 1337
+# a GPTConfig field not written out above (a new attention's own setting) is a setting too, at its default
+globals().update({f.name: f.default for f in fields(GPTConfig) if f.name not in globals()})
 # -----------------------------------------------------------------------------
 exec(open("configurator.py").read())  # overrides from config files and --key=value, each checked
 settings = {k: globals()[k] for k in setting_names}  # every setting, for logs and checkpoints
@@ -112,10 +126,29 @@ if "mqar" in meta and config.attn == "swa" and config.n_layer * (config.window -
 
 
 def get_batch(split, gen):
-    """batch_size random sequences x, y (B, T) from generator gen: text, copy or MQAR (random_batch)."""
-    x, y = map(torch.from_numpy, random_batch(data[split], meta, batch_size, T, gen, split == "train", copy_task))
-    if device_type == "cuda":
-        x, y = (t.pin_memory().to(device, non_blocking=True) for t in (x, y))
+    """batch_size random sequences x, y (B, T) of split's tokens, from the torch generator gen; y is x shifted by one.
+    The copy task: a passage of T/2 tokens, twice (y's last -1). MQAR: whole sequences, y their answers (-1 elsewhere),
+    and fresh ones when training (prepare_data.mqar_batch)."""
+    tokens, B = data[split], batch_size
+    if "mqar" in meta and split == "train":
+        x, y = mqar_batch(np.random.default_rng(torch.randint(2**62, (), generator=gen).item()), B, meta)
+    else:
+        n = T // 2 if copy_task else T  # tokens read per sequence
+        if "mqar" in meta:  # whole sequences
+            ix = torch.randint(len(tokens) // T, (B,), generator=gen).numpy() * T
+        else:
+            ix = torch.randint(len(tokens) - n, (B,), generator=gen).numpy()
+        x = np.stack([tokens[i:i + n] for i in ix]).astype(np.int64)  # (B, n)
+        if "mqar" in meta:
+            y = mqar_targets(x, meta)
+        elif copy_task:
+            x = np.concatenate([x, x], 1)  # (B, T)
+            y = np.concatenate([x[:, 1:], np.full((B, 1), -1)], 1)  # (B, T)
+        else:
+            y = np.stack([tokens[i + 1:i + 1 + T] for i in ix]).astype(np.int64)  # (B, T)
+    x, y = torch.from_numpy(x), torch.from_numpy(y)
+    if device_type == "cuda":  # pinned, the copy does not wait for the GPU
+        x, y = x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
     return x, y
 
 
@@ -134,7 +167,7 @@ elif init_from == "resume":  # the checkpoint's model settings and tokenizer mus
     model, ckpt = load_checkpoint(ckpt_path, resume=(settings, meta))
     iter_num, best_val_loss = ckpt["iter_num"], ckpt["best_val_loss"]
 else:  # GPT-2's weights with this run's attention (its swap), to fine-tune
-    model = from_gpt2(init_from, {k: settings[k] for k in (*swap_fields(), "dropout")})
+    model = from_gpt2(init_from, {k: settings[k] for k in (*SWAPPABLE, "dropout")})
     model.crop_block_size(block_size)
     need(meta["vocab_size"] <= model.config.vocab_size, f"init_from={init_from!r} reads {model.config.vocab_size} "
          f"token ids, fewer than {data_dir}'s {meta['vocab_size']}: prepare the data with its tokenizer (gpt2)")

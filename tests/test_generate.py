@@ -11,7 +11,7 @@ import attention
 import model as M
 from kv_cache import KVCache, use_kv_cache
 from checkpoint import save_checkpoint
-from model import GPT, KINDS, GPTConfig
+from model import GPT, GPTConfig
 from test_attention import MaxNumel
 
 # lengths that are no multiple of the window (7) or the MoBA chunk (8)
@@ -159,32 +159,15 @@ def test_value_sa_decode_reads_o_window_keys(attn, monkeypatch):
 
 
 def test_the_cache_message_names_what_keeps_a_kind_from_a_cache(monkeypatch, capsys):
-    """A kind whose KINDS row has no cache rule: the messages spoke of its sa_rule, which has nothing to do with it."""
-    monkeypatch.setitem(KINDS, "dilated", KINDS["swa"]._replace(kv_layout=lambda c: None))
+    """A kind with no cache branch in kv_cache.py (a fork's): the messages spoke of its sa_rule, which has nothing to
+    do with it."""
+    monkeypatch.setattr(M, "ATTNS", M.ATTNS + ("dilated",))
     for attn, named in (("dilated", "attn='dilated'"), ("sa", "attn='sa' with sa_rule='rank'")):
         config = tiny(attn).config
         assert use_kv_cache(config, True) is False
         assert capsys.readouterr().err.startswith(f"{named} cannot be decoded from a KV cache")
         with pytest.raises(ValueError, match=f"a KV cache takes a cacheable model, not {named}$"):
             KVCache(config)
-
-
-def test_a_new_kind_decodes_by_its_own_function_or_is_refused(monkeypatch):
-    """A fork's kind names a KV-cache layout in its KINDS row. "prefix" decodes any kind without SA's draws exactly:
-    its own function over the keys held. "window" decoded a new kind as plain SWA, silently, and a layout kv_cache.py
-    lacks was a KeyError in it: both are one line now, from GPTConfig, as "prefix" with draws is."""
-    def half(q, k, v, window):  # SWA at half the window: "window" would decode twice its keys
-        return attention.sliding_window_attention(q, k, v, max(1, window // 2))
-    for layout, draws, problem in (("window", False, "attn='half': the KV-cache layout 'window' decodes swa alone"),
-                                   ("ring", False, "attn='half': its KINDS row names the KV-cache layout 'ring', not"),
-                                   ("prefix", True, "'prefix' decodes kinds without SA draws alone")):
-        row = M.Kind(half, ("window",), {"window": M.POSITIVE}, lambda c, T: T, lambda c: layout, draws=draws)
-        monkeypatch.setitem(M.KINDS, "half", row)
-        with pytest.raises(ValueError, match=problem):
-            tiny("half")
-    monkeypatch.setitem(M.KINDS, "half", row._replace(draws=False))
-    assert tiny("half").config.kv_layout() == "prefix"
-    test_cached_logits_equal_one_full_forward("half", {})
 
 
 @pytest.mark.parametrize("attn", ["sa", "sa+swa"])
@@ -208,9 +191,9 @@ def test_sa_cannot_be_cached_says_so_and_recomputes(attn, capsys):
 # -----------------------------------------------------------------------------
 # mixed precision (issue 21 section 1): every kind, both SA rules and both sa_draw modes
 
-EVERY_KIND = [(attn, {}) for attn, row in M.KINDS.items() if not row.draws] + [
-    (attn, dict(sa_rule=rule, sa_draw=perm)) for attn, row in M.KINDS.items() if row.draws
-    for rule in row.settings["sa_rule"] for perm in row.settings["sa_draw"]]
+EVERY_KIND = [(attn, {}) for attn in ("full", "swa", "moba")] + [
+    (attn, dict(sa_rule=rule, sa_draw=draw)) for attn in ("sa", "sa+swa") for rule in ("rank", "value")
+    for draw in ("layer", "head")]
 CACHEABLE = [(attn, kw) for attn, kw in EVERY_KIND if GPTConfig(attn=attn, **kw).cacheable]
 
 

@@ -549,7 +549,7 @@ def test_settings_are_checked_before_any_data_is_read(root, tmp_path, monkeypatc
     assert not out.exists()
 
 
-DILATED = [  # issue 56's example, a kind with a setting of its own: (file, the line it follows, "" = the end; text)
+DILATED = [  # a kind with a setting of its own: (file, the line it follows, "" = the end; text)
     ("attention.py", "", """
 def dilated_window_attention(q, k, v, window, dilation):
     \"\"\"SWA over every dilation-th key: query i sees i, i - dilation, ..., window keys in all.\"\"\"
@@ -557,19 +557,20 @@ def dilated_window_attention(q, k, v, window, dilation):
     gap = i[:, None] - i[None, :]  # (T, T)
     return masked_attention(q, k, v, (gap >= 0) & (gap % dilation == 0) & (gap < window * dilation))
 """),
-    ("model.py", "KINDS = {\n", """\
-    "dilated": Kind(attention.dilated_window_attention, ("window", "dilation"), {"window": POSITIVE, "dilation": POSITIVE},
-                    lambda c, T: min(c.window, T), lambda c: "prefix"),
+    ("model.py", '        if kind == "moba":\n            return attention.moba_attention(q, k, v, c.moba_chunk, c.moba_topk)\n',
+     """        if kind == "dilated":
+            return attention.dilated_window_attention(q, k, v, c.window, c.dilation)
 """),
+    ("model.py", 'ATTNS = ("full", "swa", "sa", "sa+swa", "moba"', ', "dilated"'),
     ("model.py", "    rope_base: float = 10000.0\n", "    dilation: int = 2  # the dilated window's step between keys\n"),
 ]
 
 
-def test_a_kind_with_its_own_setting_is_three_places(root, tmp_path):
-    """Issue 56: a dilated window is its function in attention.py, its row in model.KINDS and its GPTConfig field,
-    written into a copy of the repo (it took 8-9 places). Then train.py trains it with --dilation (a bad one: one
-    line), sample.py decodes it from the KV cache, and eval.py swaps it in at another dilation (1, with a window of
-    block_size: full attention's perplexity)."""
+def test_a_kind_with_its_own_setting_is_three_edits(root, tmp_path):
+    """A dilated window is its function in attention.py, its branch in model.py (CausalSelfAttention.attend, and its
+    name in ATTNS) and its GPTConfig field, written into a copy of the repo. Then train.py trains it with --dilation
+    (a bad one: one line), sample.py samples it (no KV cache: it recomputes the prefix) and eval.py swaps it in at
+    another dilation (1, with a window of block_size: full attention's perplexity)."""
     repo = tmp_path / "repo"
     repo.mkdir()
     for name in os.listdir(REPO):
@@ -590,8 +591,9 @@ def test_a_kind_with_its_own_setting_is_three_places(root, tmp_path):
                "--eval_interval=4", f"--out_dir={out}")
     assert r.returncode == 0, r.stderr[-3000:]
     assert load(out)["model_args"]["dilation"] == 3 and load(out)["iter_num"] == 4
-    r = script("sample.py", f"--out_dir={out}", "--max_new_tokens=40", "--num_samples=1")
-    assert r.returncode == 0 and "KV cache" not in r.stderr and r.stdout.count("---------------") == 1, r.stderr
+    r = script("sample.py", f"--out_dir={out}", "--max_new_tokens=40", "--num_samples=1", "--dilation=2")
+    assert r.returncode == 0 and "recomputes the prefix" in r.stderr and r.stdout.count("---------------") == 1, \
+        r.stderr
     r = script("eval.py", f"--out_dir={out}", "--limit=2", "--attn=full,dilated", "--window=64", "--dilation=1",
                f"--json_out={tmp_path / 'eval.json'}")
     assert r.returncode == 0, r.stderr[-3000:]
