@@ -118,6 +118,13 @@ def write_json(obj, path):
         f.write(to_json(obj) + "\n")
 
 
+def seeds_where(seeds, flags):
+    """The seeds whose flag is set: 'every seed', 'seed 2 only', 'seeds 0 and 2 only' or 'no seed'."""
+    hit = [str(s) for s, f in zip(seeds, flags) if f]
+    return "every seed" if len(hit) == len(flags) else \
+        f"seed{'s' * (len(hit) > 1)} {' and '.join(hit)} only" if hit else "no seed"
+
+
 def mean_std(xs):
     return f"{statistics.mean(xs):.3f}" + (f" ± {statistics.stdev(xs):.3f}" if len(xs) > 1 else "")
 

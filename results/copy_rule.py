@@ -36,12 +36,10 @@ def copy_reading(verdict, R, R_prime):
     return None
 
 
-def paying_seeds(seeds, first_gap):
-    """Who pays a cost in local modelling, SA+SWA's first half above SWA's by more than the rule's 0.02: "every seed",
-    "seed 2 only", "seeds 0 and 2 only" or "no seed". Said beside the pre-registered wording, never inside it."""
-    paying = [str(s) for s, gap in zip(seeds, first_gap) if gap > 0.02]
-    return "every seed" if len(paying) == len(seeds) else \
-        f"seed{'s' * (len(paying) > 1)} {' and '.join(paying)} only" if paying else "no seed"
+def above_bound(first_gap):
+    """Per seed, whether SA+SWA's first half is above SWA's by more than the rule's 0.02: who pays a cost in local
+    modelling. The write-up says it beside the pre-registered wording, never inside it."""
+    return [gap > 0.02 for gap in first_gap]
 
 
 def window_verdicts(rows, setup):

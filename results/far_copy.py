@@ -12,8 +12,8 @@ import sys
 
 import common
 import copy_paths
-from common import evals, finished, mean_std, train_all, wall_and_resumes
-from copy_rule import long_verdict, paying_seeds, swap_verdict_of, window_verdicts
+from common import evals, finished, mean_std, seeds_where, train_all, wall_and_resumes
+from copy_rule import above_bound, long_verdict, swap_verdict_of, window_verdicts
 from lm import CONTEXT, SWAP_KINDS, copy_distance, lm_val, moba_budget, nll, swapped_nll, visible_keys
 from provenance import stamp
 
@@ -343,7 +343,7 @@ def summary(doc):
     lines += ["", "| window (w/T) | verdict (claim 5's mechanism) | R per seed | R' per seed "
               "| SA+SWA's first half − SWA's (the rule's bound: 0.02) | above the bound in |", "|---" * 6 + "|"]
     lines += [f"| {w} (1/{T // int(w)}) | {label(v)} | {three(v['R'], 2) or '-'} | {three(v['R_prime'], 2) or '-'} | "
-              f"{three(v['first_gap'], sign='+') or '-'} | {paying_seeds(c['seeds'], v['first_gap'])} |"
+              f"{three(v['first_gap'], sign='+') or '-'} | {seeds_where(c['seeds'], above_bound(v['first_gap']))} |"
               for w, v in doc["verdicts"].items()]
     for r in (r for r in rows if "reproduces_committed" in r):  # retrained for the split where checkpoints were lost
         if r["reproduces_committed"]:
@@ -387,14 +387,14 @@ def long_summary(doc):
         swa_copied = [x + y for x, y in zip(a["copied"], a["advantage"])]
         lines.append(f"| {it:,} | {three(a['copied'])} | {three(a['first'])} | {three(swa_copied)} | "
                      f"{three(a['swa_first'])} | {three(a['advantage'])} | {three(a['R'], 2)} | "
-                     f"{three(a['R_prime'], 2)} | {label(a)} | {paying_seeds(seeds, a['first_gap'])} |")
+                     f"{three(a['R_prime'], 2)} | {label(a)} | {seeds_where(seeds, above_bound(a['first_gap']))} |")
     gains = [a - b for a, b in zip(at[v["iters"]]["advantage"], v["advantage_4k_committed"])]
     lines += ["", f"copy advantage of the committed 4,000-iteration runs: {three(v['advantage_4k_committed'])}; at "
               f"{v['iters']:,}: {three(at[v['iters']]['advantage'])}; gain {three(gains, sign='+')}",
               f"SA+SWA's first half minus SWA's at {v['iters']:,}: {three(v['first_gap'], sign='+')}",
               f"the question, per seed: {', '.join(v['answers'])}; over all seeds: **{v['answer']}**",
               f"the rule at {v['iters']:,}: {label(v)}; first half above SWA's + 0.02 in "
-              f"{paying_seeds(seeds, v['first_gap'])}"]
+              f"{seeds_where(seeds, above_bound(v['first_gap']))}"]
     run = {(r["attn"], r["window"], r["seed"], r["iters"]): r for r in doc["runs"] + doc["long_runs"]
            if r["task"] == "copy" and r.get("sa_perm", "head") == "head"}
     swa = [(run["swa", v["window"], s, v["iters"]], run["swa", v["window"], s, c["copy_iters"]]) for s in seeds]

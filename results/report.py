@@ -27,6 +27,8 @@ import lm  # noqa: E402
 import recall  # noqa: E402
 import receptive_field as rf  # noqa: E402
 import rules  # noqa: E402
+from common import seeds_where  # noqa: E402
+from copy_rule import above_bound  # noqa: E402
 
 # -----------------------------------------------------------------------------
 check = False           # only compare: exit status 1 if a file differs from its rendering
@@ -62,13 +64,6 @@ def by_verdict(pairs):
     for verdict, where in pairs:
         places.setdefault(verdict, []).append(where)
     return ", ".join(f"{v} at {' and '.join(ps)}" for v, ps in places.items())
-
-
-def seeds_where(seeds, flags):
-    """'every seed', 'seed 2 only', 'seeds 1 and 2 only' or 'no seed'."""
-    hit = [str(s) for s, f in zip(seeds, flags) if f]
-    return "every seed" if len(hit) == len(flags) else \
-        f"seed{'s' * (len(hit) > 1)} {' and '.join(hit)} only" if hit else "no seed"
 
 
 # ----------------------------------------------------------------------------- summary.md
@@ -130,9 +125,9 @@ def coverage_claim(d):
     ns, ws = sorted({n for _, n in grid}), sorted({w for w, _ in grid})
     bi_, both_, exact = span(bi, "{:g}".format), span(both, "{:g}".format), span([r["swa_exact"] for r in swa], str)
     glance = f"layers to connect every pair: bidirectional SA {bi_}, causal SA+SWA {both_}; SWA {exact} (closed form)"
-    bullet = (f"**Coverage in O(log_w n) layers**: {verdict}. Exact graphs, n = {ns[0]}…{ns[-1]}, w = "
-              f"{', '.join(map(str, ws))}: bidirectional SA connects all pairs in {bi_} layers, causal SA+SWA {both_}; "
-              f"SWA ⌈(n−1)/(w−1)⌉ = {exact} (simulated to {cap} layers: {seq([s[2] for s in simulated], str)}).")
+    bullet = (f"**Coverage in O(log_w n) layers**: {verdict}. Layers to connect all pairs, n = {ns[0]}…{ns[-1]}, w = "
+              f"{', '.join(map(str, ws))}: bidirectional SA {bi_}, causal SA+SWA {both_}, SWA ⌈(n−1)/(w−1)⌉ = {exact} "
+              f"(closed form; simulated if ≤ {cap}: {seq(sorted({s[2] for s in simulated}), str)}).")
     table = ["| n | w | log_w n | bidirectional SA | causal SA+SWA | causal SA | SWA, simulated "
              "| SWA, ⌈(n−1)/(w−1)⌉ |", "|---" * 8 + "|"]
     for w, n in grid:
@@ -199,7 +194,7 @@ def decisive_claim(d):
     runs = lambda P, c: [r for r in doc["runs"] if (str(r["P"]), r["cell"]) == (P, c)]  # noqa: E731
     sa, full = [r["val_acc"] for r in runs("4", "sa+swa")], [r["val_acc"] for r in runs("4", "full")]
     below = max(sa) < min(full)
-    ceiling = doc["predicted"]["P4/sa+swa"]["ceiling"]
+    ceiling, setup = doc["predicted"]["P4/sa+swa"]["ceiling"], doc["setup"]
     verdict = f"**{doc['overall']}**"
     glance = (f"P=4: SA+SWA {seq(sa)}; full attention {seq(full)}; SWA "
               f"{seq(r['val_acc'] for r in runs('4', 'swa'))}")
@@ -224,6 +219,9 @@ def decisive_claim(d):
             [r["seed"] for r in runs("4", "sa+swa")], [a > ceiling for a in sa]) + ". r counts only reads of the value "
         "token itself, not reads that reach its binding another way (through a token that read it at layer 1), so r "
         "is a lower bound on what SA+SWA can retrieve, not a ceiling.",
+        f"- The retrievable column against its closed form 1 − (1 − p)^((L−1)·H): "
+        f"{doc['predicted']['P4/sa+swa']['retrievable']:.3f} (P=4) and {doc['predicted']['P1/sa+swa']['retrievable']:.3f} "
+        f"(P=1) against {recall.retrievable_formula(64, setup['window'], setup['n_layer'], setup['n_head'])[0]:.3f}.",
         f"- MoBA, beside the rule, one seed: {seq(r['val_acc'] for r in moba)}, val loss "
         f"{seq(r['val_loss'] for r in moba)} (ln 4 = {math.log(4):.3f}).",
         f"- The control at 4 layers (hand-run probes, mqar_probes.json): full attention "
@@ -306,8 +304,8 @@ def copy_claim(d):
         f"1/{T // c['window']} included, where it does not copy ({seq(gap32, signed)}): the cost in local modelling "
         "is not shown to come from copying.",
         f"- At 1/{T // c['wide']} after {c['copy_iters']:,} iterations the first half is above SWA's by more than the "
-        f"rule's 0.02 in {seeds_where(S, [g > 0.02 for g in wide['first_gap']])}; after {long['iters']:,} in "
-        f"{seeds_where(S, [g > 0.02 for g in long['first_gap']])} ({seq(long['first_gap'], signed)}).",
+        f"rule's 0.02 in {seeds_where(S, above_bound(wide['first_gap']))}; after {long['iters']:,} in "
+        f"{seeds_where(S, above_bound(long['first_gap']))} ({seq(long['first_gap'], signed)}).",
         f"- SA+SWA's copied half after {long['iters']:,} iterations is "
         + ", ".join(f"{x / f:.0f}" for x, f in zip(end["copied"], full)) + " times full attention's.",
         f"- At w = {c['window']}, a share of {seq(sorted({round(q['direct'], 3) for q in paths32}))} of the "
