@@ -8,7 +8,7 @@
 # here, so it can only guess. The learning rate is what makes full attention learn it: with
 # model.py's init (GPT-2's: N(0, 0.02), residual projections scaled down) it stays on the
 # "one of the 4 values" plateau at lr 1e-3 or more; at 1e-4 it leaves it after 2,000 to 8,000
-# iterations, depending on the seed (results/README.md, the search).
+# iterations, depending on the seed (results/mqar_search.json, mqar_probes.json).
 out_dir = "out-mqar"
 dataset = "mqar"
 device = "cpu"

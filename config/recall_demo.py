@@ -3,7 +3,7 @@
 # beyond SWA's reach of 3 x (10 - 1) = 27, while SA+SWA's permuted windows reach it (results/README.md, the demo).
 # Prepare its data: python prepare_data.py --dataset=mqar --mqar_num_pairs=1 --mqar_num_queries=1 --mqar_offset=1
 #   --mqar_vocab=32 --data_root=data-demo   (results/reproduce.py --only=demo does it for you)
-# Found by a search of about 1.5 CPU-hours, its 5 seeds included (results/README.md, section 6, lists the tries).
+# Found by a search of about 1.5 CPU-hours, its 5 seeds included (git show 6c696ec:results/README.md lists the tries).
 out_dir = "out-recall-demo"
 dataset = "mqar"
 data_root = "data-demo"

@@ -1,8 +1,9 @@
 """
 Where a result comes from, so that no number in results/*.json needs the git log to be trusted. A row that a results
-script writes records the commit and the command that first wrote its content; rows committed before issue 56 record
-the commit that first held their numbers (found with git) and no command. A row is a dict in a JSON's top-level list,
-or a value of its top-level dict of dicts (copy_paths, predicted, ...).
+script writes records the commit and the command that first wrote its content. Rows written before rows recorded
+their command name the commit that first held their numbers (found with git) and the command that remakes them in a
+checkout of that commit (found in its scripts), or a null command and why_no_command (the hand-run probes). A row is
+a dict in a JSON's top-level list, or a value of its top-level dict of dicts (copy_paths, predicted, ...).
 """
 import functools
 import json
@@ -12,7 +13,7 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FIELDS = ("commit", "command")
+FIELDS = ("commit", "command", "why_no_command")
 
 
 @functools.cache

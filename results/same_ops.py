@@ -1,9 +1,8 @@
 """
 Whether a refactor changed what runs: the aten ops (name and input shapes, counted) of one fwd+bwd of every fast
 attention kind, in another checkout's attention.py against this one's, on the same inputs. Identical ops mean
-identical speed, which a shared machine's timings cannot show to 10% (results/README.md, section 4). Each checkout
-runs in its own process: both register the same custom ops (sa::band, sa::moba), and in one process the second
-registration served both.
+identical speed, which a shared machine's timings cannot show to 10%. Each checkout runs in its own process: both
+register the same custom ops (sa::band, sa::moba), and in one process the second registration served both.
 
     git worktree add /tmp/base 48febeb && python results/same_ops.py --base=/tmp/base
 """

@@ -1,6 +1,6 @@
-"""The miniature reproduction's pipeline, end to end in its --fast mode (a couple of minutes),
-so that results/reproduce.py cannot rot. Run: python -m pytest -q tests/test_reproduce.py"""
-import importlib.util
+"""The miniature reproduction's steps (results/recall.py, decisive.py, lm.py, far_copy.py, copy_rule.py,
+copy_paths.py, common.py) and its pipeline, end to end in its --fast mode (about 5 minutes), so that
+results/reproduce.py cannot rot. Run: python -m pytest -q tests/test_reproduce.py"""
 import json
 import os
 import re
@@ -11,45 +11,39 @@ import sys
 import numpy as np
 import pytest
 
+import common
+import copy_paths
+import copy_rule
+import decisive
+import far_copy
+import lm
+import recall
 from prepare_data import mqar_batch
 from provenance import provenance, result_rows, stamp
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-@pytest.fixture(scope="module")
-def reproduce():
-    """results/reproduce.py as a module (its configurator reads sys.argv: give it none)."""
-    argv, sys.argv = sys.argv, ["reproduce.py"]
-    try:
-        spec = importlib.util.spec_from_file_location("reproduce", os.path.join(REPO, "results", "reproduce.py"))
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    finally:
-        sys.argv = argv
-    return module
-
-
 @pytest.mark.parametrize("sa_draw,n_head,depth,window", [("layer", 1, 2, 4), ("layer", 4, 3, 4), ("head", 4, 2, 4),
                                                          ("head", 4, 3, 8)])
-def test_retrievable_matches_its_closed_form(reproduce, sa_draw, n_head, depth, window):
+def test_retrievable_matches_its_closed_form(sa_draw, n_head, depth, window):
     """attention.py's masks over recall sequences give the fraction of answers whose value token a query
     sees at layer >= 2 that the closed form predicts; the issue's approximation is a little above it."""
     meta = {"vocab_size": 32, "mqar": dict(seq_len=64, num_pairs=4, num_queries=4, num_keys=15, offset=1)}
     x, y = mqar_batch(np.random.default_rng(0), 200, meta)                    # (200, 64) each
     heads = n_head if sa_draw == "head" else 1  # sa_draw=layer: the heads share one permutation
-    exact, approx = reproduce.retrievable_formula(64, window, depth, heads)
+    exact, approx = recall.retrievable_formula(64, window, depth, heads)
     for kind in ("sa", "sa+swa"):  # every answer is > window back: SWA's path adds nothing
-        r = reproduce.retrievable(kind, sa_draw, n_head, depth, x, y, window, draws=300)
+        r = recall.retrievable(kind, sa_draw, n_head, depth, x, y, window, draws=300)
         assert abs(r - exact) < 0.02, (kind, r, exact)
     assert exact < approx < exact + 0.03
-    assert reproduce.retrievable("swa", sa_draw, n_head, depth, x, y, window) == 0
-    assert reproduce.retrievable("full", sa_draw, n_head, depth, x, y, window) == 1
-    assert reproduce.retrievable("sa+swa", sa_draw, n_head, 1, x, y, window) == 0  # layer 1 forms the binding
+    assert recall.retrievable("swa", sa_draw, n_head, depth, x, y, window) == 0
+    assert recall.retrievable("full", sa_draw, n_head, depth, x, y, window) == 1
+    assert recall.retrievable("sa+swa", sa_draw, n_head, 1, x, y, window) == 0  # layer 1 forms the binding
 
 
-def test_arm_verdict_follows_the_preregistered_rule(reproduce):
-    v = lambda P, **accs: reproduce.arm_verdict(P, accs)
+def test_arm_verdict_follows_the_preregistered_rule():
+    v = lambda P, **accs: decisive.arm_verdict(decisive.ARMS[P], accs)
     base = dict(full=[0.99, 0.97, 1.0], swa=[0.06], moba=[0.5])
     assert v(4, **base, **{"sa+swa": [0.8, 0.76, 0.9]}) == "confirms"
     assert v(4, **base, **{"sa+swa": [0.3, 0.35, 0.2]}) == "refutes"
@@ -63,7 +57,7 @@ def test_arm_verdict_follows_the_preregistered_rule(reproduce):
     assert v(4, **dict(base, swa=[]), **{"sa+swa": [0.5]}).startswith("not decidable (not run: swa 0 of 1")
 
 
-def test_sources_in_window_is_the_rank_rule(reproduce):
+def test_sources_in_window_is_the_rank_rule():
     """A copied-half query's source is in its SA window exactly where attention.sa_mask lets it see that key."""
     import torch
 
@@ -72,16 +66,18 @@ def test_sources_in_window_is_the_rank_rule(reproduce):
     perms = torch.rand(5, T, generator=torch.Generator().manual_seed(0)).argsort(-1)   # (5, T)
     for window in (1, 4, 16, 40):
         want = torch.stack([attention.sa_mask(window, p)[t, t - 31] for p in perms])   # (5, T/2)
-        assert torch.equal(reproduce.sources_in_window(perms, window, T), want)
+        assert torch.equal(copy_paths.sources_in_window(perms, window, T), want)
     identity = torch.arange(T)                                                # slots = positions: 31 apart
-    assert reproduce.sources_in_window(identity, 32, T).all() and not reproduce.sources_in_window(identity, 31, T).any()
+    inside = copy_paths.sources_in_window
+    assert inside(identity, 32, T).all() and not inside(identity, 31, T).any()
 
 
-def test_copy_verdicts_follow_the_preregistered_rule(reproduce):
-    v = lambda sa_swa, seeds=(0, 1, 2), full=0.05, swa=(2.0, 1.95), first=2.0: reproduce.copy_verdict(
+def test_copy_verdicts_follow_the_preregistered_rule():
+    v = lambda sa_swa, seeds=(0, 1, 2), full=0.05, swa=(2.0, 1.95), first=2.0: copy_rule.copy_verdict(
         {**{("full", s): (first, full) for s in seeds}, **{("swa", s): swa for s in seeds},
          **{("sa+swa", s): (first, l2) for s, l2 in zip(seeds, sa_swa)}}, list(seeds))
-    assert v([0.5, 0.9, 1.0])[0] == "confirms" and v([1.0, 1.0, 1.0])[1] == pytest.approx([0.5] * 3)  # (1.95 - 1) / (1.95 - 0.05)
+    assert v([0.5, 0.9, 1.0])[0] == "confirms"
+    assert v([1.0, 1.0, 1.0])[1] == pytest.approx([0.5] * 3)  # (1.95 - 1) / (1.95 - 0.05)
     assert v([1.9, 1.94, 1.95])[0] == "refutes"
     assert v([0.5, 1.9, 1.0])[0] == "partial"
     assert v([0.5, 0.5, 0.5], first=2.03)[0] == "partial"  # copies, but its plain-LM half is 0.03 behind SWA's
@@ -89,47 +85,49 @@ def test_copy_verdicts_follow_the_preregistered_rule(reproduce):
     assert v([0.5] * 3, swa=(2.0, 1.79))[0].startswith("not decidable (full attention does not copy, or SWA does")
     assert v([0.5, 0.5])[0] == "not decidable (not run)"
     rows = {("full", 0): (2.0, 0.0), ("swa", 0): (2.0, 2.1), ("sa+swa", 0): (2.3, 1.3)}  # D: -2.0, +0.1, -1.0
-    assert reproduce.copy_r_prime(rows, [0]) == pytest.approx([(0.1 + 1.0) / (0.1 + 2.0)])
-    assert reproduce.copy_verdict(rows, [0])[1] == pytest.approx([(2.1 - 1.3) / 2.1])  # R does not subtract L1
-    reading = reproduce.copy_reading
+    assert copy_rule.copy_r_prime(rows, [0]) == pytest.approx([(0.1 + 1.0) / (0.1 + 2.0)])
+    assert copy_rule.copy_verdict(rows, [0])[1] == pytest.approx([(2.1 - 1.3) / 2.1])  # R does not subtract L1
+    reading = copy_rule.copy_reading
     assert reading("partial", [0.7, 0.6], [0.8, 0.5]) == "copies, at a cost in local modelling"  # only L1 failed
     assert reading("partial", [0.7, 0.4], [0.8, 0.9]) is None  # R fails too: partial, no more
     assert reading("partial", [0.7, 0.6], [0.8, 0.4]) is None and reading("confirms", [0.7], [0.8]) is None
     layer = lambda gate, inside, outside: dict(gate_sa=gate, loss_inside=inside, loss_outside=outside)  # noqa: E731
     q = dict(first=1.26, second=0.94, layers=[layer(0.06, 0.95, 0.94), layer(0.31, 0.77, 1.06), layer(0.01, 0.9, 0.9)])
-    assert reproduce.used_split(q) == ([2], 0.77, 1.06, "mixed")  # issue 45: w=64 seed 2 on its one used layer
-    assert reproduce.path_reading(1.26, 0.94, 0.95, 0.94) == "relays carry it too"  # layer 1 alone reads relays
+    assert copy_paths.used_split(q) == ([2], 0.77, 1.06, "mixed")  # w=64 seed 2 on its one used layer
+    assert copy_paths.path_reading(1.26, 0.94, 0.95, 0.94) == "relays carry it too"  # layer 1 alone reads relays
     q["layers"][2]["gate_sa"] = 0.2  # two used layers: the union needs the model
-    assert reproduce.used_split(q) is None and reproduce.used_split(dict(q, loss_direct_used=0.5, loss_other_used=1.2)
-                                                                    ) == ([2, 3], 0.5, 1.2, "the shortcuts carry it directly")
-    c = reproduce.LM1024  # issue 45's question, from 4,000-iteration rows and 12,000-iteration curves
+    assert copy_paths.used_split(q) is None
+    assert copy_paths.used_split(dict(q, loss_direct_used=0.5, loss_other_used=1.2)) == (
+        [2, 3], 0.5, 1.2, "the shortcuts carry it directly")
+    c = far_copy.SIZES  # the 12,000-iteration question, from 4,000-iteration rows and 12,000-iteration curves
     row = lambda k, s, w, first, second: dict(task="copy", attn=k, seed=s, window=w, first=first, second=second)  # noqa
     rows = [row("full", s, c["window"], 1.2, 0.01) for s in c["seeds"]] + [
         row(k, s, c["wide"], 1.2, 1.1 if k == "swa" else 0.4) for s in c["seeds"] for k in ("swa", "sa+swa")]
     curve = lambda copied: [(it, 1.2, 1.15) for it in (4000, 8000)] + [(c["long_iters"], 1.2, copied)]  # noqa: E731
     long = lambda k, s, copied=0.05, end=c["long_iters"]: dict(  # noqa: E731
         attn=k, seed=s, window=c["wide"], curve=[p for p in curve(1.15 if k == "swa" else copied) if p[0] <= end])
-    assert reproduce.long_verdict(rows, [])["verdict"] == "not decidable (not run)"
-    one = reproduce.long_verdict(rows, [long("swa", 0), long("sa+swa", 0), long("sa+swa", 1, end=8000)])
-    assert one["answers"] == ["closes"] and one["answer"] == one["verdict"] == "not decidable (seed 0 of 0, 1, 2 finished)"
+    assert copy_rule.long_verdict(rows, [], c)["verdict"] == "not decidable (not run)"
+    one = copy_rule.long_verdict(rows, [long("swa", 0), long("sa+swa", 0), long("sa+swa", 1, end=8000)], c)
+    assert one["answers"] == ["closes"]
+    assert one["answer"] == one["verdict"] == "not decidable (seed 0 of 0, 1, 2 finished)"
     every = [long(k, s, copied=0.05 if s else 0.5) for s in c["seeds"] for k in ("swa", "sa+swa")]
-    v = reproduce.long_verdict(rows, every)  # seed 0: copied 0.5 > 0.2; seeds 1, 2: copied 0.05, first halves equal
+    v = copy_rule.long_verdict(rows, every, c)  # seed 0: copied 0.5 > 0.2; seeds 1, 2: copied 0.05, first halves equal
     assert v["answers"] == ["does not close", "closes", "closes"] and v["answer"] == "narrows"
     assert v["advantage_4k_committed"] == pytest.approx([0.7] * 3) and v["R"] == pytest.approx([.65 / 1.14, 1.1 / 1.14,
                                                                                                 1.1 / 1.14])
     assert v["verdict"] == "confirms" and 4000 in v["at"] and 8000 in v["at"]  # R >= 0.5, equal first halves
-    two = reproduce.long_verdict(rows, every[2:])  # seeds 1 and 2 only: their answers, no verdict over all
+    two = copy_rule.long_verdict(rows, every[2:], c)  # seeds 1 and 2 only: their answers, no verdict over all
     assert two["answers"] == ["closes"] * 2 and two["answer"].startswith("not decidable (seed 1, 2 of 0, 1, 2")
-    T = reproduce.LM1024["T"]
+    T = c["T"]
     swa = {T // 8: 2.0, T // 4: 1.5, T // 2: 0.1}
-    assert reproduce.swap_verdict({T // 8: 1.9, T // 4: 1.4, T // 2: 0.2}, swa) == "confirms"  # w = T/2: not counted
-    assert reproduce.swap_verdict({T // 8: 2.1, T // 4: 1.6, T // 2: 0.2}, swa) == "refutes"
-    assert reproduce.swap_verdict({T // 8: 1.9, T // 4: 1.6, T // 2: 0.2}, swa) == "partial"
+    assert copy_rule.swap_verdict({T // 8: 1.9, T // 4: 1.4, T // 2: 0.2}, swa, T) == "confirms"  # w = T/2: not counted
+    assert copy_rule.swap_verdict({T // 8: 2.1, T // 4: 1.6, T // 2: 0.2}, swa, T) == "refutes"
+    assert copy_rule.swap_verdict({T // 8: 1.9, T // 4: 1.6, T // 2: 0.2}, swa, T) == "partial"
 
 
 @pytest.fixture
-def byte_data(reproduce, tmp_path):
-    """Points reproduce's work dir at a pystdlib-shaped dataset in tmp_path made from given train and val bytes."""
+def byte_data(tmp_path):
+    """Points the steps' work dir at a pystdlib-shaped dataset in tmp_path made from given train and val bytes."""
     def make(train, val):
         data = tmp_path / "data" / "pystdlib"
         data.mkdir(parents=True, exist_ok=True)
@@ -137,55 +135,55 @@ def byte_data(reproduce, tmp_path):
                                                     "tokens": {"train": len(train), "val": len(val)}}))
         for split, b in (("train", train), ("val", val)):
             np.frombuffer(b, np.uint8).astype(np.uint16).tofile(data / f"{split}.bin")
-    work, reproduce.work = reproduce.work, str(tmp_path)
+    work, common.work = common.work, str(tmp_path)
     yield make
-    reproduce.work = work
+    common.work = work
 
 
-def test_copy_sequences_repeat_their_first_half(reproduce, byte_data):
+def test_copy_sequences_repeat_their_first_half(byte_data):
     """The training-free swap's val sequences: each target of the second half is the byte T/2 back."""
     import torch
     byte_data(b"", bytes(range(256)) * 20)
-    x, y = reproduce.copy_val(3, 64)
+    x, y = far_copy.copy_val(3, 64)
     assert x.shape == y.shape == (3, 64) and torch.equal(x[:, :32], x[:, 32:])
     assert torch.equal(y[:, 31:63], x[:, :32])  # the second half's targets: the first half again
     assert len({tuple(r) for r in x.tolist()}) == 3  # three random passages
 
 
-def test_unseen_in_train_marks_the_ngrams_the_train_split_lacks(reproduce, byte_data):
+def test_unseen_in_train_marks_the_ngrams_the_train_split_lacks(byte_data):
     """A query is 'unseen' when its 8 bytes of context and its target never occur together in train."""
     byte_data(b"..abcdefghX..", b"")
     text = np.frombuffer(b"-abcdefghX-abcdefghY", np.uint8).astype(np.int64)
     x, y = text[None, :-1], text[None, 1:]                                   # (1, T) each
-    unseen = reproduce.unseen_in_train(x, y)
+    unseen = far_copy.unseen_in_train(x, y)
     t = [i for i in range(x.shape[1]) if x[0, i] == ord("h")]               # the queries that predict X, then Y
     assert not unseen[0, t[0]] and unseen[0, t[1]]  # abcdefgh+X is in train, abcdefgh+Y is not
     assert not unseen[0, :7].any()                  # fewer than 8 bytes of context: never counted
 
 
-def test_copy_distance_finds_the_nearest_earlier_copy(reproduce):
+def test_copy_distance_finds_the_nearest_earlier_copy():
     """A long-range token repeats an earlier occurrence (8 bytes of context, then the same target byte); its
     distance is how far before the query the byte to copy stands."""
     text = np.frombuffer(b"abcdefghX--abcdefghY---abcdefghX..", np.uint8).astype(np.int64)
     x, y = text[None, :-1], text[None, 1:]                                    # (1, T) each
-    dist = reproduce.copy_distance(x, y)
+    dist = lm.copy_distance(x, y)
     t = [i for i in range(x.shape[1]) if x[0, i] == ord("h")]                 # the queries that predict X, Y, X
     assert dist[0, t[0]] == dist[0, t[1]] == -1  # the first X, and Y (same context, another byte): no copy
     assert dist[0, t[2]] == t[2] - (t[0] + 1)    # the X after the first "abcdefgh", 22 tokens back
     assert (dist[0, :7] == -1).all()             # fewer than 8 bytes of context
 
 
-def test_visible_keys_counts_what_the_masks_show(reproduce):
+def test_visible_keys_counts_what_the_masks_show():
     """Over all queries SA sees exactly as many keys as SWA at the same window, spread: late queries see
     more; the sink adds token 0 to SWA beyond the window; MoBA sees its own chunk plus 3 past ones."""
     T, w = 64, 8
-    swa, sa, sink, moba = (reproduce.visible_keys(k, w, T) for k in ("swa", "sa", "sink", "moba"))
+    swa, sa, sink, moba = (lm.visible_keys(k, w, T) for k in ("swa", "sa", "sink", "moba"))
     assert abs(sa.mean() - swa.mean()) < 1e-4 and sa[-8:].mean() > 1.5 * w and sa[:8].mean() < w
     assert (sink[w:] == swa[w:] + 1).all() and (sink[:w] == swa[:w]).all()
     assert moba[-1] == w and moba[0] == 1  # chunks of w // 4 = 2, 4 chunks at most
 
 
-def test_sink_swap_adds_token_zero_to_swa(reproduce):
+def test_sink_swap_adds_token_zero_to_swa():
     """The sink baseline reaches the model: with it the losses differ from SWA's exactly where token 0 is
     out of the window, and with a window of T it is full attention."""
     import torch
@@ -196,9 +194,9 @@ def test_sink_swap_adds_token_zero_to_swa(reproduce):
     model = GPT(GPTConfig(block_size=T, vocab_size=16, n_layer=1, n_head=2, n_embd=16, attn="full")).eval()
     x = torch.randint(16, (2, T))
     y = torch.randint(16, (2, T))
-    swa, sink = (reproduce.swapped_nll(model, k, w, x, y) for k in ("swa", "sink"))    # (2, T) each
+    swa, sink = (lm.swapped_nll(model, k, w, x, y) for k in ("swa", "sink"))    # (2, T) each
     assert np.allclose(swa[:, :w], sink[:, :w]) and not np.isclose(swa[:, w:], sink[:, w:]).any()
-    assert np.allclose(reproduce.swapped_nll(model, "sink", T, x, y), reproduce.swapped_nll(model, "full", None, x, y),
+    assert np.allclose(lm.swapped_nll(model, "sink", T, x, y), lm.swapped_nll(model, "full", None, x, y),
                        atol=1e-5)
 
 
@@ -258,7 +256,7 @@ def test_reproduce_fast_writes_every_result(tmp_path):
     demo = json.loads((out / "demo.json").read_text())  # issue 46: the class demo's three kinds, its reach
     assert {r["attn"] for r in demo["runs"]} == {"swa", "sa+swa", "full"} and demo["swa_reach"] < demo["min_gap"]
     assert all(0 <= r["val_acc"] <= 1 and r["wall_s"] > 0 for r in demo["runs"])
-    for path in out.glob("*.json"):  # issue 56: each row records the commit and the command that wrote it
+    for path in out.glob("*.json"):  # each row records the commit and the command that wrote it
         assert all(re.fullmatch(r"[0-9a-f]{7,40}(-dirty)?", r["commit"]) and r["command"].startswith(
             "python results/") for r in result_rows(json.loads(path.read_text()))), path.name
     summary = (out / "summary.md").read_text()
@@ -267,57 +265,21 @@ def test_reproduce_fast_writes_every_result(tmp_path):
         assert f"## {section} (" in summary
 
 
-def test_train_all_resumes_only_a_checkpoint_of_the_same_args(reproduce, tmp_path):
+def test_train_all_resumes_only_a_checkpoint_of_the_same_args(tmp_path):
     """An unfinished run continues only from a checkpoint whose settings have every arg of the run."""
     from dataclasses import asdict
 
     from checkpoint import save_checkpoint
     from model import GPT, GPTConfig
     args = dict(presets=["config/mqar.py"], attn="sa+swa", seed=1, learning_rate=0.0003, decay_lr=True)
-    assert not reproduce.resumable(str(tmp_path), args)                     # no checkpoint yet
+    assert not common.resumable(str(tmp_path), args)                     # no checkpoint yet
     config = GPTConfig(block_size=8, vocab_size=16, n_layer=1, n_head=1, n_embd=8, attn="sa+swa")
     save_checkpoint(dict(model=GPT(config).state_dict(), model_args=asdict(config),
                          settings=dict(attn="sa+swa", seed=1, learning_rate=3e-4, decay_lr=True, beta2=0.95)),
                     str(tmp_path / "ckpt.pt"))
-    assert reproduce.resumable(str(tmp_path), args)                         # values compare as train.py parses them
-    assert not reproduce.resumable(str(tmp_path), {**args, "seed": 2})
-    assert not reproduce.resumable(str(tmp_path), {**args, "beta2": 0.999})
-
-
-def test_the_far_copy_write_up_quotes_the_summary():
-    """Issues 38 and 45: every number with two or more decimals in the far-copy write-up (results/README.md's
-    issue-38 and issue-45 results sections, each from its heading to the next heading, and README.md's claim-5 bullet)
-    stands in results/summary.md, which reproduce.py writes from lm1024.json: the verdicts are written from the
-    JSON, never by hand. The issue-45 section may hold no number yet (its runs are pending)."""
-    def numbers(text):
-        return re.findall(r"\d+\.\d{2,}", text)
-
-    def section(heading):  # from the heading to the next heading of any level
-        start = results.index(heading + "\n")
-        end = results.find("\n#", start + 1)
-        return results[start:end if end >= 0 else len(results)]
-    with open(os.path.join(REPO, "results", "summary.md")) as f:
-        quoted = set(numbers(f.read()))
-    with open(os.path.join(REPO, "results", "README.md")) as f:
-        results = f.read()
-    with open(os.path.join(REPO, "README.md")) as f:
-        readme = f.read()
-    start = readme.index("- **SA+SWA ≈ full in perplexity**")
-    row = readme[start:readme.index("\n- **", start)]  # the claim's bullet, to the next one
-    issue38 = section("### Far copying at w/T = 1/16 and 1/8: the results (issue 38)")
-    issue45 = section("### SA+SWA at w/T = 1/8 for 12,000 iterations: the results (issue 45)")
-    assert numbers(issue38) and numbers(row)
-    assert [x for x in numbers(issue38 + issue45 + row) if x not in quoted] == []
-
-
-def test_every_committed_result_row_records_its_commit():
-    """Issue 56: no number in results/*.json needs the git log: each row names the commit it came from (rows before
-    issue 56: the commit that first held their numbers)."""
-    for name in sorted(os.listdir(os.path.join(REPO, "results"))):
-        if name.endswith(".json"):
-            with open(os.path.join(REPO, "results", name)) as f:
-                rows = list(result_rows(json.load(f)))
-            assert rows and all(re.fullmatch(r"[0-9a-f]{7,40}(-dirty)?", r.get("commit", "")) for r in rows), name
+    assert common.resumable(str(tmp_path), args)                         # values compare as train.py parses them
+    assert not common.resumable(str(tmp_path), {**args, "seed": 2})
+    assert not common.resumable(str(tmp_path), {**args, "beta2": 0.999})
 
 
 def test_a_rebuilt_row_keeps_its_commit_only_with_its_numbers():
@@ -328,7 +290,7 @@ def test_a_rebuilt_row_keeps_its_commit_only_with_its_numbers():
 
 
 def test_lm1024_rebuilds_its_committed_tables(tmp_path):
-    """Issue 56: `--only=lm1024 --train=False` where no run's checkpoint is (any machine but the one that trained them)
+    """`--only=lm1024 --train=False` where no run's checkpoint is (any machine but the one that trained them)
     writes back the committed lm1024.json, the 12,000-iteration runs and every row's commit included, and summary.md's
     lm1024 section as committed. Not compared: the counts of the plain LM's val tokens, which follow Python's own
     standard library (pystdlib)."""
@@ -343,7 +305,7 @@ def test_lm1024_rebuilds_its_committed_tables(tmp_path):
         committed = json.load(f)
     assert dict(json.loads((out / "lm1024.json").read_text()), split_tokens=0) == dict(committed, split_tokens=0)
 
-    def section(text):  # summary.md's lm1024 section, without its run time and its token counts
+    def section(text):  # summary.md's lm1024 section, without its token counts
         return [line for line in text.split("\n## lm1024 (")[1].split("\n## ")[0].splitlines()[1:]
                 if not line.startswith("tokens: ")]
     with open(os.path.join(REPO, "results", "summary.md")) as f:
