@@ -116,37 +116,37 @@ def sliding_window_attention(q, k, v, window, pos=None, r=None):
     nq = min(TILE, T)
     nt = math.ceil(T / nq)  # tiles
     qpad = nt * nq - T
-    first = torch.arange(nt, device=q.device) * nq  # (nt,): each tile's first slot
-    if r is None:  # query i's band: slots i - before ... i + after
-        before, after = width - 1, 0 if pos is idx else width - 1
-        start, nk = first - before, before + nq + after
-    else:  # the slots whose r lies within delta of the tile's least or greatest r
-        start, nk = value_spans(r, width, first, (first + nq).clamp(max=T) - 1)
-    kslot = start[..., None] + torch.arange(nk, device=q.device)  # (nt, nk), or (..., nt, nk)
-    pad = (kslot < 0) | (kslot >= T)  # key slots before 0 or past T - 1: hidden
-    kslot = kslot.clamp(0, T - 1)
     qs = F.pad(q, (0, 0, 0, qpad)).reshape(B, H, nt, nq, D)  # (B, H, nt, nq, D): the query tiles
-    if r is None:  # every tile's keys as a strided view of the padded k and v: no copy
+    qpos = F.pad(pos, (0, qpad), value=T).unflatten(-1, (nt, nq))  # (..., nt, nq)
+    if r is None:  # query i's band: slots i - before ... i + after, as strided views, no copy
+        before, after = width - 1, 0 if pos is idx else width - 1
+        nk = before + nq + after
         kp = F.pad(k, (0, 0, before, qpad + after))  # (B, H, before + nt * nq + after, D)
         vp = F.pad(v, (0, 0, before, qpad + after))
         ks = kp.unfold(2, nk, nq).transpose(-1, -2)  # (B, H, nt, nk, D)
         vs = vp.unfold(2, nk, nq).transpose(-1, -2)
-    else:  # copies of each tile's keys
+        kpos = F.pad(pos, (before, qpad + after), value=T + 1).unfold(-1, nk, nq)  # (..., nt, nk)
+        gap = torch.arange(nq, device=q.device)[:, None] + before - torch.arange(nk, device=q.device)
+        near = gap.abs() < width  # (nq, nk): query slot minus key slot, the same in every tile
+    else:  # the slots whose r lies within delta of the tile's least or greatest r, as copies
+        first = torch.arange(nt, device=q.device) * nq  # (nt,): each tile's first slot
+        start, nk = value_spans(r, width, first, (first + nq).clamp(max=T) - 1)  # (..., nt), an int
+        kslot = (start[..., None] + torch.arange(nk, device=q.device)).clamp(max=T - 1)  # (..., nt, nk)
         at = kslot.expand(B, H, nt, nk).reshape(B, H, nt * nk, 1).expand(-1, -1, -1, D)
         ks = k.gather(2, at).view(B, H, nt, nk, D)  # (B, H, nt, nk, D)
         vs = v.gather(2, at).view(B, H, nt, nk, D)
-    # The rule on each tile, (..., nt, nq, nk). Padding queries (pos T) see every real key of their
-    # tile, so that no row is all hidden; padding keys (pos T + 1) are hidden from every query.
-    qpos = F.pad(pos, (0, qpad), value=T).unflatten(-1, (nt, nq))  # (..., nt, nq)
-    qslot = F.pad(slot, (0, qpad)).unflatten(-1, (nt, nq))  # (..., nt, nq)
-    kpos = pos.gather(-1, kslot.expand(*pos.shape[:-1], nt, nk).flatten(-2))  # (..., nt * nk)
-    kpos = kpos.view(*pos.shape[:-1], nt, nk).masked_fill(pad, T + 1)  # (..., nt, nk)
-    kslot = slot.gather(-1, kslot.flatten(-2)).view(kslot.shape)  # slot values: r by the value rule
-    near = (qslot[..., :, None] - kslot[..., None, :]).abs() < width
-    mask = (near | (qpos[..., :, None] == T)) & (kpos[..., None, :] <= qpos[..., :, None])
+        kpos = pos.gather(-1, kslot.expand(*pos.shape[:-1], nt, nk).flatten(-2)).unflatten(-1, (nt, nk))
+        kpos = kpos.masked_fill(start[..., None] + torch.arange(nk, device=q.device) >= T, T + 1)
+        kr = r.gather(-1, kslot.flatten(-2)).view(kslot.shape)  # (..., nt, nk)
+        near = (F.pad(r, (0, qpad)).unflatten(-1, (nt, nq))[..., :, None] - kr[..., None, :]).abs() < width
+    # The rule on each tile, (..., nt, nq, nk). Padding keys (pos T + 1) are hidden from every query;
+    # padding queries (pos T) see their tile's every key, so that no row is all hidden.
+    mask = near & (kpos[..., None, :] <= qpos[..., :, None])
+    if qpad:
+        mask[..., -1, nq - qpad:, :] = True
     mask = mask.expand(B, H, nt, nq, nk).flatten(0, 1) if mask.dim() == 5 else mask[None]
     qs, ks, vs = qs.flatten(0, 1), ks.flatten(0, 1), vs.flatten(0, 1)  # (B * H, nt, rows, D)
-    if torch.compiler.is_compiling() or bool(k.isfinite().all() & v.isfinite().all()):
+    if torch.compiler.is_compiling() or bool((k.sum() + v.sum()).isfinite()):  # (an overflow: exact, slower)
         # the tiles as SDPA's heads: softmax(q k^T / sqrt(D), hidden keys -inf) @ v, fused
         y = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask)  # (B * H, nt, nq, D)
     else:  # the same softmax written out, where a NaN or inf must reach only the queries that see it

@@ -278,30 +278,10 @@ class GPT(nn.Module):
         return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, **fused)
 
     def flops_per_token(self, T):
-        """Training FLOPs per token at sequence length T (nanoGPT's count): 6 per weight, plus 12 *
-        n_layer * n_embd per key a query sees, on average over the T queries; None for a kind not
-        counted here."""
-        c = self.config
-        w = min(c.window, T)
-        band = w * (2 * T - w + 1) / (2 * T)  # SWA's min(i + 1, w) on average; the rank rule's too
-        # itself, and each earlier key w.p. 2 delta - delta^2
-        value = 1 + (T - 1) * (c.sa_delta - c.sa_delta ** 2 / 2)
-        sa = value if c.sa_rule == "value" else band
-        if c.attn == "full":
-            keys = (T + 1) / 2
-        elif c.attn == "swa":
-            keys = band
-        elif c.attn == "sa":
-            keys = sa
-        elif c.attn == "sa+swa":
-            keys = band + sa
-        # its own chunk up to itself, and up to moba_topk - 1 whole past chunks
-        elif c.attn == "moba":
-            m = min(c.moba_chunk, T)
-            keys = sum(i % m + 1 + min(c.moba_topk - 1, i // m) * m for i in range(T)) / T
-        else:
-            return None
-        return 6 * self.get_num_params() + 12 * c.n_layer * c.n_embd * keys
+        """Training FLOPs per token at sequence length T (nanoGPT's count): 6 per weight, plus 12 * n_layer *
+        n_embd per key a query sees (keys_seen); None for a kind keys_seen does not count."""
+        c, keys = self.config, keys_seen(self.config, T)
+        return None if keys is None else 6 * self.get_num_params() + 12 * c.n_layer * c.n_embd * keys
 
     def estimate_mfu(self, tokens_per_iter, dt, T, peak_flops=312e12):
         """Model FLOPs utilisation against an A100's bf16 peak (None where flops_per_token is)."""
@@ -348,6 +328,28 @@ def apply_rope(x, cos, sin):
     """x (B, nh, T, hs) rotated by its T positions' angles, cos and sin (T, hs/2)."""
     x1, x2 = x.float().chunk(2, dim=-1)  # (B, nh, T, hs/2) each
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], -1).type_as(x)  # (B, nh, T, hs)
+
+
+def keys_seen(config, T):
+    """The keys a query of config's kind sees at sequence length T, on average over the T queries (itself
+    included); None for a kind not counted here."""
+    c = config
+    w = min(c.window, T)
+    band = w * (2 * T - w + 1) / (2 * T)  # SWA's min(i + 1, w), on average; the rank rule's too
+    value = 1 + (T - 1) * (c.sa_delta - c.sa_delta ** 2 / 2)  # itself, and an earlier key w.p. 2 d - d^2
+    sa = value if c.sa_rule == "value" else band
+    if c.attn == "full":
+        return (T + 1) / 2
+    if c.attn == "swa":
+        return band
+    if c.attn == "sa":
+        return sa
+    if c.attn == "sa+swa":
+        return band + sa
+    if c.attn == "moba":  # its own chunk up to itself, and up to moba_topk - 1 whole past chunks
+        m = min(c.moba_chunk, T)
+        return sum(i % m + 1 + min(c.moba_topk - 1, i // m) * m for i in range(T)) / T
+    return None
 
 
 def sa_draw(state: torch.Tensor, shape: List[int], value: bool, device: torch.device) -> torch.Tensor:

@@ -27,6 +27,7 @@ def measure(model, x, y, draws=8):
     prediction for random permutations, and the per-layer SA and SWA gates; and the pre-registered reading."""
     import torch
     import torch.nn.functional as F
+    from model import sa_draw
     c, (n, T) = model.config, x.shape
     L, heads, half = c.n_layer, c.n_head if c.sa_draw == "head" else 1, slice(T // 2 - 1, T - 1)
     gates = []
@@ -36,7 +37,8 @@ def measure(model, x, y, draws=8):
     with torch.no_grad():
         for d in range(draws):
             model.seed_sa(d)
-            perms = model.draw_sa(n, T, x.device)                              # per layer: (T,) or (n, nh, T)
+            shape = [T] if c.sa_draw == "layer" else [n, c.n_head, T]           # each layer's draw, as GPT.forward's
+            perms = [sa_draw(model.sa_state, shape, c.sa_rule == "value", x.device) for _ in range(L)]
             gates.clear()
             nll = F.cross_entropy(model(x, draws=perms)[0].transpose(1, 2), y, reduction="none")  # (n, T)
             loss.append(nll[:, half])

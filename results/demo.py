@@ -5,6 +5,7 @@ when named: `--only=demo --out=out-demo` trains seed 0 of SWA, SA+SWA and full a
 demo.png there.
 """
 import json
+from dataclasses import replace
 import os
 
 import common
@@ -21,7 +22,7 @@ def demo(demo_seeds="0"):
     """SWA, SA+SWA and full attention on the demo's recall task, a run of each per seed of demo_seeds, two at a time:
     a table (answer accuracy, val loss, keys a query sees, how many answers the attention graph reaches) and
     demo.png, accuracy over iterations beside how the graph's coverage grows with depth (receptive_field.py)."""
-    from model import KINDS, GPTConfig
+    from model import GPTConfig, keys_seen
     recipe = {}
     exec(open(os.path.join(common.ROOT, DEMO["preset"])).read(), recipe)
     c = GPTConfig(**{k: recipe[k] for k in ("block_size", "n_layer", "n_head", "n_embd", "window", "sa_draw")})
@@ -37,7 +38,7 @@ def demo(demo_seeds="0"):
     reach = {kind: predictions(kind, c.sa_draw, c.n_head, c.n_layer, x, y, c.window, 1)["reachable"]
              for kind in DEMO["kinds"]}
     rows = [dict(attn=kind, seed=s, val_acc=log[-1]["val_acc"], val_loss=log[-1]["val_loss"],
-                 keys=KINDS[kind].keys_seen(c, c.block_size), reachable=reach[kind],
+                 keys=keys_seen(replace(c, attn=kind), c.block_size), reachable=reach[kind],
                  curve=[(r["iter"], r["val_acc"]) for r in log], wall_s=wall_and_resumes(run_dir(kind, s))["wall_s"])
             for s in seeds_ for kind in DEMO["kinds"] for log in [evals(run_dir(kind, s))]]
     layers = range(c.n_layer + 4)

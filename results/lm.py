@@ -92,7 +92,7 @@ def sink_mask(T, window, device=None):
 def sink_attention(q, k, v, window):
     """The SWA + sink baseline, dense (O(T^2): fine at T=256): attention.masked_attention with sink_mask.
     Pretrained models put much attention on the first token; SWA takes it away, sink gives it back.
-    Applied by swapped_nll in place of swa's function in model.KINDS, so attention.py stays as it is."""
+    Applied by swapped_nll in place of attention.sliding_window_attention, so attention.py stays as it is."""
     import attention
     return attention.masked_attention(q, k, v, sink_mask(q.shape[2], window, q.device))
 
@@ -160,10 +160,10 @@ def swapped_nll(model, kind, window, x, y, batch=16):
     import contextlib
     import unittest.mock
 
-    import model as M
+    import attention
     model.swap_attention(attn="swa" if kind == "sink" else kind,
                          **({} if kind == "full" else dict(window=window, **moba_budget(window))))
-    sink = unittest.mock.patch.dict(M.KINDS, swa=M.KINDS["swa"]._replace(fn=sink_attention))
+    sink = unittest.mock.patch.object(attention, "sliding_window_attention", sink_attention)
     with sink if kind == "sink" else contextlib.nullcontext():
         return nll(model, x, y, batch)
 
