@@ -1,6 +1,7 @@
 """
-Read first. Causal attention, q, k, v (B, H, T, D) -> (B, H, T, D): full, sliding-window (SWA),
-stochastic (SA), MoBA. SWA and both SA rules are one rule over a slot and a position per token:
+Read first. Causal attention, q, k, v (B, H, T, D) -> (B, H, T, D), model.py's (B, nh, T, hs): full,
+sliding-window (SWA), stochastic (SA) and MoBA. SWA and both SA rules are one rule over a slot and a
+position per token:
 
     key j is visible to query i  iff  |slot[i] - slot[j]| < width  and  pos[j] <= pos[i]
 
@@ -25,6 +26,7 @@ import math
 import os
 import time
 import warnings
+from typing import List
 
 import torch
 import torch.nn.functional as F
@@ -98,12 +100,12 @@ def sliding_window_attention(q, k, v, window, pos=None, r=None):
     width = dict(window=window) if r is None else dict(delta=window, r=r)
     q, k, v = check_inputs(q, k, v, pos=pos, **width)
     engine = "torch"  # the CPU's, and "auto"'s where the kernel does not run: support, below
-    if q.device.type != "cpu" or ENGINE != "auto":
+    if q.is_cuda or ENGINE != "auto":
         engine = _engine(q, "swa" if pos is None and r is None else "")
     if engine == "triton" and q.numel():
         return _kernel(q, k, v, float(window))
-    B, H, T, D = q.shape
-    idx = torch.arange(T, device=q.device)
+    (B, H, T, D), dev = q.shape, q.device
+    idx = torch.arange(T, device=dev)
     pos = idx if pos is None else pos  # (T,) or (B, H, T)
     slot = idx if r is None else r
     width = min(window, T) if r is None else window  # a window past T is T: no int64 overflow
@@ -126,30 +128,33 @@ def sliding_window_attention(q, k, v, window, pos=None, r=None):
         ks = kp.unfold(2, nk, nq).transpose(-1, -2)  # (B, H, nt, nk, D)
         vs = vp.unfold(2, nk, nq).transpose(-1, -2)
         kpos = F.pad(pos, (before, qpad + after), value=T + 1).unfold(-1, nk, nq)  # (..., nt, nk)
-        gap = torch.arange(nq, device=q.device)[:, None] + before - torch.arange(nk, device=q.device)
+        gap = torch.arange(nq, device=dev)[:, None] + before - torch.arange(nk, device=dev)
         near = gap.abs() < width  # (nq, nk): query slot minus key slot, the same in every tile
     else:  # the slots whose r lies within delta of the tile's least or greatest r, as copies
-        first = torch.arange(nt, device=q.device) * nq  # (nt,): each tile's first slot
+        first = torch.arange(nt, device=dev) * nq  # (nt,): each tile's first slot
         start, nk = value_spans(r, width, first, (first + nq).clamp(max=T) - 1)  # (..., nt), an int
-        kslot = (start[..., None] + torch.arange(nk, device=q.device)).clamp(max=T - 1)  # (..., nt, nk)
+        kslot = start[..., None] + torch.arange(nk, device=dev)  # (..., nt, nk)
+        pad = kslot >= T  # padding keys, past T - 1
+        kslot = kslot.clamp(max=T - 1)
         at = kslot.expand(B, H, nt, nk).reshape(B, H, nt * nk, 1).expand(-1, -1, -1, D)
         ks = k.gather(2, at).view(B, H, nt, nk, D)  # (B, H, nt, nk, D)
         vs = v.gather(2, at).view(B, H, nt, nk, D)
-        kpos = pos.gather(-1, kslot.expand(*pos.shape[:-1], nt, nk).flatten(-2)).unflatten(-1, (nt, nk))
-        kpos = kpos.masked_fill(start[..., None] + torch.arange(nk, device=q.device) >= T, T + 1)
-        kr = r.gather(-1, kslot.flatten(-2)).view(kslot.shape)  # (..., nt, nk)
-        near = (F.pad(r, (0, qpad)).unflatten(-1, (nt, nq))[..., :, None] - kr[..., None, :]).abs() < width
-    # The rule on each tile, (..., nt, nq, nk). Padding keys (pos T + 1) are hidden from every query;
-    # padding queries (pos T) see their tile's every key, so that no row is all hidden.
+        kpos = pos.gather(-1, kslot.expand(*pos.shape[:-1], nt, nk).flatten(-2))  # (..., nt * nk)
+        kpos = kpos.unflatten(-1, (nt, nk)).masked_fill(pad, T + 1)  # (..., nt, nk)
+        kr = r.gather(-1, kslot.flatten(-2)).view(kslot.shape)  # (..., nt, nk): the keys' r
+        qr = F.pad(r, (0, qpad)).unflatten(-1, (nt, nq))  # (..., nt, nq): the queries' r
+        near = (qr[..., :, None] - kr[..., None, :]).abs() < width
+    # The rule on each tile, (..., nt, nq, nk). Padding keys (pos T + 1) are hidden from every
+    # query; padding queries see their tile's every key, so that no row is all hidden.
     mask = near & (kpos[..., None, :] <= qpos[..., :, None])
     if qpad:
         mask[..., -1, nq - qpad:, :] = True
     mask = mask.expand(B, H, nt, nq, nk).flatten(0, 1) if mask.dim() == 5 else mask[None]
     qs, ks, vs = qs.flatten(0, 1), ks.flatten(0, 1), vs.flatten(0, 1)  # (B * H, nt, rows, D)
-    if torch.compiler.is_compiling() or bool((k.sum() + v.sum()).isfinite()):  # (an overflow: exact, slower)
-        # the tiles as SDPA's heads: softmax(q k^T / sqrt(D), hidden keys -inf) @ v, fused
+    finite = torch.compiler.is_compiling() or bool((k.sum() + v.sum()).isfinite())  # compiled: unread
+    if finite:  # the tiles as SDPA's heads: softmax(q k^T / sqrt(D), hidden keys -inf) @ v, fused
         y = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask)  # (B * H, nt, nq, D)
-    else:  # the same softmax written out, where a NaN or inf must reach only the queries that see it
+    else:  # the same softmax written out: a NaN or inf reaches only the queries that see it
         y = masked_attention(qs, ks, vs, mask)
     return y.view(B, H, nt * nq, D)[:, :, :T]  # (B, H, T, D)
 
@@ -188,7 +193,7 @@ def stochastic_attention(q, k, v, window, perm):
     """SA by the rank rule: a query sees about `window` keys; window >= T is full attention, the
     identity perm SWA. Equals sa_reference. Its last three lines are README.md's recipe."""
     q, k, v = check_inputs(q, k, v, window=window, perm=perm)
-    if (q.device.type != "cpu" or ENGINE != "auto") and q.numel() and _engine(q, "sa rank") == "triton":
+    if (q.is_cuda or ENGINE != "auto") and q.numel() and _engine(q, "sa rank") == "triton":
         return _kernel(q, k, v, float(window), perm)  # the three lines below, in one launch
     qs, ks, vs = gather(q, perm), gather(k, perm), gather(v, perm)  # (B, H, T, D) each, in permuted (slot) order
     ys = sliding_window_attention(qs, ks, vs, window, pos=perm)     # SWA there, causal on original positions
@@ -212,7 +217,7 @@ def stochastic_value_attention(q, k, v, delta, r):
     r, a tile of queries sees one run of keys. Equals sa_value_reference."""
     q, k, v = check_inputs(q, k, v, delta=delta, r=r)
     r_sorted, perm = torch.sort(r, dim=-1, stable=True)  # each slot's r, ascending, and its token
-    if (q.device.type != "cpu" or ENGINE != "auto") and q.numel() and _engine(q, "sa value") == "triton":
+    if (q.is_cuda or ENGINE != "auto") and q.numel() and _engine(q, "sa value") == "triton":
         return _kernel(q, k, v, float(delta), perm, r_sorted.float(), VALUE_MARGIN)  # one launch
     qs, ks, vs = gather(q, perm), gather(k, perm), gather(v, perm)  # (B, H, T, D) each, sorted by r
     ys = sliding_window_attention(qs, ks, vs, delta, pos=perm, r=r_sorted)  # |r_i - r_j| < delta
@@ -248,7 +253,8 @@ def moba_mask(q, k, moba_chunk, moba_topk):
     # a chunk of T keys or more: the same rule
     moba_chunk = max(1, min(check_count(moba_chunk, "moba_chunk"), T))
     idx, ok = moba.moba_select(q, k, moba_chunk, moba_topk)
-    chosen = torch.zeros(*idx.shape[:3], math.ceil(T / moba_chunk), dtype=torch.bool, device=q.device)
+    nc = math.ceil(T / moba_chunk)  # chunks
+    chosen = torch.zeros(*idx.shape[:3], nc, dtype=torch.bool, device=q.device)
     chosen.scatter_(-1, idx, ok)  # (B, H, T, nchunks)
     chunk = torch.arange(T, device=q.device) // moba_chunk
     chosen[..., torch.arange(T), chunk] = True  # own chunk
@@ -273,14 +279,15 @@ def _engine(q, rule):
     """What runs q's band by ENGINE: "triton" (the kernel, for rule "swa", "sa rank" or "sa value";
     "" or None: none, e.g. SWA over a given pos), "torch" or "dense"."""
     if ENGINE not in ("auto", "torch", "triton", "dense"):
-        raise InputError(f"attention.ENGINE must be one of auto, torch, triton, dense, got {ENGINE!r}")
+        raise InputError(f"attention.ENGINE must be auto, torch, triton or dense, got {ENGINE!r}")
     if ENGINE == "triton" and rule:
         if not _has_triton():
-            raise InputError("attn_engine 'triton' needs the triton package (pip install triton); 'auto' or 'torch' "
-                             "runs without it")
+            raise InputError("attn_engine 'triton' needs the triton package (pip install triton); "
+                             "'auto' or 'torch' runs without it")
         if not q.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
-            raise InputError(f"attn_engine 'triton' runs the Triton kernel on a CUDA GPU, not on {q.device} (or on the "
-                             "CPU under TRITON_INTERPRET=1, for tests): use attn_engine 'auto' or 'torch'")
+            raise InputError(f"attn_engine 'triton' runs the Triton kernel on a CUDA GPU, not on {q.device} "
+                             "(or on the CPU under TRITON_INTERPRET=1, for tests): use attn_engine 'auto' or "
+                             "'torch'")
         return "triton"
     H, T, D = q.shape[1:]
     # int32 offsets
@@ -300,10 +307,11 @@ def _value_band(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, delta: float,
 
 
 @torch.library.custom_op("sa::value_band_backward", mutates_args=())
-def _value_band_backward(dy: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, delta: float,
-                         pos: torch.Tensor, r: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    _, vjp = torch.func.vjp(lambda q, k, v: sliding_window_attention(q, k, v, delta, pos, r), q, k, v)
-    return vjp(dy)
+def _value_band_backward(dy: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                         delta: float, pos: torch.Tensor, r: torch.Tensor) -> List[torch.Tensor]:
+    def band(q, k, v):
+        return sliding_window_attention(q, k, v, delta, pos, r)
+    return list(torch.func.vjp(band, q, k, v)[1](dy))  # dq, dk, dv
 
 
 def _save_value_band(ctx, inputs, output):
@@ -317,8 +325,7 @@ def _value_band_grads(ctx, dy):
 
 
 _value_band.register_fake(lambda q, *_: torch.empty_like(q))
-_value_band_backward.register_fake(lambda dy, q, k, v, *_: (torch.empty_like(q), torch.empty_like(k),
-                                                              torch.empty_like(v)))
+_value_band_backward.register_fake(lambda dy, q, k, v, *_: [torch.empty_like(t) for t in (q, k, v)])
 _value_band.register_autograd(_value_band_grads, setup_context=_save_value_band)
 
 
@@ -365,9 +372,10 @@ def _triton_supported():
     if not _has_triton():
         return False
     import triton
-    if TRITON_VERSIONS[0] <= tuple(int(x) for x in triton.__version__.split(".")[:2]) <= TRITON_VERSIONS[1]:
+    if TRITON_VERSIONS[0] <= tuple(map(int, triton.__version__.split(".")[:2])) <= TRITON_VERSIONS[1]:
         return True
-    warnings.warn(f"Triton {triton.__version__} is outside the tested range {TRITON_VERSIONS}: using the torch engine")
+    warnings.warn(f"Triton {triton.__version__} is outside the tested range {TRITON_VERSIONS}: using the "
+                  "torch engine")
     return False
 
 

@@ -115,13 +115,13 @@ def _group_backward(doc, qc, kc, vc, lse, rowdot, mask, finite):
 def forward(q, k, v, idx, ok, moba_chunk):
     """Softmax over each query's groups: out (B, H, T, D) in q's dtype, logsumexp (B, H, T) fp32. A non-finite key
     reaches only the queries that see it (_masked)."""
-    layout = Moba(q, idx, ok, moba_chunk)
-    qf, kf, vf = map(layout.flat, (q, k, v))  # (N, D)
+    groups = Moba(q, idx, ok, moba_chunk)
+    qf, kf, vf = map(groups.flat, (q, k, v))  # (N, D)
     # each row's groups merged online: the top lse so far, the sum of exp(lse - top), the output's sum
     top = torch.full_like(qf[:, 0], NEG)  # (N,)
     total, out = torch.zeros_like(top), torch.zeros_like(qf)
     finite = bool(kf.sum().isfinite())  # every key; an overflow only costs speed
-    for qrows, krows, mask in layout.calls(CALL):  # (m, n, nq), (m, n, nk), (.., nq, nk)
+    for qrows, krows, mask in groups.calls(CALL):  # (m, n, nq), (m, n, nk), (.., nq, nk)
         qc, kc, vc = _gather(qf, qrows), _gather(kf, krows), _gather(vf, krows)  # (m, n, rows, D)
         # the group's softmax(qc kc^T / sqrt(D) + mask) @ vc, and its log-sum-exp
         s = _masked((qc @ kc.transpose(-1, -2)).mul_(qc.shape[-1] ** -0.5), mask, finite)  # (m, n, nq, nk)
@@ -142,25 +142,25 @@ def forward(q, k, v, idx, ok, moba_chunk):
         out.index_add_(0, rows, o.mul_(w[:, None]))
     out /= total[:, None]
     top += total.log()  # each row's logsumexp
-    return layout.unflat(out, q.dtype), layout.unflat(top[:, None], torch.float32)[..., 0]
+    return groups.unflat(out, q.dtype), groups.unflat(top[:, None], torch.float32)[..., 0]
 
 
 @torch.autocast("cpu", enabled=False)  # fp32 scores, under autocast too
 @torch.autocast("cuda", enabled=False)
 def backward(dout, out, lse, q, k, v, idx, ok, moba_chunk):
     """dq, dk, dv (B, H, T, D) of forward's out, summed over groups."""
-    layout = Moba(q, idx, ok, moba_chunk)
-    qf, kf, vf, dof = map(layout.flat, (q, k, v, dout))  # (N, D)
-    lse = layout.flat(lse[..., None])[:, 0]  # (N,); pads 0, their dO is 0
+    groups = Moba(q, idx, ok, moba_chunk)
+    qf, kf, vf, dof = map(groups.flat, (q, k, v, dout))  # (N, D)
+    lse = groups.flat(lse[..., None])[:, 0]  # (N,); pads 0, their dO is 0
     dq, dk, dv = map(torch.zeros_like, (qf, kf, vf))
     finite = bool(kf.sum().isfinite())
-    rowdot = layout.flat((dout.float() * out.float()).sum(-1, keepdim=True))[:, 0]  # (N,)
-    for qrows, krows, mask in layout.calls(CALL):
+    rowdot = groups.flat((dout.float() * out.float()).sum(-1, keepdim=True))[:, 0]  # (N,)
+    for qrows, krows, mask in groups.calls(CALL):
         qc, doc, kc, vc = _gather(qf, qrows), _gather(dof, qrows), _gather(kf, krows), _gather(vf, krows)
         grads = _group_backward(doc, qc, kc, vc, lse[qrows], rowdot[qrows], mask, finite)
         for g, rows, grad in zip((dq, dk, dv), (qrows, krows, krows), grads):
             g.index_add_(0, rows.flatten(), grad.flatten(0, -2))
-    return layout.unflat(dq, q.dtype), layout.unflat(dk, k.dtype), layout.unflat(dv, v.dtype)
+    return groups.unflat(dq, q.dtype), groups.unflat(dk, k.dtype), groups.unflat(dv, v.dtype)
 
 
 class MobaAttention(torch.autograd.Function):
