@@ -271,8 +271,8 @@ def read_log(path):
 GPT2_SIZES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
 GPT2_META = {"tokenizer": "gpt2", "vocab_size": 50257, "eot": 50256}  # GPT-2 BPE, as fineweb-edu's meta.json has it
 WEIGHT_FIELDS = ("vocab_size", "n_layer", "n_head", "n_embd", "bias", "pos_emb", "block_size")
-# GPTConfig's fields that no swap changes (model.swapped): the weights' shape, dropout and RoPE, built once; the others
-# are the attention's, a fork's new kind's own setting included
+# GPTConfig's fields that no swap changes (model.swapped): the weights' shape, dropout and RoPE,
+# built once; the others are the attention's, a fork's new kind's own setting included
 BUILT = (*WEIGHT_FIELDS, "dropout", "rope_base")
 
 
@@ -283,8 +283,9 @@ def from_gpt2(model_type, override_args=None):
     need(override_args.keys() <= allowed, f"from_gpt2 can override only {sorted(allowed)}, got {sorted(override_args)}")
     hf = model_type if isinstance(model_type, torch.nn.Module) else hub_model(model_type)
     c, weights = hf.config, hf.state_dict()
+    # the values of GPT-2's config for which our Block computes exactly what GPT-2's does
     for field, ok in (("activation_function", ("gelu_new", "gelu_pytorch_tanh")), ("layer_norm_epsilon", (1e-5,)),
-                      ("n_inner", (None, 4 * c.n_embd))):  # our Block must compute exactly what GPT-2's does
+                      ("n_inner", (None, 4 * c.n_embd))):
         need(getattr(c, field) in ok, f"GPT-2 config {field}={getattr(c, field)!r}: our GPT needs one of {ok}")
     model = GPT(GPTConfig(**{"attn": "full", "dropout": 0.0, **override_args}, block_size=c.n_positions, bias=True,
                           vocab_size=c.vocab_size, n_layer=c.n_layer, n_head=c.n_head, n_embd=c.n_embd,
@@ -317,31 +318,36 @@ def hub_model(name):
 
 
 def gpt2_tokenizer(name):
-    """(encode, decode) of GPT-2 `name` (a size or a GPT2LMHeadModel's directory): the tokenizer saved in the
-    directory (transformers' files) if any, else tiktoken's gpt2, which needs the network once (then it is cached)."""
+    """(encode, decode) of GPT-2 `name` (a size, or a GPT2LMHeadModel's directory): the tokenizer
+    saved in the directory (transformers' files) if any, else tiktoken's gpt2, which needs the
+    network once (then tiktoken caches it)."""
     saved = os.path.isdir(name) and hf_tokenizer(name, required=False)
     if saved:
         return lambda s: saved.encode(s, add_special_tokens=False), saved.decode
     try:
         return get_tokenizer(GPT2_META, name)
-    except InputError as e:
+    except InputError as e:  # offline: a directory can hold its own tokenizer
         if not os.path.isdir(name):
             raise
-        raise InputError(f"{e}; or save GPT-2's tokenizer in {name} (tokenizer.save_pretrained)") from None
+        raise InputError(f"{e}; or save GPT-2's tokenizer in {name} (tokenizer.save_pretrained)") \
+            from None
 
 
 def hf_tokenizer(name, required=True):
-    """transformers' tokenizer of a Hugging Face model (a hub name or a directory). Where the directory holds no
-    tokenizer files, transformers builds one of a single token: an InputError (required), else None."""
+    """transformers' tokenizer of a Hugging Face model (a hub name or a directory). Where the
+    directory holds no tokenizer files, transformers builds one of a single token: then an
+    InputError (required), else None."""
     try:
         from transformers import AutoTokenizer
     except ImportError:
-        raise InputError(f"--init_from={name} loads a Hugging Face model: pip install transformers") from None
+        raise InputError(f"--init_from={name} loads a Hugging Face model: pip install "
+                         "transformers") from None
     tok = AutoTokenizer.from_pretrained(name)
     if len(tok) > 1:
         return tok
-    need(not required, f"--init_from={name}: no tokenizer there (no tokenizer.json, or vocab.json and merges.txt...; "
-         "transformers built one of a single token): save the model's tokenizer in it (tokenizer.save_pretrained)")
+    need(not required, f"--init_from={name}: no tokenizer there (no tokenizer.json, or vocab.json "
+         "and merges.txt...; transformers built one of a single token): save the model's tokenizer "
+         "in it (tokenizer.save_pretrained)")
     return None
 
 

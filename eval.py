@@ -23,7 +23,8 @@ import torch.nn.functional as F
 from torch.nn.utils.rnn import pad_sequence
 
 import attention
-from checkpoint import BUILT, GPT2_META, GPT2_SIZES, from_gpt2, hf_tokenizer, hub_offline, load_checkpoint
+from checkpoint import (BUILT, GPT2_META, GPT2_SIZES, from_gpt2, hf_tokenizer, hub_offline,
+                        load_checkpoint)
 from guards import InputError, count, need, path_problem, setting_problem
 from hf import HFLM, padded_sa_draws
 from model import ATTNS, DTYPES, GPTConfig, autocast, swapped
@@ -38,14 +39,15 @@ split = "val"  # its split (wikitext-103 also has test)
 tasks = ""  # comma list of ppl, lambada, hellaswag, piqa, arc_easy, arc_challenge, winogrande ("" = ppl)
 task_file = ""  # comma list of JSONL files, each a task named after it (no ppl unless in tasks)
 limit = 0  # documents per task, block_size segments for ppl (0 = all)
-attn = ""  # comma list of kinds to swap in, of model.ATTNS ("" = the model's own; with --windows: SWEEP)
-# A swap's settings, each given to the kinds that read it (READS); a setting that no kind of the run reads is refused
-window: int | None = None  # swa's, sa's and sa+swa's keys per query; MoBA's key budget (None = the model's own)
+attn = ""  # comma list of kinds of model.ATTNS to swap in ("" = the model's own; --windows: SWEEP)
+# A swap's settings (None = the model's own), each given to the kinds that read it (READS); one
+# that no kind of the run reads is refused
+window: int | None = None  # swa's, sa's and sa+swa's keys per query; MoBA's budget of keys
 windows = ""  # comma list of windows to sweep
-moba_chunk: int | None = None  # MoBA's key chunk (None = window // moba_topk, the window's budget, else the model's)
-moba_topk: int | None = None  # MoBA's chunks per query, its own included (None = the model's own, else 4)
-sa_draw: str | None = None  # SA's draws: "layer" (one per layer) or "head" (per row and head) (None = the model's)
-sa_rule: str | None = None  # SA's rule: "rank" (the paper's) or "value" (None = the model's own)
+moba_chunk: int | None = None  # MoBA's key chunk (None with a window: window // moba_topk)
+moba_topk: int | None = None  # MoBA's chunks per query, its own included (Hugging Face: 4)
+sa_draw: str | None = None  # "layer": one SA draw per layer; "head": one per batch row and head
+sa_rule: str | None = None  # SA's rule: "rank" (the paper's) or "value" (a number r per token)
 seeds = 1  # SA's permutation seeds 0..seeds-1: mean ± std
 block_size: int | None = None  # context length cap (None = the model's own)
 batch_size = 8
@@ -55,15 +57,17 @@ dtype = "bfloat16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported
 json_out = ""  # also write the results to this JSON file
 plot = "sweep.png"  # a sweep's plot; a bare name goes beside --json_out if any, else in out_dir ("" = none)
 SWAP_SETTINGS = ["window", "moba_chunk", "moba_topk", "sa_draw", "sa_rule"]  # the settings above
-for _field in fields(GPTConfig):  # any other field a swap takes is a fork's new kind's own: a swap setting too
+# any other GPTConfig field but BUILT's (the shape, dropout, RoPE) is a fork's new kind's own
+# setting: a swap setting too, None = the model's own
+for _field in fields(GPTConfig):
     if _field.name not in globals() and _field.name not in BUILT:
-        globals()[_field.name], __annotations__[_field.name] = None, _field.type | None  # None = the model's own
+        globals()[_field.name], __annotations__[_field.name] = None, _field.type | None
         SWAP_SETTINGS.append(_field.name)
 # -----------------------------------------------------------------------------
 DEFAULTS = {k: v for k, v in globals().items() if k[:1].islower() and isinstance(v, (int, float, str, type(None)))}
-SWEEP = ("full", "swa", "sa", "moba")  # what --windows sweeps without --attn: each kind that is one function
-# The swap settings each kind reads (MoBA's window: its key budget, window // moba_topk per chunk); a fork's new kind
-# is given every one, as eval.py cannot tell which it reads
+SWEEP = ("full", "swa", "sa", "moba")  # --windows without --attn: each kind that is one function
+# The swap settings each kind reads (MoBA's window: its budget of keys, window // moba_topk per
+# chunk); a fork's new kind is given every one, as eval.py cannot tell which it reads
 READS = {"full": (), "swa": ("window",), "sa": ("window", "sa_draw", "sa_rule"),
          "sa+swa": ("window", "sa_draw", "sa_rule"), "moba": ("window", "moba_chunk", "moba_topk")}
 
@@ -75,7 +79,7 @@ def run(settings):
     task_list = [load_task_file(f, s["limit"]) for f in files] + [load_task(t, s["limit"]) for t in names]
     lm, trained = load_model(s)
     swaps = plan(lm, kinds, ws, s)
-    sa_rule = s["sa_rule"] or getattr(lm.model.config, "sa_rule", "rank")  # a Hugging Face model: the rank rule
+    sa_rule = s["sa_rule"] or getattr(lm.model.config, "sa_rule", "rank")  # Hugging Face: rank
     print(attention.engine_line(s["device"], DTYPES[s["dtype"]], lm.head_dim,
                                 [(swap or lm.native)["attn"] for swap in swaps], sa_rule))
     ppl_name, tokens = perplexity_tokens(s, lm, trained) if ppl else (None, None)
@@ -84,7 +88,7 @@ def run(settings):
         if swap:
             lm.use(swap)
         label = swap or lm.native
-        for seed in range(s["seeds"] if label["attn"] in ("sa", "sa+swa") else 1):  # the kinds with SA's draws
+        for seed in range(s["seeds"] if label["attn"] in ("sa", "sa+swa") else 1):  # SA's kinds
             lm.seed(seed)
             found = {} if tokens is None else {ppl_name: perplexity(lm, tokens, bs, s["limit"])}
             found.update({n: evaluate_task(lm, n, k, docs, bs, s["bootstrap_iters"]) for n, k, docs in task_list})
@@ -132,7 +136,7 @@ def check_settings(s):
     clash = repeat(tasks + [task_name(f) for f in files])  # results are keyed by task name
     need(clash is None, f"task_file={s['task_file']!r}: two tasks are named {clash!r} (a task is named after its file)")
     need(all(w >= 1 for w in ws), f"windows={s['windows']!r}: use integers >= 1")
-    empty = next((n for n in SWAP_SETTINGS if s[n] == ""), None)  # "" is no value: it would be dropped unread
+    empty = next((n for n in SWAP_SETTINGS if s[n] == ""), None)  # "" is no value, never read
     need(empty is None, f"{empty}='': give it a value, or leave it out for the model's own")
     if s["window"] is not None:
         need(not ws, "give --window or --windows, not both")
@@ -172,7 +176,7 @@ def plan(lm, kinds, ws, s):
         need("window" in lm.native, f"--attn={s['attn'] or native} on this model needs --window or "
              "--windows")
         ws = [lm.native["window"]]
-    own_topk = lm.own.moba_topk if isinstance(lm, OurLM) else GPTConfig.moba_topk  # HF: 4
+    own_topk = lm.own.moba_topk if isinstance(lm, OurLM) else GPTConfig.moba_topk  # Hugging Face: 4
     swaps = []
     for k in swap_kinds:
         reads = READS.get(k, SWAP_SETTINGS)
@@ -190,23 +194,24 @@ def plan(lm, kinds, ws, s):
     return swaps
 
 
-# A model (OurLM; hf.HFLM for transformers) has tok (a Tokenizer), block_size, head_dim, device, native (its own
-# attention: its kind, and its window if the kind reads one), logits(idx, lengths), use(swap), seed(s). lengths (B,):
-# each right-padded row's real tokens, which alone SA permutes: padding never changes a score (batch_size changes SA's
-# draws).
+# A model (OurLM; hf.HFLM for transformers) has tok (a Tokenizer), block_size, head_dim, device,
+# native (its own attention: its kind, and its window if the kind reads one), logits(idx, lengths),
+# use(swap), seed(s). lengths (B,): each right-padded row's real tokens, which alone SA permutes:
+# padding never changes a score (batch_size changes SA's draws).
 
 class OurLM:  # our GPT: a checkpoint or GPT-2
 
     def __init__(self, model, tok, block_size, device, ctx):
         self.model, self.tok, self.device, self.ctx, c = model.eval(), tok, device, ctx, model.config
         self.block_size, self.head_dim = min(block_size or c.block_size, c.block_size), c.n_embd // c.n_head
-        self.seed, self.own = model.seed_sa, c  # own: the model's config, which each swap starts from
-        # swa, sa, sa+swa and a fork's kind read a window; MoBA reads one only to size its chunk
-        self.native = {"attn": c.attn, **({"window": c.window} if c.attn not in ("full", "moba") else {})}
+        self.seed, self.own = model.seed_sa, c  # own: the model's config, where each swap starts
+        self.native = {"attn": c.attn}
+        if c.attn not in ("full", "moba"):  # swa, sa, sa+swa and a fork's kind read a window
+            self.native["window"] = c.window
 
     def logits(self, idx, lengths=None):
-        """idx (B, T) -> logits (B, T, vocab); lengths (B,): the real tokens of each right-padded row, which alone
-        SA permutes (hf.padded_sa_draws)."""
+        """idx (B, T) -> logits (B, T, vocab); lengths (B,): the real tokens of each right-padded
+        row, which alone SA permutes (hf.padded_sa_draws)."""
         draws = None if lengths is None else padded_sa_draws(self.model, idx, lengths)
         with self.ctx:
             return self.model(idx, draws=draws)[0]  # (B, T, vocab)
@@ -234,7 +239,7 @@ def load_model(s):
     try:
         if name in GPT2_SIZES:
             return ours(from_gpt2(name).to(dev), GPT2_META, name), {}
-        hf_tok = hf_tokenizer(name)  # an InputError without transformers, or where the directory has no tokenizer
+        hf_tok = hf_tokenizer(name)  # one line without transformers, or in a directory without one
         from transformers import AutoModelForCausalLM
         model = AutoModelForCausalLM.from_pretrained(name, dtype=DTYPES[s["dtype"]]).to(dev)
     except OSError as e:  # not on the hub, not in the cache, or offline

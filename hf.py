@@ -1,6 +1,6 @@
-"""Support, which a first reading skips: eval.py's training-free swaps of this repo's attentions into a Hugging Face
-transformers model (Qwen3, Llama...), and SA's draws for right-padded rows, which eval.py scores in batches (for our GPT
-and for a Hugging Face model alike)."""
+"""Support, which a first reading skips: eval.py's training-free swaps of this repo's attentions
+into a Hugging Face transformers model (Qwen3, Llama...), and SA's draws for right-padded rows,
+which eval.py scores in batches (our GPT's draws: padded_sa_draws)."""
 import math
 
 import torch
@@ -11,31 +11,34 @@ from guards import InputError, check_count, checked, need
 
 
 def check_lengths(idx, lengths):
-    """An InputError unless lengths is a (B,) integer tensor of the real tokens of each of idx's right-padded rows."""
-    (B, T), ok = idx.shape, isinstance(lengths, torch.Tensor) and lengths.dtype in (torch.long, torch.int)
-    if not (ok and lengths.shape == (B,) and bool(((lengths >= 1) & (lengths <= T)).all())):
-        raise InputError(f"lengths must be a (B,)=({B},) integer tensor of real tokens per row, 1 <= lengths <= "
-                         f"T={T}, got {' '.join(str(lengths).split())[:80]}")
+    """An InputError unless lengths is a (B,) integer tensor of the real tokens of each of idx's
+    right-padded rows."""
+    (B, T), ok = idx.shape, isinstance(lengths, torch.Tensor)
+    ok = ok and lengths.dtype in (torch.long, torch.int) and lengths.shape == (B,)
+    if not (ok and bool(((lengths >= 1) & (lengths <= T)).all())):
+        raise InputError(f"lengths must be a (B,)=({B},) integer tensor of real tokens per row, "
+                         f"1 <= lengths <= T={T}, got {' '.join(str(lengths).split())[:80]}")
 
 
 def row_perms(seed, lengths, T, heads=1):
-    """SA's permutations (B, heads, T) for right-padded rows: row b permutes its first lengths[b] tokens, its pads
-    keep their slots. Each row's comes from `seed` and its length alone, so neither its padding nor the other rows
-    of its batch change it."""
+    """SA's permutations (B, heads, T) for right-padded rows: row b permutes its first lengths[b]
+    tokens, its pads keep their slots. Each row's comes from `seed` and its length alone: neither
+    its padding nor the other rows of its batch change it."""
     rows = []
     for n in lengths.tolist():
         g = torch.Generator().manual_seed(seed)
-        real = torch.rand(heads, n, generator=g).argsort(-1)  # (heads, n): a permutation of the real tokens
+        real = torch.rand(heads, n, generator=g).argsort(-1)  # (heads, n): the real tokens
         pads = torch.arange(n, T).expand(heads, -1)  # (heads, T - n): the pads, in place
         rows.append(torch.cat([real, pads], -1))  # (heads, T)
     return torch.stack(rows)  # (B, heads, T)
 
 
 def padded_sa_draws(model, idx, lengths):
-    """One SA draw per layer of our GPT `model` for idx (B, T), whose rows are right-padded to lengths (B,) real
-    tokens; None for a kind without SA. Each layer's draw comes from one seed of the model's SA generator: by the
-    rank rule, row_perms; by the value rule, the number r of token t and head h is the seed's own (padding cannot
-    change it). So a document's score depends on the seed alone, not on its batch or padding."""
+    """One SA draw per layer of our GPT `model` for idx (B, T), whose rows are right-padded to
+    lengths (B,) real tokens; None for a kind without SA. Each layer's draw comes from one seed of
+    the model's SA generator: by the rank rule, row_perms; by the value rule, the number r of token
+    t and head h is the seed's own, whatever the padding. So a document's score depends on the
+    seed alone, not on its batch or padding."""
     check_lengths(idx, lengths)
     c, T = model.config, idx.shape[1]
     if c.attn not in ("sa", "sa+swa"):
@@ -45,12 +48,13 @@ def padded_sa_draws(model, idx, lengths):
     seeds = torch.randint(2**62, (c.n_layer,), generator=g).tolist()
     model.sa_state.copy_(g.get_state())  # the next forward draws new seeds
     draws = []
-    for s in seeds:
+    for seed in seeds:
         if c.sa_rule == "value":
-            draw = torch.rand(T, heads, generator=torch.Generator().manual_seed(s)).T[None]  # (1, heads, T)
+            r = torch.rand(T, heads, generator=torch.Generator().manual_seed(seed))  # (T, heads)
+            draw = r.T.contiguous()[None]  # (1, heads, T), contiguous as torch.searchsorted wants
         else:
-            draw = row_perms(s, lengths, T, heads)  # (B, heads, T)
-        draws.append(checked(draw.to(idx.device)))  # a valid draw: attention.py need not check its values
+            draw = row_perms(seed, lengths, T, heads)  # (B, heads, T)
+        draws.append(checked(draw.to(idx.device)))  # valid: attention.py need not check its values
     return draws
 
 
@@ -73,7 +77,7 @@ class HFLM:  # as eval.OurLM, for a transformers model
         self.seed = self.generator.manual_seed
 
     def logits(self, idx, lengths=None):
-        """idx (B, T) -> logits (B, T, vocab); lengths (B,): the real tokens of each right-padded row."""
+        """idx (B, T) -> logits (B, T, vocab); lengths (B,): each right-padded row's real tokens."""
         T = idx.shape[1]  # the mask keeps the padding out of SA's permutations
         if lengths is not None:
             check_lengths(idx, lengths)
@@ -89,8 +93,9 @@ class HFLM:  # as eval.OurLM, for a transformers model
 def register_hf_attention(attn, window=None, moba_chunk=64, moba_topk=4, generator=None, **other):
     """Register attn with transformers (Qwen3, Llama... call it after RoPE) and a mask function handing it the 2D
     padding mask (a row, left or right padded, attends as if alone); return its name for set_attn_implementation.
-    SA seeds from `generator`. Decoding on a KV cache, swa sees the last `window` keys, sa and moba all of them (and
-    print so, once). Other settings (sa_rule...) are refused, and so are other attention kwargs if set."""
+    SA seeds from `generator`. Decoding on a KV cache, swa sees the last `window` keys, sa and moba
+    all of them (and print so, once). Other settings (sa_rule...) are refused, and so are other
+    attention kwargs if set."""
     try:
         from transformers import AttentionInterface
         from transformers.masking_utils import AttentionMaskInterface
@@ -114,7 +119,8 @@ def register_hf_attention(attn, window=None, moba_chunk=64, moba_topk=4, generat
     def sparse(q, k, v, lengths):
         if attn == "sa":
             T, seed = q.shape[2], int(torch.randint(2 ** 62, (), generator=generator))
-            perm = row_perms(seed, torch.tensor([T]) if lengths is None else lengths, T)  # (B or 1, 1, T)
+            rows = torch.tensor([T]) if lengths is None else lengths  # one unpadded row, or each's
+            perm = row_perms(seed, rows, T)  # (B or 1, 1, T)
             perm = perm[0, 0] if lengths is None else perm  # (T,) without padding
             # a valid permutation: attention.py need not check its values
             return attention.stochastic_attention(q, k, v, window, checked(perm.to(q.device)))

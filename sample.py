@@ -1,7 +1,7 @@
 """
-Read first. Sample from a checkpoint trained by train.py or from GPT-2; --attn swaps in another kind,
-training-free (the paper's swap; not sa+swa, whose gates need training), and each attention setting
-below changes the model's own:
+Read first. Sample from a checkpoint trained by train.py or from GPT-2; --attn swaps in another
+kind, training-free (the paper's swap; not sa+swa, whose gates need training), and each attention
+setting below changes the model's own:
 
   python sample.py --out_dir=out-quick
   python sample.py --out_dir=out-quick --start="def main(" --num_samples=3 --max_new_tokens=300
@@ -28,27 +28,28 @@ from model import DTYPES, GPTConfig, autocast
 from prepare_data import get_tokenizer
 
 # -----------------------------------------------------------------------------
-init_from = "resume"  # "resume" (out_dir/ckpt.pt), "gpt2" ... "gpt2-xl", or a GPT2LMHeadModel's directory
+init_from = "resume"  # "resume" (out_dir/ckpt.pt), "gpt2" ... "gpt2-xl", or a GPT-2 directory
 out_dir = "out"  # where train.py wrote ckpt.pt
 # the attention, each None: the model's own (a swap: model.swap_attention)
 attn: str | None = None  # the kind to swap in: full, swa, sa or moba
 window: int | None = None  # SWA's and SA's keys per query, itself included
 moba_chunk: int | None = None  # MoBA's key chunk
 moba_topk: int | None = None  # MoBA's chunks per query, its own included
-sa_draw: str | None = None  # "layer": one SA draw per layer; "head": one per layer, batch row and head
-sa_rule: str | None = None  # "rank": windows over permuted slots (the paper); "value": a number r per token
+sa_draw: str | None = None  # "layer": one SA draw per layer; "head": one per batch row and head
+sa_rule: str | None = None  # "rank": SWA over permuted slots (the paper's); "value": r per token
 # sampling
 start = "\n"  # the prompt, or "FILE:path" to read it from a UTF-8 file
 num_samples = 2  # independent samples
 max_new_tokens = 500  # tokens generated per sample
-temperature = 0.8  # < 1 sharpens the distribution, > 1 flattens it; 0: greedy (the most likely token)
+temperature = 0.8  # < 1 sharpens the distribution, > 1 flattens it; 0: greedy (the likeliest token)
 top_k = 200  # sample among the top_k most likely tokens; 0: among all
 seed = 1337  # seeds the sampling and SA's draws (fresh at every forward pass)
-use_cache = True  # decode from a KV cache where exact (not rank-rule SA); False: recompute the prefix
+use_cache = True  # decode from a KV cache where exact (not rank-rule SA); False: recompute prefixes
 device = "cuda" if torch.cuda.is_available() else "cpu"
 dtype = "bfloat16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "float32"
-for _field in fields(GPTConfig):  # a new kind's own GPTConfig field (a fork's) is a setting too, None
-    if _field.name not in globals() and _field.name not in BUILT:
+# a new kind's own GPTConfig field (a fork's) is a setting too, None: the model's own
+for _field in fields(GPTConfig):
+    if _field.name not in globals() and _field.name not in BUILT:  # BUILT: the shape, dropout, RoPE
         globals()[_field.name], __annotations__[_field.name] = None, _field.type | None
 # -----------------------------------------------------------------------------
 exec(open("configurator.py").read())  # overrides from config files and --key=value
@@ -62,8 +63,8 @@ else:  # GPT-2's weights (nanoGPT's from_pretrained) and BPE
     model = from_gpt2(init_from).to(device)
     encode, decode = gpt2_tokenizer(init_from)
 # the attention settings given above, swapped in (one line where these weights cannot take them)
-changes = {f.name: globals()[f.name] for f in fields(GPTConfig) if globals().get(f.name) is not None}
-model.swap_attention(**changes)
+swap = {f.name: globals()[f.name] for f in fields(GPTConfig) if globals().get(f.name) is not None}
+model.swap_attention(**swap)
 if start.startswith("FILE:"):
     try:
         with open(start[5:], encoding="utf-8") as f:
@@ -75,7 +76,8 @@ start_ids = encode(start)
 need(start_ids and max(start_ids) < c.vocab_size, f"--start must encode to at least one token, "
      f"each < the model's vocab_size {c.vocab_size}")
 # what runs the attention (on a GPU, the kernel's self-check runs now)
-print(engine_line(device, DTYPES[dtype], c.n_embd // c.n_head, [c.attn], c.sa_rule), file=sys.stderr)
+line = engine_line(device, DTYPES[dtype], c.n_embd // c.n_head, [c.attn], c.sa_rule)
+print(line, file=sys.stderr)
 use_cache = use_kv_cache(c, use_cache)  # warns once here, not once per sample
 
 model.eval()

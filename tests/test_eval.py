@@ -254,7 +254,9 @@ def test_a_swap_takes_every_setting_of_its_kind(tiny_run):
 def test_perplexity_under_autocast(tiny_run, attn, dtype):
     """Every kind evaluates under bf16 and fp16 autocast, close to fp32 (the SA seed fixed)."""
     base = {k: tiny_run[k] for k in ("out_dir", "data_root", "device")}
-    swap = {"attn": attn, **({} if attn == "full" else {"window": 4}), **({"moba_topk": 2} if attn == "moba" else {})}
+    swap = {"attn": attn, **({} if attn == "full" else {"window": 4})}
+    if attn == "moba":
+        swap["moba_topk"] = 2
     ppl = [next(r["value"] for r in ev.run({**base, **swap, "dtype": d}) if r["metric"] == "ppl")
            for d in ("float32", dtype)]
     assert math.isfinite(ppl[1]) and ppl[1] == pytest.approx(ppl[0], rel=1e-3)  # measured <= 1.5e-4; no attention 3e-3
@@ -518,7 +520,8 @@ def test_hf_attention_decodes_with_a_cache_and_swaps_back(qwen):
 
 @needs_transformers
 def byte_tokenizer():
-    """A transformers tokenizer of the 256 bytes (GPT-2's byte-level alphabet, no merges), built offline."""
+    """A transformers tokenizer of the 256 bytes (GPT-2's byte-level alphabet, no merges), built
+    offline."""
     import transformers
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
@@ -649,9 +652,9 @@ def test_our_sa_score_does_not_depend_on_the_batch(sa_draw):
     lm.seed(5)
     alone = lm.logits(b[None, :11], torch.tensor([11]))
     assert (together[1, :11] - alone[0]).abs().max() < 1e-5
-    for lengths in (torch.tensor([30, 0]), torch.tensor([30]), torch.tensor([30.0, 11.0]), [30, 11]):
-        with pytest.raises(ValueError, match=r"^lengths must be a \(B,\)=\(2,\) integer tensor of real tokens per "
-                                             "row, 1 <= lengths <= T=30, got"):
+    for lengths in (torch.tensor([30, 0]), torch.tensor([30]), torch.tensor([30.0, 11.0]), [30, 1]):
+        with pytest.raises(ValueError, match=r"^lengths must be a \(B,\)=\(2,\) integer tensor of "
+                                             "real tokens per row, 1 <= lengths <= T=30, got"):
             lm.logits(batch, lengths)
 
 
@@ -770,34 +773,39 @@ def test_hf_swa_decoding_refuses_a_cache_shorter_than_its_window():
 # Settings that would do nothing, empty values, missing tokenizers; sample.py's attention settings
 
 def save_tiny(path, tiny_run, **config):
-    """An untrained tiny GPT of `config` saved in path, on tiny_run's dataset; eval.py's settings for it."""
+    """An untrained tiny GPT of `config` saved in path, on tiny_run's dataset; eval.py's settings
+    for it."""
     torch.manual_seed(0)
     model = GPT(GPTConfig(block_size=16, vocab_size=256, n_layer=2, n_head=2, n_embd=32, **config))
-    save_checkpoint({"model": model.state_dict(), "model_args": model.model_args(), "settings": {"dataset": "tiny"},
-                     "meta": prepare_data.load_meta(os.path.join(tiny_run["data_root"], "tiny"))},
-                    str(path / "ckpt.pt"))
-    return {"out_dir": str(path), "data_root": tiny_run["data_root"], "device": "cpu", "dtype": "float32"}
+    meta = prepare_data.load_meta(os.path.join(tiny_run["data_root"], "tiny"))
+    save_checkpoint({"model": model.state_dict(), "model_args": model.model_args(),
+                     "settings": {"dataset": "tiny"}, "meta": meta}, str(path / "ckpt.pt"))
+    return {"out_dir": str(path), "data_root": tiny_run["data_root"], "device": "cpu",
+            "dtype": "float32"}
 
 
 def test_a_setting_without_attn_swaps_the_models_own_kind(tiny_run, tmp_path):
-    """--sa_rule=value without --attn printed the rank rule's perplexity under the value rule's flag: a setting
-    without --attn now changes the model's own kind, as --attn=<its kind> with it does."""
+    """--sa_rule=value without --attn printed the rank rule's perplexity under the value rule's
+    flag: a setting without --attn now changes the model's own kind, as --attn=<its kind> does."""
     base = save_tiny(tmp_path, tiny_run, attn="sa", window=4)
 
     def ppl(**settings):
-        return next(r["value"] for r in ev.run({**base, "limit": 4, **settings}) if r["metric"] == "ppl")
+        results = ev.run({**base, "limit": 4, **settings})
+        return next(r["value"] for r in results if r["metric"] == "ppl")
     value = ppl(sa_rule="value")
     assert value == pytest.approx(ppl(attn="sa", window=4, sa_rule="value"), rel=1e-6)
     assert value != pytest.approx(ppl(), rel=1e-4)  # the model's own, the rank rule
 
 
 @pytest.mark.parametrize("overrides, message", [
-    ({"sa_rule": "value"}, "sa_rule='value' does nothing on this model's own attention, swa: drop it, or swap in a "
-                           "kind that reads it (--attn=sa,sa+swa)"),
+    ({"sa_rule": "value"}, "sa_rule='value' does nothing on this model's own attention, swa: drop "
+                           "it, or swap in a kind that reads it (--attn=sa,sa+swa)"),
     ({"attn": "swa", "window": 2, "sa_rule": "rank"}, "sa_rule='rank' does nothing on --attn=swa"),
-    ({"attn": "full,swa", "window": 2, "sa_draw": "head"}, "sa_draw='head' does nothing on --attn=full,swa"),
-    ({"attn": "swa", "window": 2, "moba_topk": 2}, "moba_topk=2 does nothing on --attn=swa: drop it, or swap in a "
-                                                   "kind that reads it (--attn=moba)"),
+    ({"attn": "full,swa", "window": 2, "sa_draw": "head"},
+     "sa_draw='head' does nothing on --attn=full,swa"),
+    ({"attn": "swa", "window": 2, "moba_topk": 2},
+     "moba_topk=2 does nothing on --attn=swa: drop it, or swap in a kind that reads it "
+     "(--attn=moba)"),
     ({"attn": "full", "window": 4}, "window=4 does nothing on --attn=full"),
     ({"attn": "full", "windows": "2,4"}, "windows='2,4' does nothing on --attn=full"),
     ({"seeds": 3}, "seeds=3 does nothing on this model's own attention, swa: only SA draws"),
@@ -806,8 +814,9 @@ def test_a_setting_without_attn_swaps_the_models_own_kind(tiny_run, tmp_path):
     ({"attn": "sa", "window": 4, "sa_rule": ""}, "sa_rule='': give it a value"),
 ])
 def test_settings_that_would_do_nothing_are_refused(tiny_run, capsys, overrides, message):
-    """--sa_draw='' ran with the empty value neither checked nor used, --sa_rule=value on an SWA model printed SWA's
-    numbers: a setting that no attention of the run reads is one line, before anything is evaluated."""
+    """--sa_draw='' ran with the empty value neither checked nor used, --sa_rule=value on an SWA
+    model printed SWA's numbers: a setting that no attention of the run reads is one line, before
+    anything is evaluated."""
     base = {k: tiny_run[k] for k in ("out_dir", "data_root", "device", "dtype")}
     with pytest.raises(ValueError) as e:
         ev.run({**base, **overrides})
@@ -817,61 +826,70 @@ def test_settings_that_would_do_nothing_are_refused(tiny_run, capsys, overrides,
 
 @needs_transformers
 def test_a_hf_directory_without_a_tokenizer_is_named(tiny_run, tmp_path):
-    """Without tokenizer files transformers builds a tokenizer of one token, which encoded the dataset to nothing:
-    "perplexity needs at least 2 tokens, got 0". The missing tokenizer is named now."""
+    """Without tokenizer files transformers builds a tokenizer of one token, which encoded the
+    dataset to nothing: "perplexity needs at least 2 tokens, got 0". The missing tokenizer is named
+    now."""
     import transformers
     torch.manual_seed(0)
     transformers.Qwen3ForCausalLM(transformers.Qwen3Config(
         vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=1, head_dim=8, max_position_embeddings=32)).save_pretrained(tmp_path)
-    with pytest.raises(ValueError, match=rf"^--init_from={re.escape(str(tmp_path))}: no tokenizer there \(no "
-                                         r"tokenizer.json.*save the model's tokenizer in it"):
-        ev.run({"init_from": str(tmp_path), "data_root": tiny_run["data_root"], "dataset": "tiny", "device": "cpu",
-                "dtype": "float32"})
+    message = rf"^--init_from={re.escape(str(tmp_path))}: no tokenizer there \(no tokenizer.json" \
+        r".*save the model's tokenizer in it \(tokenizer.save_pretrained\)$"
+    with pytest.raises(ValueError, match=message):
+        ev.run({"init_from": str(tmp_path), "data_root": tiny_run["data_root"], "dataset": "tiny",
+                "device": "cpu", "dtype": "float32"})
 
 
 def script(name, *args, **env):
     """Run a script of the repo on the CPU, offline; its CompletedProcess."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", **env}
-    return subprocess.run([sys.executable, name, "--device=cpu", *args], capture_output=True, text=True, env=env,
-                          timeout=300, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return subprocess.run([sys.executable, name, "--device=cpu", *args], capture_output=True,
+                          text=True, env=env, timeout=300, cwd=repo)
 
 
 @needs_transformers
 def test_sample_from_a_gpt2_directory_reads_its_own_tokenizer(tmp_path):
-    """sample.py --init_from=DIR (a saved GPT2LMHeadModel) needed tiktoken's gpt2 file, so the network once: it reads
-    the tokenizer saved in DIR now; a DIR without one says to save it there."""
+    """sample.py --init_from=DIR (a saved GPT2LMHeadModel) needed tiktoken's gpt2 file, so the
+    network once: it reads the tokenizer saved in DIR now; a DIR without one says to save it."""
     import transformers
     torch.manual_seed(0)
-    gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=256, n_positions=32, n_embd=32, n_layer=2,
-                                                                n_head=4, bos_token_id=0, eos_token_id=0))
-    gpt2.save_pretrained(tmp_path / "with")
-    byte_tokenizer().save_pretrained(tmp_path / "with")
-    gpt2.save_pretrained(tmp_path / "without")
+    gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        vocab_size=256, n_positions=32, n_embd=32, n_layer=2, n_head=4, bos_token_id=0,
+        eos_token_id=0))
+    with_tok, without = tmp_path / "with", tmp_path / "without"
+    gpt2.save_pretrained(with_tok)
+    byte_tokenizer().save_pretrained(with_tok)
+    gpt2.save_pretrained(without)
     (tmp_path / "cache").mkdir()
     offline = dict(TIKTOKEN_CACHE_DIR=str(tmp_path / "cache"), HTTPS_PROXY="http://127.0.0.1:9",
                    HTTP_PROXY="http://127.0.0.1:9")  # no tiktoken file, and no way to fetch one
     args = ["--start=ab", "--num_samples=1", "--max_new_tokens=6", "--temperature=0"]
-    r = script("sample.py", f"--init_from={tmp_path / 'with'}", *args, **offline)
-    assert r.returncode == 0 and r.stdout.startswith("ab") and r.stdout.count("---------------") == 1, r.stderr[-2000:]
-    r = script("sample.py", f"--init_from={tmp_path / 'without'}", *args, **offline)
-    last = r.stderr.strip().splitlines()[-1]
+    r = script("sample.py", f"--init_from={with_tok}", *args, **offline)
+    assert r.returncode == 0 and r.stdout.startswith("ab"), r.stderr[-2000:]
+    assert r.stdout.count("---------------") == 1
+    r = script("sample.py", f"--init_from={without}", *args, **offline)
     assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
-    assert last.startswith(f"{tmp_path / 'without'}: tiktoken could not load the 'gpt2' encoding") and last.endswith(
-        f"; or save GPT-2's tokenizer in {tmp_path / 'without'} (tokenizer.save_pretrained)"), last
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"{without}: tiktoken could not load the 'gpt2' encoding"), last
+    assert last.endswith(f"; or save GPT-2's tokenizer in {without} (tokenizer.save_pretrained)")
 
 
-def test_sample_takes_every_attention_setting(tiny_run, tmp_path):
-    """sample.py took attn and window only: --moba_chunk=8 was an unknown setting. Each GPTConfig field a swap may
-    change is a setting now, reaching the model (a bad one is GPTConfig's line); a model's shape is none."""
-    out = tiny_run["out_dir"]
-    args = ["--start=ab", "--num_samples=1", "--max_new_tokens=4", f"--out_dir={out}"]
-    for swap in (["--attn=moba", "--moba_chunk=8", "--moba_topk=2"], ["--attn=sa", "--sa_rule=value", "--window=3"],
-                 ["--attn=sa", "--sa_draw=head"]):
+def test_sample_takes_every_attention_setting(tiny_run):
+    """sample.py took attn and window only: --moba_chunk=8 was an unknown setting. Each GPTConfig
+    field a swap may change is a setting now, reaching the model (a bad value is GPTConfig's line);
+    a field of the model's shape is none."""
+    args = ["--start=ab", "--num_samples=1", "--max_new_tokens=4"]
+    args.append("--out_dir=" + tiny_run["out_dir"])
+    for swap in (["--attn=moba", "--moba_chunk=8", "--moba_topk=2"],
+                 ["--attn=sa", "--sa_rule=value", "--window=3"], ["--attn=sa", "--sa_draw=head"]):
         r = script("sample.py", *args, *swap)
-        assert r.returncode == 0 and r.stdout.count("---------------") == 1, (swap, r.stderr[-2000:])
+        samples = r.stdout.count("---------------")
+        assert r.returncode == 0 and samples == 1, (swap, r.stderr[-2000:])
     for swap, message in ((["--attn=sa", "--sa_rule=slot"], "GPTConfig.sa_rule='slot' is invalid"),
                           (["--sa_draw="], "GPTConfig.sa_draw='' is invalid"),
                           (["--n_layer=3"], "unknown setting 'n_layer'")):
         r = script("sample.py", *args, *swap)
-        assert r.returncode == 1 and message in r.stderr.strip().splitlines()[-1], (swap, r.stderr[-2000:])
+        last = r.stderr.strip().splitlines()[-1]
+        assert r.returncode == 1 and message in last, (swap, r.stderr[-2000:])
