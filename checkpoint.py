@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from guards import InputError, check_schema, count, device_problem, file_problem, memory, need, schema_problem
-from model import GPT, GPTConfig
+from model import BUILT, GPT, GPTConfig
 from prepare_data import META, get_tokenizer
 
 RNG_BYTES = torch.get_rng_state().numel()  # a CPU generator's state
@@ -270,10 +270,7 @@ def read_log(path):
 
 GPT2_SIZES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
 GPT2_META = {"tokenizer": "gpt2", "vocab_size": 50257, "eot": 50256}  # GPT-2 BPE, as fineweb-edu's meta.json has it
-WEIGHT_FIELDS = ("vocab_size", "n_layer", "n_head", "n_embd", "bias", "pos_emb", "block_size")
-# GPTConfig's fields that no swap changes (model.swapped): the weights' shape, dropout and RoPE,
-# built once; the others are the attention's, a fork's new kind's own setting included
-BUILT = (*WEIGHT_FIELDS, "dropout", "rope_base")
+WEIGHT_FIELDS = ("vocab_size", "n_layer", "n_head", "n_embd", "bias", "pos_emb", "block_size")  # model.BUILT's
 
 
 def from_gpt2(model_type, override_args=None):

@@ -23,11 +23,11 @@ import torch.nn.functional as F
 from torch.nn.utils.rnn import pad_sequence
 
 import attention
-from checkpoint import (BUILT, GPT2_META, GPT2_SIZES, from_gpt2, hf_tokenizer, hub_offline,
+from checkpoint import (GPT2_META, GPT2_SIZES, from_gpt2, hf_tokenizer, hub_offline,
                         load_checkpoint)
 from guards import InputError, count, need, path_problem, setting_problem
 from hf import HFLM, padded_sa_draws
-from model import ATTNS, DTYPES, GPTConfig, autocast, swapped
+from model import ATTNS, BUILT, DTYPES, GPTConfig, autocast, swapped
 from prepare_data import dataset_dir, get_tokenizer, hf_dataset, load_meta, load_tokens, progress, pyplot
 
 # -----------------------------------------------------------------------------

@@ -378,23 +378,27 @@ sa_draw_op.register_fake(lambda state, shape, value, device: torch.empty(
 
 
 # the attention's settings
-SWAPPABLE = ("attn", "window", "moba_chunk", "moba_topk", "sa_draw", "sa_rule")
+# GPTConfig's fields fixed when the weights are built; every other field (attn, window, moba_chunk,
+# moba_topk, sa_draw, sa_rule, a new kind's own) is the attention's, which a swap may change
+BUILT = ("block_size", "vocab_size", "n_layer", "n_head", "n_embd", "dropout", "bias", "pos_emb", "rope_base")
 
 
 def swapped(config, **changes):
-    """config with changes (GPT.swap_attention): the attention's settings, and any field GPTConfig
-    has beyond GPT-2's shape (a new kind's); not dropout or RoPE, built once. InputError where the
-    weights cannot swap."""
-    built = ("block_size", "vocab_size", "n_layer", "n_head", "n_embd", "dropout", "bias", "pos_emb", "rope_base")
-    other = sorted(set(changes) & set(built) | set(changes) - set(asdict(config)))
-    need(not other, f"swap_attention changes the attention ({', '.join(SWAPPABLE)}), not {', '.join(other)}")
+    """config with changes (GPT.swap_attention) to the attention's fields (not BUILT's); an InputError
+    where the weights cannot swap."""
+    other = sorted(set(changes) & set(BUILT) | set(changes) - set(asdict(config)))
+    attention_fields = ", ".join(f.name for f in fields(config) if f.name not in BUILT)
+    need(not other, f"swap_attention changes the attention ({attention_fields}), not {', '.join(other)}")
     new = replace(config, **changes)
-    need((new.attn == "sa+swa") == (config.attn == "sa+swa"), f"cannot swap attn={config.attn!r} -> {new.attn!r} "
-         "without training: the gates of sa+swa are learned with both paths (a swap may change its window)")
+    need((new.attn == "sa+swa") == (config.attn == "sa+swa"),
+         f"cannot swap attn={config.attn!r} -> {new.attn!r} without training: the gates of sa+swa are "
+         "learned with both paths (a swap may change its window)")
     return new
 
 
 def autocast(device, dtype):
     """The scripts' mixed precision."""
     need(dtype in DTYPES, f"dtype={dtype!r}: use one of {', '.join(DTYPES)}")
-    return nullcontext() if dtype == "float32" else torch.autocast(device.split(":")[0], dtype=DTYPES[dtype])
+    if dtype == "float32":
+        return nullcontext()
+    return torch.autocast(device.split(":")[0], dtype=DTYPES[dtype])

@@ -21,10 +21,10 @@ from dataclasses import fields
 import torch
 
 from attention import engine_line
-from checkpoint import BUILT, from_gpt2, gpt2_tokenizer, load_checkpoint
+from checkpoint import from_gpt2, gpt2_tokenizer, load_checkpoint
 from guards import need
 from kv_cache import use_kv_cache
-from model import DTYPES, GPTConfig, autocast
+from model import BUILT, DTYPES, GPTConfig, autocast
 from prepare_data import get_tokenizer
 
 # -----------------------------------------------------------------------------

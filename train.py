@@ -33,7 +33,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import attention
 from checkpoint import RunDir, from_gpt2, load_checkpoint, restore, rng_states
 from guards import check_memory, need
-from model import DTYPES, GPT, SWAPPABLE, GPTConfig, autocast
+from model import BUILT, DTYPES, GPT, GPTConfig, autocast
 from prepare_data import dataset_dir, load_data, mqar_batch, mqar_targets, task_metrics
 
 # -----------------------------------------------------------------------------
@@ -176,7 +176,8 @@ elif init_from == "resume":  # the checkpoint's model settings and tokenizer mus
     model, ckpt = load_checkpoint(ckpt_path, resume=(settings, meta))
     iter_num, best_val_loss = ckpt["iter_num"], ckpt["best_val_loss"]
 else:  # GPT-2's weights with this run's attention (its swap), to fine-tune
-    model = from_gpt2(init_from, {k: settings[k] for k in (*SWAPPABLE, "dropout")})
+    override = {f.name: settings[f.name] for f in fields(GPTConfig) if f.name not in BUILT}  # attention
+    model = from_gpt2(init_from, {**override, "dropout": dropout})
     model.crop_block_size(block_size)
     need(meta["vocab_size"] <= model.config.vocab_size,
          f"init_from={init_from!r} reads {model.config.vocab_size} token ids, fewer than "

@@ -9,7 +9,7 @@ import re
 import shlex
 import subprocess
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, fields
 
 import pytest
 
@@ -61,10 +61,11 @@ def script_settings(path):
     defaults = {}
     for node in ast.parse(open(path).read()).body:
         statement = ast.unparse(node)
-        if statement == "globals().update(asdict(GPTConfig()))":  # train.py: every GPTConfig field, its default
-            defaults.update(asdict(model.GPTConfig()))
-        if statement.startswith("for _field in fields(GPTConfig):"):  # eval.py: each kind setting it lacks, None
-            defaults.update({n: None for row in model.KINDS.values() for n in row.settings if n not in defaults})
+        if statement.startswith("globals().update({f.name: f.default for f in fields(GPTConfig)"):  # train.py
+            defaults.update({k: v for k, v in asdict(model.GPTConfig()).items() if k not in defaults})
+        if statement.startswith("for _field in fields(GPTConfig):"):  # eval.py, sample.py: a new kind's, None
+            defaults.update({f.name: None for f in fields(model.GPTConfig)
+                             if f.name not in defaults and f.name not in model.BUILT})
         if isinstance(node, ast.Assign):
             pairs = [(t, node.value) for t in node.targets]
         elif isinstance(node, ast.AnnAssign) and node.value is not None:
@@ -137,7 +138,10 @@ def check(command):
         elif value != "<...>" and not fits(defaults[name], value):
             problems.append(f"--{name}={value} does not fit its default {defaults[name]!r}")
         elif value != "<...>" and defaults[name] is not ANY and not isinstance(defaults[name], str):
-            values[name] = ast.literal_eval(value)
+            try:
+                values[name] = ast.literal_eval(value)
+            except (ValueError, SyntaxError):
+                values[name] = value  # a bare word: a str, as configurator.py reads it
         else:
             values.pop(name, None)
     numbers = {k: v for k, v in values.items() if type(v) in (int, float)}  # their ranges (guards.SETTINGS)

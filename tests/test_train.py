@@ -1165,7 +1165,9 @@ def test_finetunes_a_saved_gpt2_with_any_attention(root, tmp_path, tiny_gpt2, at
         data, losses = P.load_tokens(str(root / "text"), "val", meta), []
         gen = torch.Generator().manual_seed(1337)
         for _ in range(2):  # TINY's eval_iters
-            x, y = (torch.from_numpy(a) for a in P.random_batch(data, meta, 4, 32, gen, False))
+            ix = torch.randint(len(data) - 32, (4,), generator=gen).numpy()  # train.py's get_batch: text
+            x = torch.from_numpy(np.stack([data[i:i + 32] for i in ix]).astype(np.int64))
+            y = torch.from_numpy(np.stack([data[i + 1:i + 33] for i in ix]).astype(np.int64))
             with torch.no_grad():
                 losses.append(F.cross_entropy(hf(x).logits.flatten(0, 1), y.flatten()).item())
         assert first["val_loss"] == pytest.approx(sum(losses) / 2, rel=1e-5)
