@@ -30,8 +30,9 @@ def one_line(kind, error, tb):
         sys.__excepthook__(kind, error, tb)
 
 
-# Settings (configurator.py checks types): {name: (rule(value, settings) -> True, False or what is wrong, the fix)}; a
-# name means one thing everywhere.
+# Each setting's range, by name, for every script that has the setting (configurator.py checks types first):
+# {name: (check(value, settings) -> True, False or what is wrong, the fix)}. A name is one setting everywhere (top_k:
+# sampling's cut-off; MoBA's is moba_topk).
 
 def device_problem(device):
     """Why device (a str) is unusable here, or None."""

@@ -21,7 +21,8 @@ from guards import InputError, check_tokens, checked, need
 from kv_cache import KVCache, cacheable, use_kv_cache
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-# the kinds: a new one is its function, its branch in attend, its field
+# GPTConfig.attn's kinds. A new one: its function in attention.py, its name here and its branch in
+# CausalSelfAttention.attend, and a GPTConfig field for a setting of its own
 ATTNS = ("full", "swa", "sa", "sa+swa", "moba")
 
 
@@ -51,7 +52,7 @@ class CausalSelfAttention(nn.Module):
             cache.store(self.layer_idx, k, v, draw)
         if self.config.attn == "sa+swa":  # the paper's gated dual path
             g = torch.sigmoid(self.gate(x)).transpose(1, 2).unsqueeze(-1)  # (B, 2 * nh, T, 1)
-            g_sa, g_swa = g[:, :nh], g[:, nh:]  # (B, nh, T, 1) each: a gate per token, head and path
+            g_sa, g_swa = g[:, :nh], g[:, nh:]  # (B, nh, T, 1) each: per token, head and path
             y_sa = self.attend("sa", q, k, v, draw, cache)
             y_swa = self.attend("swa", q, k, v, None, cache)
             y = g_sa * y_sa + g_swa * y_swa  # Y = sigmoid(x W_sa) * Y_sa + sigmoid(x W_swa) * Y_swa
@@ -63,8 +64,7 @@ class CausalSelfAttention(nn.Module):
     def attend(self, kind, q, k, v, draw, cache=None):
         """q, k, v (B, nh, T, hs) -> y (B, nh, T, hs) by attention `kind`, with its settings."""
         c = self.config
-        # a decoding step: the new token's query over the KV cache
-        if cache is not None and cache.start > 0:
+        if cache is not None and cache.start > 0:  # decoding: the new query over the KV cache
             return cache.attend(self.layer_idx, q, kind)
         if kind == "full":
             return attention.full_attention(q, k, v)
@@ -108,14 +108,11 @@ class GPTConfig:
     dropout: float = 0.0  # residual and embedding dropout
     bias: bool = False  # biases in Linears and LayerNorms (GPT-2 has them)
     attn: str = "sa+swa"  # the attention: one of ATTNS
-    # SWA's and SA's keys per query, itself included (SA's value rule: on average, at block_size)
-    window: int = 256
+    window: int = 256  # SWA's keys per query, itself included; SA's on average, at block_size
     moba_chunk: int = 64  # MoBA's key chunk (its paper's "block")
     moba_topk: int = 4  # MoBA's chunks per query, its own included
-    # "layer": one SA draw per layer (the paper); "head": one per layer, batch row and head
-    sa_draw: str = "layer"
-    # "rank": windows over permuted slots (the paper); "value": a number r per token
-    sa_rule: str = "rank"
+    sa_draw: str = "layer"  # "layer": one SA draw per layer (the paper's); "head": per row and head
+    sa_rule: str = "rank"  # "rank": SWA over permuted slots (the paper's); "value": r per token
     pos_emb: str = "rope"  # "rope" or "learned" (GPT-2's, to load its weights)
     rope_base: float = 10000.0
 
@@ -124,7 +121,8 @@ class GPTConfig:
         for f in fields(self):
             value = getattr(self, f.name)
             if f.type is int:
-                ok = hasattr(value, "__index__") and not isinstance(value, bool) and operator.index(value) >= 1
+                ok = hasattr(value, "__index__") and not isinstance(value, bool)
+                ok = ok and operator.index(value) >= 1
                 need(ok, f"GPTConfig.{f.name}={value!r} is invalid: must be an integer >= 1")
                 setattr(self, f.name, operator.index(value))  # numpy's integers too
             if f.type is float:
@@ -176,17 +174,15 @@ class GPT(nn.Module):
         else:  # RoPE's angles
             hs = config.n_embd // config.n_head
             inv_freq = 1.0 / config.rope_base ** (torch.arange(0, hs, 2).float() / hs)  # (hs/2,)
-            # (block_size, hs/2)
-            angles = torch.outer(torch.arange(config.block_size).float(), inv_freq)
+            positions = torch.arange(config.block_size).float()  # (block_size,)
+            angles = torch.outer(positions, inv_freq)  # (block_size, hs/2)
             self.register_buffer("rope_cos", angles.cos(), persistent=False)
             self.register_buffer("rope_sin", angles.sin(), persistent=False)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.transformer.wte.weight = self.lm_head.weight  # weight tying
-        # SA's own random generator on the CPU (the same draws on any device), its state kept in a
-        # tensor that checkpoints save: sa_draw makes a torch.Generator from it and stores the state
-        # it leaves
-        # (5056,) uint8, not a buffer
-        self.sa_state = torch.Generator().manual_seed(sa_seed).get_state()
+        # SA's own random generator, on the CPU (the same draws on any device). Its state is kept in
+        # a tensor, which checkpoints save: sa_draw makes a torch.Generator of it, then stores its state
+        self.sa_state = torch.Generator().manual_seed(sa_seed).get_state()  # (5056,) uint8
         self.apply(self._init_weights)
         for name, p in self.named_parameters():
             if name.endswith("c_proj.weight"):  # GPT-2's scaled init of residual projections
@@ -216,36 +212,35 @@ class GPT(nn.Module):
         x = self.transformer.wte(idx)  # (B, T, C)
         rope = None
         if c.pos_emb == "learned":
-            # (B, T, C)
-            x = x + self.transformer.wpe(torch.arange(start, start + T, device=idx.device))
+            pos = torch.arange(start, start + T, device=idx.device)  # (T,)
+            x = x + self.transformer.wpe(pos)  # (B, T, C)
         else:
             rope = self.rope_cos[start:start + T], self.rope_sin[start:start + T]  # (T, hs/2) each
         x = self.transformer.drop(x)
-        # SA's draw, fresh per layer and forward: a permutation of the T positions, or one number r
-        # per token (the value rule); (T,), or with sa_draw="head" one per batch row and head, (B,
-        # nh, T)
+        # SA's draw, fresh per layer and forward: a random permutation of the T positions, or a
+        # number r per token (the value rule); (T,), or with sa_draw="head" one per row and head
         shape = [T] if c.sa_draw == "layer" else [B, c.n_head, T]
         draw = None
         for i, block in enumerate(self.transformer.h):
             if draws is not None:
                 draw = draws[i]
             elif c.attn in ("sa", "sa+swa"):
-                draw = (sa_draw_op if torch.compiler.is_compiling() else sa_draw)(
-                    self.sa_state, shape, c.sa_rule == "value", idx.device)
+                draw_fn = sa_draw_op if torch.compiler.is_compiling() else sa_draw  # op: compiled
+                draw = draw_fn(self.sa_state, shape, c.sa_rule == "value", idx.device)
             x = block(x, rope, draw, cache)
         if cache is not None:
             cache.start += T
         logits = self.lm_head(self.transformer.ln_f(x))  # (B, T, vocab)
         loss = None
         if targets is not None:
-            logits_2d = logits.view(-1, logits.size(-1)).float()  # (B * T, vocab), fp32 for the loss
+            logits_2d = logits.view(-1, logits.size(-1)).float()  # (B * T, vocab), fp32
             loss = F.cross_entropy(logits_2d, targets.reshape(-1), ignore_index=-1)
         return logits, loss
 
     def seed_sa(self, seed):
         """Restart SA's draws from seed."""
-        need(hasattr(seed, "__index__") and not isinstance(seed, bool) and -2**63 <= seed < 2**64, f"seed must be an "
-             f"integer that fits in 64 bits, got {seed!r}")
+        ok = hasattr(seed, "__index__") and not isinstance(seed, bool) and -2**63 <= seed < 2**64
+        need(ok, f"seed must be an integer that fits in 64 bits, got {seed!r}")
         self.sa_state.copy_(torch.Generator().manual_seed(operator.index(seed)).get_state())
 
     def swap_attention(self, **changes):
@@ -258,8 +253,8 @@ class GPT(nn.Module):
     def crop_block_size(self, block_size):
         """nanoGPT's (its from_pretrained is checkpoint.from_gpt2): a loaded model's context cut to
         block_size; value-rule SA's sa_delta = window / block_size grows by the same factor."""
-        need(block_size <= self.config.block_size, f"block_size={block_size}: the model holds at most "
-             f"{self.config.block_size} positions")
+        need(block_size <= self.config.block_size,
+             f"block_size={block_size}: the model holds at most {self.config.block_size} positions")
         self.config = replace(self.config, block_size=block_size)
         for block in self.transformer.h:
             block.attn.config = self.config
@@ -272,16 +267,18 @@ class GPT(nn.Module):
         params = [p for p in self.parameters() if p.requires_grad]
         decay = [p for p in params if p.dim() >= 2]    # matmul weights and embeddings
         no_decay = [p for p in params if p.dim() < 2]  # biases and LayerNorm gains
-        groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-        # every torch of requirements.txt has it
-        fused = dict(fused=True) if device_type == "cuda" else {}
+        groups = [{"params": decay, "weight_decay": weight_decay},
+                  {"params": no_decay, "weight_decay": 0.0}]
+        fused = dict(fused=True) if device_type == "cuda" else {}  # every torch of requirements.txt
         return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, **fused)
 
     def flops_per_token(self, T):
-        """Training FLOPs per token at sequence length T (nanoGPT's count): 6 per weight, plus 12 * n_layer *
-        n_embd per key a query sees (keys_seen); None for a kind keys_seen does not count."""
+        """Training FLOPs per token at sequence length T (nanoGPT's count): 6 per weight, plus
+        12 * n_layer * n_embd per key a query sees (keys_seen); None for a kind not counted."""
         c, keys = self.config, keys_seen(self.config, T)
-        return None if keys is None else 6 * self.get_num_params() + 12 * c.n_layer * c.n_embd * keys
+        if keys is None:
+            return None
+        return 6 * self.get_num_params() + 12 * c.n_layer * c.n_embd * keys
 
     def estimate_mfu(self, tokens_per_iter, dt, T, peak_flops=312e12):
         """Model FLOPs utilisation against an A100's bf16 peak (None where flops_per_token is)."""
@@ -298,8 +295,7 @@ class GPT(nn.Module):
         use_cache = use_kv_cache(c, use_cache)
         cache = None
         for _ in range(max_new_tokens):
-            # the prompt, or a full cache
-            if use_cache and (cache is None or cache.start == c.block_size):
+            if use_cache and (cache is None or cache.start == c.block_size):  # prompt, or refill
                 keep = c.block_size if cache is None else max(1, c.block_size // 2)
                 cache = KVCache(c)
                 logits, _ = self(idx[:, -keep:], cache=cache)
@@ -331,12 +327,13 @@ def apply_rope(x, cos, sin):
 
 
 def keys_seen(config, T):
-    """The keys a query of config's kind sees at sequence length T, on average over the T queries (itself
-    included); None for a kind not counted here."""
+    """The keys a query of config's kind sees at sequence length T, on average over the T queries
+    (itself included); None for a kind not counted here."""
     c = config
     w = min(c.window, T)
     band = w * (2 * T - w + 1) / (2 * T)  # SWA's min(i + 1, w), on average; the rank rule's too
-    value = 1 + (T - 1) * (c.sa_delta - c.sa_delta ** 2 / 2)  # itself, and an earlier key w.p. 2 d - d^2
+    d = c.sa_delta
+    value = 1 + (T - 1) * (d - d ** 2 / 2)  # itself, and each earlier key w.p. 2 d - d^2
     sa = value if c.sa_rule == "value" else band
     if c.attn == "full":
         return (T + 1) / 2
@@ -355,8 +352,7 @@ def keys_seen(config, T):
 def sa_draw(state: torch.Tensor, shape: List[int], value: bool, device: torch.device) -> torch.Tensor:
     """SA's draw of the given shape, (T,) or (B, nh, T), on device: a random permutation of range(T)
     in each row, or (value) numbers r in [0, 1), from the CPU generator whose state is `state`,
-    advanced in place. Marked as checked: attention.py need not read it back from a GPU to check it.
-    """
+    advanced in place. Marked as checked: attention.py need not read it back from a GPU."""
     g = torch.Generator().set_state(state)
     if value:
         draw = torch.rand(shape, generator=g)
@@ -370,22 +366,20 @@ def sa_draw(state: torch.Tensor, shape: List[int], value: bool, device: torch.de
     return checked(draw.to(device, non_blocking=True))
 
 
-# torch.compile cannot trace a torch.Generator: it calls sa_draw as this op, whose body it leaves
-# alone
+# torch.compile cannot trace a torch.Generator: it calls sa_draw as this op, whose body it skips
 sa_draw_op = torch.library.custom_op("sa::draw", sa_draw, mutates_args=("state",))
 sa_draw_op.register_fake(lambda state, shape, value, device: torch.empty(
     shape, dtype=torch.float if value else torch.long, device=device))
 
 
-# the attention's settings
 # GPTConfig's fields fixed when the weights are built; every other field (attn, window, moba_chunk,
 # moba_topk, sa_draw, sa_rule, a new kind's own) is the attention's, which a swap may change
 BUILT = ("block_size", "vocab_size", "n_layer", "n_head", "n_embd", "dropout", "bias", "pos_emb", "rope_base")
 
 
 def swapped(config, **changes):
-    """config with changes (GPT.swap_attention) to the attention's fields (not BUILT's); an InputError
-    where the weights cannot swap."""
+    """config with changes (GPT.swap_attention) to the attention's fields (not BUILT's); an
+    InputError where the weights cannot swap."""
     other = sorted(set(changes) & set(BUILT) | set(changes) - set(asdict(config)))
     attention_fields = ", ".join(f.name for f in fields(config) if f.name not in BUILT)
     need(not other, f"swap_attention changes the attention ({attention_fields}), not {', '.join(other)}")
