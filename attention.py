@@ -7,18 +7,20 @@ position per token:
 
 SWA: slot = pos = the index, width = window: query i sees keys i - window + 1 ... i, itself
 included. SA, the rank rule (the paper's): gather q, k, v by a random permutation perm (slot s holds
-token perm[s]), run SWA there with pos = perm, gather the output back: tokens a >= b interact iff
-their slots are less than `window` apart. SA, the value rule: each token draws a number r in [0, 1);
+token perm[s]), run the window there with pos = perm (so it reaches both ways over slots, and keeps
+the earlier tokens), gather the output back: tokens a >= b interact iff their slots are less than
+`window` apart. SA, the value rule: each token draws a number r in [0, 1);
 slot = r, width = delta: a >= b interact iff |r_a - r_b| < delta. That depends on r_a and r_b alone,
 so a KV cache can decode it (kv_cache.py). MoBA: query i sees its own chunk (j <= i) and the
 moba_topk - 1 past chunks of largest q_i . mean(K_chunk).
 
-Each kind has a dense reference, O(T^2), beside its fast function, O(T * window); the tests hold
-every fast function to its reference, forward and gradients (test_attention.py). Each public
-function checks its inputs at the door (guards.check_inputs). perm, pos and r are (T,), or
-broadcastable to (B, H, T). Every query sees itself, and no query reads a key it may not see, not
-even a NaN or inf in that key's k or v (compiled, or in the Triton kernel, a non-finite v, or a
-compiled run's non-finite k, may also make NaN the other queries of its tile).
+Each kind has a dense reference, O(T^2), beside its fast function (SWA's and SA's: O(T * window));
+the tests hold every fast function to its reference, forward and gradients (test_attention.py).
+Each public function checks its inputs at the door (guards.check_inputs). perm, pos and r are (T,),
+or broadcastable to (B, H, T). Every query sees itself, and no query reads a key it may not see, not
+even a NaN or inf in that key's k or v. Two exceptions: compiled, the values are not checked, so a
+non-finite k or v may also make NaN the other queries of its tile; the Triton kernel, likewise for
+a non-finite v.
 """
 import functools
 import importlib.util
@@ -54,8 +56,9 @@ def rule_mask(slot, pos, width):
 
 
 def masked_attention(q, k, v, mask):
-    """softmax(q k^T / sqrt(D), keys hidden where mask is False) @ v, in fp32; keys may outnumber
-    queries (a KV cache step). A non-finite v[j, d] reaches out[i, d] only where mask[i, j]."""
+    """softmax(q k^T / sqrt(D), keys hidden where mask is False) @ v, scores and softmax in fp32;
+    keys may outnumber queries (a KV cache step). A non-finite v[j, d] reaches out[i, d] only where
+    mask[i, j]."""
     q, k, v = check_inputs(q, k, v, any_length=True, mask=mask)
     with torch.autocast(q.device.type, enabled=False):
         scores = q.float() @ k.float().transpose(-1, -2) / math.sqrt(q.shape[-1])  # (B, H, T, S)
@@ -95,10 +98,12 @@ def full_reference(q, k, v):
 
 def sliding_window_attention(q, k, v, window, pos=None, r=None):
     """SWA by the rule above, in O(T * window): slot = the index, pos = arange(T) unless given
-    (then the band reaches both ways, causal on pos). With r (ascending: SA's value rule), slot = r
-    and window is its width delta. Equals swa_reference."""
-    width = dict(window=window) if r is None else dict(delta=window, r=r)
-    q, k, v = check_inputs(q, k, v, pos=pos, **width)
+    (then the window reaches both ways over slots, causal on pos). Equals swa_reference. With r
+    (ascending; SA's value rule), slot = r and window is the width delta: sa_value_reference's
+    rule, in the slot order r sorts."""
+    two_sided = pos is not None  # SA's: the window reaches both ways, causal on pos
+    rule_args = dict(window=window) if r is None else dict(delta=window, r=r)
+    q, k, v = check_inputs(q, k, v, pos=pos, **rule_args)
     engine = "torch"  # the CPU's, and "auto"'s where the kernel does not run: support, below
     if q.is_cuda or ENGINE != "auto":
         engine = _engine(q, "swa" if pos is None and r is None else "")
@@ -113,15 +118,15 @@ def sliding_window_attention(q, k, v, window, pos=None, r=None):
         return masked_attention(q, k, v, rule_mask(slot, pos, width))
     if r is not None and torch.compiler.is_compiling():  # nk is read from r: an op (below)
         return _value_band(q, k, v, window, pos, r)
-    # Queries in tiles of nq slots; tile t's keys are the nk slots from start[t] on, all its band
-    # can reach. The last tile's qpad slots past T - 1 are padding.
+    # Queries in tiles of nq slots; each tile's keys are the nk slots its queries' windows can reach.
+    # The last tile's qpad slots past T - 1 are padding.
     nq = min(TILE, T)
     nt = math.ceil(T / nq)  # tiles
     qpad = nt * nq - T
     qs = F.pad(q, (0, 0, 0, qpad)).reshape(B, H, nt, nq, D)  # (B, H, nt, nq, D): the query tiles
     qpos = F.pad(pos, (0, qpad), value=T).unflatten(-1, (nt, nq))  # (..., nt, nq)
-    if r is None:  # query i's band: slots i - before ... i + after, as strided views, no copy
-        before, after = width - 1, 0 if pos is idx else width - 1
+    if r is None:  # query i's window: slots i - before ... i + after, views of padded copies of k, v
+        before, after = width - 1, width - 1 if two_sided else 0
         nk = before + nq + after
         kp = F.pad(k, (0, 0, before, qpad + after))  # (B, H, before + nt * nq + after, D)
         vp = F.pad(v, (0, 0, before, qpad + after))
@@ -151,7 +156,7 @@ def sliding_window_attention(q, k, v, window, pos=None, r=None):
         mask[..., -1, nq - qpad:, :] = True
     mask = mask.expand(B, H, nt, nq, nk).flatten(0, 1) if mask.dim() == 5 else mask[None]
     qs, ks, vs = qs.flatten(0, 1), ks.flatten(0, 1), vs.flatten(0, 1)  # (B * H, nt, rows, D)
-    finite = torch.compiler.is_compiling() or bool((k.sum() + v.sum()).isfinite())  # compiled: unread
+    finite = torch.compiler.is_compiling() or bool((k.sum() + v.sum()).isfinite())  # compiled: unchecked
     if finite:  # the tiles as SDPA's heads: softmax(q k^T / sqrt(D), hidden keys -inf) @ v, fused
         y = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask)  # (B * H, nt, nq, D)
     else:  # the same softmax written out: a NaN or inf reaches only the queries that see it
@@ -190,13 +195,14 @@ def gather(t, perm):
 
 
 def stochastic_attention(q, k, v, window, perm):
-    """SA by the rank rule: a query sees about `window` keys; window >= T is full attention, the
-    identity perm SWA. Equals sa_reference. Its last three lines are README.md's recipe."""
+    """SA by the rank rule: a query sees `window` keys on average over the sequence (query i about
+    1 + 2 (window - 1) i / T); window >= T is full attention. Equals sa_reference. Its last three
+    lines are README.md's recipe."""
     q, k, v = check_inputs(q, k, v, window=window, perm=perm)
     if (q.is_cuda or ENGINE != "auto") and q.numel() and _engine(q, "sa rank") == "triton":
         return _kernel(q, k, v, float(window), perm)  # the three lines below, in one launch
     qs, ks, vs = gather(q, perm), gather(k, perm), gather(v, perm)  # (B, H, T, D) each, in permuted (slot) order
-    ys = sliding_window_attention(qs, ks, vs, window, pos=perm)     # SWA there, causal on original positions
+    ys = sliding_window_attention(qs, ks, vs, window, pos=perm)     # SWA there, both ways, causal on true positions
     return gather(ys, perm.argsort(-1))                             # back to token order: gather by perm's inverse
 
 
@@ -213,8 +219,9 @@ def sa_reference(q, k, v, window, perm):
 
 
 def stochastic_value_attention(q, k, v, delta, r):
-    """SA by the value rule: delta = window / T connects a pair as often as the rank rule. Sorted by
-    r, a tile of queries sees one run of keys. Equals sa_value_reference."""
+    """SA by the value rule: a pair meets with probability 2 delta - delta^2, as by the rank rule at
+    T = window / delta (the model's delta: window / block_size). Sorted by r, a tile of queries sees
+    one run of keys. Equals sa_value_reference."""
     q, k, v = check_inputs(q, k, v, delta=delta, r=r)
     r_sorted, perm = torch.sort(r, dim=-1, stable=True)  # each slot's r, ascending, and its token
     if (q.is_cuda or ENGINE != "auto") and q.numel() and _engine(q, "sa value") == "triton":

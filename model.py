@@ -225,7 +225,7 @@ class GPT(nn.Module):
             if draws is not None:
                 draw = draws[i]
             elif c.attn in ("sa", "sa+swa"):
-                draw_fn = sa_draw_op if torch.compiler.is_compiling() else sa_draw  # op: compiled
+                draw_fn = sa_draw_op if torch.compiler.is_compiling() else sa_draw  # op: for compile
                 draw = draw_fn(self.sa_state, shape, c.sa_rule == "value", idx.device)
             x = block(x, rope, draw, cache)
         if cache is not None:
@@ -317,8 +317,25 @@ class GPT(nn.Module):
         return asdict(self.config)
 
 
+def sa_draw(state: torch.Tensor, shape: List[int], value: bool, device: torch.device) -> torch.Tensor:
+    """SA's draw of the given shape, (T,) or (B, nh, T), on device: a random permutation of range(T)
+    in each row, or (value) numbers r in [0, 1), from the CPU generator whose state is `state`,
+    advanced in place. Marked as checked: attention.py need not read it back from a GPU."""
+    g = torch.Generator().set_state(state)
+    if value:
+        draw = torch.rand(shape, generator=g)
+    elif len(shape) == 1:
+        draw = torch.randperm(shape[0], generator=g)
+    else:
+        draw = torch.rand(shape, generator=g).argsort(-1)  # a permutation per row
+    state.copy_(g.get_state())
+    if device.type == "cuda":  # from pinned memory, the copy below does not wait for the GPU
+        draw = draw.pin_memory()
+    return checked(draw.to(device, non_blocking=True))
+
+
 # -----------------------------------------------------------------------------
-# Support, which a first reading skips: RoPE, SA's draw, swaps, autocast.
+# Support, which a first reading skips: RoPE, the FLOP count, the draw as an op, swaps, autocast.
 
 def apply_rope(x, cos, sin):
     """x (B, nh, T, hs) rotated by its T positions' angles, cos and sin (T, hs/2)."""
@@ -347,23 +364,6 @@ def keys_seen(config, T):
         m = min(c.moba_chunk, T)
         return sum(i % m + 1 + min(c.moba_topk - 1, i // m) * m for i in range(T)) / T
     return None
-
-
-def sa_draw(state: torch.Tensor, shape: List[int], value: bool, device: torch.device) -> torch.Tensor:
-    """SA's draw of the given shape, (T,) or (B, nh, T), on device: a random permutation of range(T)
-    in each row, or (value) numbers r in [0, 1), from the CPU generator whose state is `state`,
-    advanced in place. Marked as checked: attention.py need not read it back from a GPU."""
-    g = torch.Generator().set_state(state)
-    if value:
-        draw = torch.rand(shape, generator=g)
-    elif len(shape) == 1:
-        draw = torch.randperm(shape[0], generator=g)
-    else:
-        draw = torch.rand(shape, generator=g).argsort(-1)  # a permutation per row
-    state.copy_(g.get_state())
-    if device.type == "cuda":  # from pinned memory, the copy below does not wait for the GPU
-        draw = draw.pin_memory()
-    return checked(draw.to(device, non_blocking=True))
 
 
 # torch.compile cannot trace a torch.Generator: it calls sa_draw as this op, whose body it skips

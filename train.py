@@ -118,7 +118,7 @@ ctx = autocast(device, dtype)
 torch.backends.cuda.matmul.allow_tf32 = True
 torch.backends.cudnn.allow_tf32 = True
 model_args = {f.name: settings[f.name] for f in fields(GPTConfig)}
-config = GPTConfig(**{**model_args, "vocab_size": vocab_size or 1})  # checked before any data
+config = GPTConfig(**{**model_args, "vocab_size": vocab_size or 1})  # the settings, before any data
 
 # data: train.bin and val.bin, sequences of T tokens
 data_dir = dataset_dir(data_root, dataset)
@@ -258,12 +258,12 @@ if master:
     run = RunDir(out_dir, iter_num if init_from == "resume" else None, best_val_loss)
     best_val_loss = run.best_val_loss  # a resume's, from log.jsonl (checkpoint.RunDir)
     print(f"{dataset}: {len(data['train']):,} train / {len(data['val']):,} val tokens; "
-          f"{raw_model.get_num_params() / 1e6:.2f}M parameters, attn={config.attn}, "
-          f"window={config.window}; {tokens_per_iter:,} tokens per iteration ({world_size} x "
+          f"{raw_model.get_num_params() / 1e6:.2f}M parameters, attn={raw_model.config.attn}, "
+          f"window={raw_model.config.window}; {tokens_per_iter:,} tokens per iteration ({world_size} x "
           f"{gradient_accumulation_steps} x {batch_size} x {T}) on {device}")
 attention.ENGINE = attn_engine
-head_dim = config.n_embd // config.n_head
-line = attention.engine_line(device, DTYPES[dtype], head_dim, [config.attn], config.sa_rule)
+c = raw_model.config  # the settings', or a GPT-2's (init_from=gpt2...)
+line = attention.engine_line(device, DTYPES[dtype], c.n_embd // c.n_head, [c.attn], c.sa_rule)
 if master:  # each rank's GPU checked itself
     print(line)
 
