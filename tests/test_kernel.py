@@ -430,32 +430,40 @@ if "amd" not in triton.backends.backends:
     del TARGETS["gfx942"]
 PTR = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32"}
 KERNELS = ("forward swa", "backward swa", "forward sa", "backward sa", "forward value", "backward value", "rowdot sa")
+# the variants (kernel.Tiling's switches) on choose_tiling's tiles: for a GPU run to choose among (gpu_check's sweep)
+VARIANTS = ("forward swa one_loop", "forward sa one_loop", "backward swa one_loop", "backward sa one_loop",
+            "backward swa dq_atomic", "backward sa dq_atomic", "backward value dq_atomic", "forward value spans_first",
+            "backward value spans_first", "spans value")
 
 
 def compile_kernel(job):
-    """(shared bytes, registers, spilled bytes, seconds) of one kernel compiled for one target.
-    Runs in a fresh process without TRITON_INTERPRET, so that kernel.py's kernels are JIT functions."""
+    """(shared bytes, registers, spilled bytes, seconds) of one kernel compiled for one target: job's `which` is the
+    kernel, its rule and any variants. Runs in a fresh process without TRITON_INTERPRET, so that kernel.py's kernels
+    are JIT functions."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
     name, dtype, D, which = job
-    target = TARGETS[name]
-    tiling = kernel.choose_tiling(dtype, D, target)
-    if which.startswith("forward"):
-        fn, consts = kernel._attn_fwd, dict(D=D, TILE_M=tiling.tile_m, TILE_N=tiling.tile_n)
-    elif which.startswith("backward"):
-        fn, consts = kernel._attn_bwd, dict(D=D, TILE_FIXED=tiling.tile_fixed, TILE_LOOP=tiling.tile_loop)
-    else:
-        fn, consts = kernel._rowdot, dict(D=D, TILE=tiling.tile_fixed)
-    # as launched: swa without perm, sa with it, value with perm and r; strides multiples of 16, as Triton's launcher
-    # marks them (the model's are: (T * 3C, hs, 3C) for q, k, v, (T * C, hs, C) for o)
-    consts.update(HAS_PERM=not which.endswith("swa"))
-    if fn is not kernel._rowdot:
-        consts.update(HAS_R=which.endswith("value"), PRECISION=tiling.precision)
-    signature = {n: "constexpr" if n in consts else PTR[dtype] if n in ("Q", "K", "V", "O", "DO", "DQ", "DK", "DV")
-                 else "*fp32" if n in ("LSE", "RowDot", "R") else "*i64" if n == "Perm"
+    (kind, rule, *variants), target = which.split(), TARGETS[name]
+    tiling = kernel.choose_tiling(dtype, D, target)._replace(**dict.fromkeys(variants, True))
+    fn, consts, warps = {"forward": (kernel._attn_fwd, dict(TILE_M=tiling.tile_m, TILE_N=tiling.tile_n), None),
+                         "backward": (kernel._attn_bwd, dict(TILE_FIXED=tiling.tile_fixed, TILE_LOOP=tiling.tile_loop,
+                                                             DQ_ATOMIC=tiling.dq_atomic), None),
+                         "rowdot": (kernel._rowdot, dict(TILE=tiling.tile_fixed), None),
+                         "spans": (kernel._value_spans, dict(TILE_FIXED=tiling.tile_fixed,
+                                                             TILE_LOOP=tiling.tile_loop), 1)}[kind]
+    # as launched: swa without perm, sa with it, value with perm and r; T and the strides multiples of 16, as Triton's
+    # launcher marks a model's in training (q, k, v: (T * 3C, hs, 3C); o: (T * C, hs, C)); ints kernel.ANY unmarked
+    if fn is not kernel._value_spans:
+        consts.update(D=D, HAS_PERM=rule != "swa")
+    if fn in (kernel._attn_fwd, kernel._attn_bwd):
+        consts.update(HAS_R=rule == "value", ONE_LOOP=tiling.one_loop, SPANS_FIRST=tiling.spans_first,
+                      PRECISION=tiling.precision)
+    signature = {n: "constexpr" if n in consts else "*fp32" if n == "DQ" and tiling.dq_atomic
+                 else PTR[dtype] if n in ("Q", "K", "V", "O", "DO", "DQ", "DK", "DV")
+                 else "*fp32" if n in ("LSE", "RowDot", "R") else "*i64" if n == "Perm" else "*i32" if n == "Spans"
                  else "fp32" if n.endswith("scale") or n in ("width", "margin") else "i32" for n in fn.arg_names}
     aligned = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
-               if signature[n][0] == "*" or n[:3] in ("sq_", "sk_", "sv_", "so_", "sp_")}
+               if signature[n][0] == "*" or n[:3] in ("sq_", "sk_", "sv_", "so_") or n == "T"}
     triton.knobs.nvidia.dump_ptxas_log = True           # ptxas -v's report is printed: registers and spills
     log, start = io.StringIO(), time.perf_counter()
     with tempfile.TemporaryDirectory() as cache, contextlib.redirect_stdout(log):
@@ -463,7 +471,7 @@ def compile_kernel(job):
         warp = 64 if target.platform == "hip" else 32
         compiled = triton.compile(ASTSource(fn, signature, consts, aligned),
                                   target=GPUTarget(target.platform, target.arch, warp),
-                                  options=dict(num_warps=tiling.num_warps, num_stages=tiling.num_stages))
+                                  options=dict(num_warps=warps or tiling.num_warps, num_stages=tiling.num_stages))
     if target.platform == "hip":                        # the code object's metadata; spills counted in 4-byte words
         report = compiled.asm["amdgcn"]
         regs = int(re.search(r"\.vgpr_count:\s+(\d+)", report).group(1))
@@ -490,11 +498,11 @@ def compile_table(jobs, monkeypatch):
     todo = [job for job in jobs if job not in declined]
     with multiprocessing.get_context("spawn").Pool(os.cpu_count()) as pool:
         results = dict(zip(todo, pool.map(compile_kernel, todo)))
-    print(f"\nTriton {triton.__version__}\n{'target':>7} {'dtype':>9} {'D':>4} {'kernel':>14} {'shared KB':>10} "
+    print(f"\nTriton {triton.__version__}\n{'target':>7} {'dtype':>9} {'D':>4} {'kernel':>26} {'shared KB':>10} "
           f"{'regs':>5} {'spills B':>9} {'compile s':>10}")
     for job in jobs:
         name, dtype, D, which = job
-        row = f"{name:>7} {str(dtype)[6:]:>9} {D:>4} {which:>14} "
+        row = f"{name:>7} {str(dtype)[6:]:>9} {D:>4} {which:>26} "
         if job in declined:
             print(row + "torch engine: " + declined[job].split(": ", 1)[-1])
             continue
@@ -509,14 +517,17 @@ def compile_table(jobs, monkeypatch):
 
 def test_compiles_for_sm86(monkeypatch):
     """The quick version: bf16 at D=128 (the largest fp16/bf16 tiles) for the 99 KB GPUs (RTX 30xx/40xx, L4),
-    every rule."""
-    compile_table([("sm_86", torch.bfloat16, 128, which) for which in KERNELS], monkeypatch)
+    every rule, and each variant in SA's kernels."""
+    variants = ("forward sa one_loop", "backward sa one_loop", "backward sa dq_atomic", "backward value spans_first",
+                "spans value")
+    compile_table([("sm_86", torch.bfloat16, 128, which) for which in KERNELS + variants], monkeypatch)
 
 
 @pytest.mark.slow
 def test_compiles_for_every_target(monkeypatch):
+    """Every kernel for every target, dtype and head dim; the variants in bf16."""
     compile_table([(name, dtype, D, which) for name in TARGETS for dtype in PTR for D in (64, 128)
-                   for which in KERNELS], monkeypatch)
+                   for which in KERNELS + VARIANTS * (dtype == torch.bfloat16)], monkeypatch)
 
 
 # -----------------------------------------------------------------------------
