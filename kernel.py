@@ -4,7 +4,9 @@ SA's permutation inside: triton_swa(q, k, v, width, perm, r).
 As in Triton's fused-attention tutorial, a forward program streams the key tiles its TILE_M query slots' band reaches,
 online softmax in fp32: O(T * w). The programs read q, k, v and write out, dq, dk, dv through perm: SA is one launch
 forward and two backward, no copy in slot order. No repo imports. The rules are attention.py's, each checked against a
-dense one at its first use on a device, dtype and head dim (check_once).
+dense one at its first use on a device, dtype and head dim (check_once), by the binary training runs. Variants (Tiling's
+switches: one masked loop, FlashAttention-2's backward, the value rule's spans found first) wait for a GPU run to pick
+them (results/gpu_check.py's sweep, then TUNED); today's tiling runs until then.
 """
 import functools
 import math
@@ -153,8 +155,9 @@ def _program(TILE: tl.constexpr, T, H):
     return tl.program_id(0) % tiles * TILE, bh // H, bh % H, bh
 
 
-# Integers Triton would specialise on (divisible by 16, or 1) that the code gains nothing from: one binary for every
-# head count, window and draw, so that the self-check runs the binary a call runs (T's specialisation aside: T_CHECK)
+# Integer arguments Triton is not to specialise (on divisibility by 16, and on 1): one binary for every head count,
+# window and draw, so that the self-check (at check_size's T, a multiple of 16 as training's) runs the binary a call
+# runs. They only offset pointers and bound masks (sp_b, sp_h: the rows of perm and r, read once a tile).
 ANY = ["H", "left", "right", "sp_b", "sp_h"]
 
 
@@ -189,7 +192,7 @@ def _attn_fwd(Q, K, V, O, LSE, Perm, R, Spans, sq_b, sq_h, sq_t, sk_b, sk_h, sk_
              (acc / l_i[:, None]).to(O.dtype.element_ty), mask=offs_m[:, None] < T)
 
 
-@triton.jit(do_not_specialize=ANY[3:])
+@triton.jit(do_not_specialize=ANY)
 def _value_spans(R, Spans, sp_b, sp_h, H, T, width, margin, TILE_FIXED: tl.constexpr, TILE_LOOP: tl.constexpr):
     """SPANS_FIRST's launch before the attention launch of the same grid: each of its programs' key spans [lo, hi)
     under the value rule, by _span's bisections, at Spans[2 * program id]."""
@@ -200,7 +203,7 @@ def _value_spans(R, Spans, sp_b, sp_h, H, T, width, margin, TILE_FIXED: tl.const
     tl.store(Spans + 2 * tl.program_id(0) + 1, hi)
 
 
-@triton.jit(do_not_specialize=ANY[3:])
+@triton.jit(do_not_specialize=ANY)
 def _rowdot(O, DO, RowDot, Perm, so_b, so_h, so_t, sp_b, sp_h, H, T,
             D: tl.constexpr, TILE: tl.constexpr, HAS_PERM: tl.constexpr):
     """The backward's first step: rowsum(dO * O) of each slot's row, fp32 (FlashAttention's D_i)."""
