@@ -155,10 +155,10 @@ def _program(TILE: tl.constexpr, T, H):
     return tl.program_id(0) % tiles * TILE, bh // H, bh % H, bh
 
 
-# Integer arguments Triton is not to specialise (on divisibility by 16, and on 1): one binary for every head count,
-# window and draw, so that the self-check (at check_size's T, a multiple of 16 as training's) runs the binary a call
-# runs. They only offset pointers and bound masks (sp_b, sp_h: the rows of perm and r, read once a tile).
-ANY = ["H", "left", "right", "sp_b", "sp_h"]
+# Integer arguments Triton is not to specialise (on divisibility by 16, and on 1): one binary for every head count and
+# window, so that the self-check (at check_size's T, a multiple of 16 as training's) runs the binary a call runs. They
+# only bound masks and index heads. (perm's strides, sp_b and sp_h, are 0 or multiples of T: a multiple of 16 too.)
+ANY = ["H", "left", "right"]
 
 
 @triton.jit(do_not_specialize=ANY)

@@ -44,8 +44,9 @@ import tempfile
 import time
 import traceback
 
-import numpy as np
-import torch
+START = time.time()  # the budget counts from here: importing torch takes seconds
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # the repo's modules
@@ -167,14 +168,17 @@ def compile_jobs():
     jobs += [(ROOT, "kernel", (dtype, rule, int(T), int(window))) for dtype in check_dtypes.split(",")
              for T in check_T.split(",") for window in check_windows.split(",") for rule in kernel.RULES]
     classes = {int(T) % 16 == 0: int(T) for T in sweep_sizes.split(",")}.values()  # one T per specialisation
-    jobs += [(ROOT, "sweep", (i, T, kind)) for i in swept() if CANDIDATES[i] for T in classes for kind in SWEEP_KINDS]
+    _, _, D, window = map(int, sweep_shape.split(","))
+    jobs += [(ROOT, "sweep", (i, T, kind, D, window)) for i in swept() if CANDIDATES[i] for T in classes
+             for kind in SWEEP_KINDS]
     jobs += [(base, "base", (kind,)) for kind in ("swa", "sa", "sa-value")] * bool(base)
     return jobs
 
 
 def warm(job):
-    """One compile job, in a fresh process: its kernel calls, once (their outputs are not looked at). The kernel's
-    own errors are the later stage's to report: here a line."""
+    """One compile job, in a fresh process (this module's settings at their defaults: a job carries its own): its
+    kernel calls, once (their outputs are not looked at). The kernel's own errors are the later stage's to report:
+    here a line."""
     root, what, args = job
     sys.path.insert(0, root)
     import kernel
@@ -185,9 +189,9 @@ def warm(job):
         elif what == "kernel":
             kernel.self_check(dev, getattr(torch, args[0]), 64, args[1], args[2], args[3], B=1, H=2)
         elif what == "sweep":
-            _, _, D, window = map(int, sweep_shape.split(","))
-            tiling = kernel.choose_tiling(sweep_dtype(), D, kernel.device_target(dev))._replace(**CANDIDATES[args[0]])
-            sweep_case(tiling, args[2], args[1], 1, 2, D, window, sweep_dtype())
+            i, T, kind, D, window = args
+            tiling = kernel.choose_tiling(sweep_dtype(), D, kernel.device_target(dev))._replace(**CANDIDATES[i])
+            sweep_case(tiling, kind, T, 1, 2, D, window, sweep_dtype())
         else:  # the base's attention.py, as bench.py calls it (its kernel may specialise on the heads and window)
             import attention
             attention.ENGINE = "triton"
@@ -456,6 +460,7 @@ def provenance_now():
 if __name__ == "__main__":
     exec(open(os.path.join(ROOT, "configurator.py")).read())
     from guards import need
+    path, base = results_path(), base and os.path.abspath(base)  # before the chdir
     os.chdir(ROOT)  # kernel.py, results/bench.py and train.py run from the repo root
     if child:  # one in-process stage, in this child process: its record, after every step, at path
         stage, _, path = child.partition(":")
@@ -467,7 +472,7 @@ if __name__ == "__main__":
         sys.exit()
     if not device.startswith("cuda"):
         sys.exit("gpu_check.py needs a CUDA GPU, and torch sees none here (the CPU checks: python -m pytest -q)")
-    todo, LIMITS, path = stages.split(","), stage_limits(), results_path()
+    todo, LIMITS = stages.split(","), stage_limits()
     need(set(todo) <= set(STAGES), f"stages={stages!r}: use some of {','.join(STAGES)}")
     need(LIMITS is not None, f"limits={limits!r}: give seconds for each of {','.join(STAGES)}, e.g. compile:40,...")
     need(not base or os.path.isfile(os.path.join(base, "attention.py")), f"base={base!r} holds no attention.py")
@@ -478,7 +483,7 @@ if __name__ == "__main__":
     except (OSError, ValueError, KeyError, TypeError) as e:
         sys.exit(f"gpu_check.py: cannot read the earlier results in {path} ({e}): move the file aside")
     import triton
-    gpu, start = torch.cuda.get_device_name(), time.time()
+    gpu, start = torch.cuda.get_device_name(), START
     result = dict(gpu=gpu, torch=torch.__version__, triton=triton.__version__, cuda=torch.version.cuda,
                   started=time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), budget=budget, stages={})
     write = writer(path)
@@ -512,7 +517,7 @@ if __name__ == "__main__":
         elif stage == "speed":
             save(stage, bench_stage(limit(stage), ["--dtype=bfloat16", "--attn_engine=triton"]))
         else:
-            save(stage, in_child(stage, limit(stage), sys.argv[1:]))
+            save(stage, in_child(stage, limit(stage), sys.argv[1:] + [f"--base={base}"]))
         print(result["stages"][stage]["output"][-3000:], flush=True)
     for r in result["stages"].get("speed", {}).get("full_over", []):
         print(f"full/{r['kind']:<7} {r['mode']:>7} T={r['T']:<6} {r['ratio']:6.2f}x   (paper, A100: {r['paper_sa']}x)")

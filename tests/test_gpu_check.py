@@ -96,12 +96,11 @@ def test_bench_stage_reports_full_over_sa_and_the_base(monkeypatch):
 @interpreter_rows
 def test_compile_stage_runs_each_job_in_a_fresh_process(monkeypatch):
     """Each warm-up job runs its kernel calls in a process of its own; a job that fails is a line, not a crash."""
-    jobs = [(ROOT, "kernel", ("float32", "sa rank", 40, 8)), (ROOT, "sweep", (5, 40, "sa")),
+    jobs = [(ROOT, "kernel", ("float32", "sa rank", 40, 8)), (ROOT, "sweep", (5, 40, "sa", 16, 8)),
             (ROOT, "kernel", ("float8", "swa", 40, 8))]
     monkeypatch.setattr(gpu_check, "compile_jobs", lambda: jobs)
-    monkeypatch.setattr(gpu_check, "sweep_shape", "1,2,16,8")
     record = gpu_check.compile_stage(workers=2)
-    assert record["jobs"]["kernel float32 sa rank 40 8"] == "pass" and record["jobs"]["sweep 5 40 sa"] == "pass"
+    assert record["jobs"]["kernel float32 sa rank 40 8"] == "pass" and record["jobs"]["sweep 5 40 sa 16 8"] == "pass"
     assert record["status"] == "fail" and "float8" in record["jobs"]["kernel float8 swa 40 8"], record
     assert "2 of 3 jobs" in record["output"]
 
@@ -113,7 +112,8 @@ def test_compile_jobs_cover_the_stages_after(monkeypatch):
     jobs = gpu_check.compile_jobs()
     assert sum(what == "self-check" for _, what, _ in jobs) == 6 and sum(what == "kernel" for _, what, _ in jobs) == 3
     sweeps = {args for _, what, args in jobs if what == "sweep"}
-    assert sweeps == {(i, 8192, kind) for i in range(1, len(gpu_check.CANDIDATES)) for kind in gpu_check.SWEEP_KINDS}
+    assert sweeps == {(i, 8192, kind, 64, 256) for i in range(1, len(gpu_check.CANDIDATES))
+                      if i not in gpu_check.SM90_ONLY for kind in gpu_check.SWEEP_KINDS}  # this CPU: no sm_90
     assert [args for root, _, args in jobs if root == "/base"] == [("swa",), ("sa",), ("sa-value",)]
 
 

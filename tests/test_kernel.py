@@ -472,7 +472,7 @@ def compile_kernel(job):
                  else "*fp32" if n in ("LSE", "RowDot", "R") else "*i64" if n == "Perm" else "*i32" if n == "Spans"
                  else "fp32" if n.endswith("scale") or n in ("width", "margin") else "i32" for n in fn.arg_names}
     aligned = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
-               if signature[n][0] == "*" or n[:3] in ("sq_", "sk_", "sv_", "so_") or n == "T"}
+               if signature[n][0] == "*" or n[:3] in ("sq_", "sk_", "sv_", "so_", "sp_") or n == "T"}
     triton.knobs.nvidia.dump_ptxas_log = True           # ptxas -v's report is printed: registers and spills
     log, start = io.StringIO(), time.perf_counter()
     with tempfile.TemporaryDirectory() as cache, contextlib.redirect_stdout(log):
