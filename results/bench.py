@@ -6,18 +6,25 @@ and forward+backward, with peak memory. Prints one table; ratios within one run 
     python results/bench.py --sizes=4096 --json_out=speed.json   # one size, and the table as JSON
     python results/bench.py --device=cuda --dtype=bfloat16 --attn_engine=auto  # a GPU: the Triton kernel (gpu_check.py)
     python results/bench.py --generation=True                # GPT.generate, with and without the KV cache
+    python results/bench.py --device=cuda --base=.base       # also a change's base (its attention.py), alternately
 
 On the CPU each measurement runs in a fresh process, so that its peak resident memory can be read
 (with THP_MEM_ALLOC_ENABLE=thp: huge pages, so fewer page faults on fresh buffers, for every kind);
 on a GPU all run in this process, with the peak of torch.cuda's allocator. Two times per call: "wall ms", each
 call waited for (the host's work and launches included, as a step that syncs pays them), and on a GPU "device
 ms", CUDA events around `reps` calls made back to back (the GPU's time, as a step that never syncs pays it:
-the host runs ahead). full/this is by device ms on a GPU.
-The FlexAttention peers are what a Flex user writes: compiled flex_attention with a BlockMask built
+the host runs ahead). full/this is by device ms on a GPU. Each kind's dO is laid out as its output, as a loss's
+gradient is: no kind pays for a copy of it. With --base, the kinds that run attention.py's band are timed for the base
+checkout too (rows "base:<kind>"), base and this one alternately, `rounds` rounds each (median), on a GPU in this
+process (Checkout), on the CPU each case in a fresh process.
+The FlexAttention peers are what a Flex user writes: compiled flex_attention (dynamic=False: one
+compile per shape, as training's fixed T) with a BlockMask built
 from block indices (never a T x T mask) that lists only the key blocks the band reaches. flex-sa
 gathers q, k, v into SA's slot order, runs the band |s - t| < window with mask_mod
 pos[t] <= pos[s] (attention.py's rule) and scatters back. FlexAttention has no backward on the CPU.
 """
+import contextlib
+import importlib
 import json
 import os
 import resource
@@ -51,11 +58,14 @@ device = "cpu"             # cpu or cuda
 dtype = "float32"          # float32, bfloat16 or float16: the dtype of q, k, v
 attn_engine = "torch"      # attention.ENGINE: "auto" runs the Triton kernel on a GPU
 json_out = ""              # also write the rows and the table here
-modules = ""               # another checkout whose attention.py to time (a change's base: gpu_check.py --base)
+modules = ""               # another checkout whose attention.py to time instead of this one's
+base = ""                  # a change's base checkout: its kinds in BASE_KINDS timed too, alternately with this one's
+rounds = 3                 # with base: rounds of base then this checkout, per case (the median is reported)
 case = ""                  # internal: "kind,mode,T" measures one case in this process
 generation = False         # time GPT.generate instead, with and without the KV cache (benchmark_generation)
 # -----------------------------------------------------------------------------
 KINDS = ("full", "swa", "sa", "sa-bht", "sa-value", "moba", "flex-swa", "flex-sa")
+BASE_KINDS = ("swa", "sa", "sa-bht", "sa-value", "moba")  # run attention.py's own band (full is SDPA, Flex bench's)
 MODES = ("fwd", "fwd+bwd")
 
 
@@ -80,12 +90,41 @@ def band_block_mask(T, lo, hi, mask_mod, full_blocks):
 def flex_band(*band):
     """Compiled flex_attention with band_block_mask(*band)."""
     from torch.nn.attention.flex_attention import flex_attention
-    mask, flex = band_block_mask(*band), torch.compile(flex_attention)
+    mask, flex = band_block_mask(*band), torch.compile(flex_attention, dynamic=False)
     return lambda q, k, v: flex(q, k, v, block_mask=mask)
 
 
-def attention_fn(kind, T):
-    """The function of (q, k, v) that `kind` names, with its permutation drawn once."""
+class Checkout:
+    """Another checkout's attention.py, and the repo modules it imports, loaded beside this one's in this process:
+    `with checkout as A:` runs A's functions with sys.modules pointing at its modules (attention.py imports kernel in
+    a function). Its kernel.py registers torch ops under our ops' names: harmless eagerly, as here (each kernel.py's
+    autograd function calls its own code), wrong under torch.compile."""
+
+    def __init__(self, root):
+        names = [n[:-3] for n in os.listdir(root) if n.endswith(".py")]  # its top-level modules
+        saved = {n: sys.modules.pop(n) for n in names if n in sys.modules}
+        sys.path.insert(0, root)
+        try:
+            self.A = importlib.import_module("attention")
+            if importlib.util.find_spec("triton"):
+                importlib.import_module("kernel")  # now, not at its first call (under our modules)
+        finally:
+            sys.path.remove(root)
+            self.modules = {n: sys.modules.pop(n) for n in names if n in sys.modules}
+            sys.modules.update(saved)
+
+    def __enter__(self):
+        self.saved = {n: sys.modules.get(n) for n in self.modules}
+        sys.modules.update(self.modules)
+        return self.A
+
+    def __exit__(self, *exc):
+        for n, m in self.saved.items():
+            sys.modules.pop(n) if m is None else sys.modules.update({n: m})
+
+
+def attention_fn(kind, T, A=A):
+    """The function of (q, k, v) that `kind` names, with its permutation drawn once; A: the attention module."""
     perm = torch.randperm(T, device=device)
     if kind == "full":
         return A.full_attention
@@ -111,17 +150,18 @@ def attention_fn(kind, T):
     raise ValueError(f"unknown kind {kind!r}")
 
 
-def measure(kind, mode, T):
+def measure(kind, mode, T, A=A):
     """(median wall seconds, device seconds or None, peak MiB above the inputs) of one case, in this process: peak RSS
     on the CPU (so run each case in a fresh process there), torch.cuda's peak allocation on a GPU."""
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     setattr(A, "ENGINE" if hasattr(A, "ENGINE") else "IMPL", attn_engine)  # a --modules checkout may predate ENGINE
-    fn = attention_fn(kind, T)
+    fn = attention_fn(kind, T, A)
     shape = (batch, heads, T, head_dim)  # (B, H, T, D)
     q, k, v, dout = (torch.randn(shape, device=device, dtype=getattr(torch, dtype)) for _ in range(4))
     q, k, v = (t.requires_grad_(mode != "fwd") for t in (q, k, v))
-    dout = dout.transpose(1, 2).contiguous().transpose(1, 2)  # (B, H, T, D) laid out (B, T, H, D), as training's
+    douts = {d.stride(): d for d in (dout, dout.transpose(1, 2).contiguous().transpose(1, 2))}  # (B, H, T, D) or
+    # (B, T, H, D) in memory (the kernel's output, and so training's dO): each output gets dO in its own layout
     cuda = device.startswith("cuda")
     if cuda:
         torch.cuda.synchronize()
@@ -132,7 +172,8 @@ def measure(kind, mode, T):
             with torch.no_grad():
                 fn(q, k, v)
         else:
-            torch.autograd.grad(fn(q, k, v), (q, k, v), dout)
+            out = fn(q, k, v)
+            torch.autograd.grad(out, (q, k, v), douts.get(out.stride(), dout))
     times = []
     for _ in range(reps + 1):  # wall: each call waited for
         t0 = time.perf_counter()
@@ -165,6 +206,7 @@ def check_settings():
     need(all(t.strip().isdigit() and int(t) >= 1 for t in sizes.split(",")), f"sizes={sizes!r}: give sequence lengths "
          ">= 1, comma separated, e.g. --sizes=1024,4096")
     need(thp in (0, 1), f"thp={thp}: use 1 (huge pages) or 0")
+    need(not base or os.path.isfile(os.path.join(base, "attention.py")), f"base={base!r} holds no attention.py")
     one = case.split(",")
     need(not case or len(one) == 3 and one[0] in KINDS and one[1] in MODES and one[2].isdigit() and int(one[2]) >= 1,
          f"case={case!r}: use kind,mode,T (internal: the one case that a fresh process measures)")
@@ -224,10 +266,29 @@ if __name__ == "__main__":
     head = (f"B={batch} H={heads} D={head_dim} {dtype}, window {window}, MoBA chunk {moba_chunk} top_k "
             f"{moba_topk}, Flex block {flex_block}, attention.ENGINE={attn_engine} of {MODULES}; torch "
             f"{torch.__version__}; median of {reps} after a warm-up; {where}")
-    lines = [head, f"{'mode':>8} {'T':>6} {'kind':>10} {'wall ms':>9} {'device ms':>9} {'peak MiB':>9} "
+    lines = [head, f"{'mode':>8} {'T':>6} {'kind':>13} {'wall ms':>9} {'device ms':>9} {'peak MiB':>9} "
              f"{'full/this':>10}"]
     print("\n".join(lines), flush=True)
     torch._dynamo.config.cache_size_limit = 64  # in one process, Flex recompiles for every T, mask and mode
+    checkout = Checkout(base) if base and cuda else None  # the base's modules beside ours (GPU: one process)
+
+    def one(kind, mode, T, side):
+        """(wall s, device s or None, peak MiB) of one case, or its error's line; side "base": the base's modules."""
+        if cuda:
+            try:
+                with checkout if side == "base" else contextlib.nullcontext(A) as attention:
+                    return measure(kind, mode, T, attention)
+            except Exception as e:  # e.g. out of memory: the row says so, the others still run
+                torch.cuda.empty_cache()
+                return f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+        cmd = [sys.executable, __file__, *[f"--modules={base}"] * (side == "base"), *sys.argv[1:],
+               f"--case={kind},{mode},{T}"]
+        out = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, THP_MEM_ALLOC_ENABLE=str(thp)))
+        if out.returncode:
+            return (out.stderr.strip().splitlines() or ["?"])[-1]
+        s, mib = (float(x) for x in out.stdout.split()[-2:])
+        return s, None, mib
+
     rows = []
     for mode in modes.split(","):
         for T in map(int, sizes.split(",")):
@@ -235,35 +296,30 @@ if __name__ == "__main__":
             for kind in kinds.split(","):
                 if kind.startswith("flex") and mode != "fwd" and not cuda:
                     continue  # FlexAttention has no CPU backward
-                dev = None
-                if cuda:
-                    try:
-                        s, dev, mib = measure(kind, mode, T)
-                        error = None
-                    except Exception as e:  # e.g. out of memory: the row says so, the others still run
-                        error = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
-                        torch.cuda.empty_cache()
-                else:
-                    cmd = [sys.executable, __file__, *sys.argv[1:], f"--case={kind},{mode},{T}"]
-                    out = subprocess.run(cmd, capture_output=True, text=True,
-                                         env=dict(os.environ, THP_MEM_ALLOC_ENABLE=str(thp)))
-                    error = (out.stderr.strip().splitlines() or ["?"])[-1] if out.returncode else None
-                    if not error:
-                        s, mib = (float(x) for x in out.stdout.split()[-2:])
-                if error:
-                    line = f"{mode:>8} {T:>6} {kind:>10}  failed: {error[:100]}"
-                else:
-                    res[kind] = dev or s
-                    rows.append(dict(mode=mode, T=T, kind=kind, ms=1000 * s, device_ms=dev and 1000 * dev,
-                                     peak_mib=mib))
-                    ratio = f"{res['full'] / res[kind]:>9.2f}x" if "full" in res else ""
-                    device = f"{1000 * dev:>9.3f}" if dev else f"{'-':>9}"
-                    line = f"{mode:>8} {T:>6} {kind:>10} {1000 * s:>9.{3 if cuda else 1}f} {device} {mib:>9.0f} {ratio}"
-                lines.append(line)
-                print(line, flush=True)
-            for a, b in (("sa", "swa"), ("sa", "flex-sa"), ("swa", "flex-swa")):
+                sides = ("base", "after") if base and kind in BASE_KINDS else ("after",)
+                got = {side: [] for side in sides}
+                for _ in range(rounds if len(sides) > 1 else 1):  # base and this checkout alternately
+                    for side in sides:
+                        got[side].append(one(kind, mode, T, side))
+                for side, runs in got.items():
+                    name = f"base:{kind}" if side == "base" else kind
+                    error = next((run for run in runs if isinstance(run, str)), None)
+                    if error:
+                        line = f"{mode:>8} {T:>6} {name:>13}  failed: {error[:100]}"
+                    else:
+                        s, dev, mib = (None if x[0] is None else statistics.median(x) for x in zip(*runs))
+                        res[name] = dev or s
+                        rows.append(dict(mode=mode, T=T, kind=name, ms=1000 * s, device_ms=dev and 1000 * dev,
+                                         peak_mib=mib, rounds=len(runs)))
+                        ratio = f"{res['full'] / res[name]:>9.2f}x" if "full" in res else ""
+                        ms = f"{1000 * dev:>9.3f}" if dev else f"{'-':>9}"
+                        line = f"{mode:>8} {T:>6} {name:>13} {1000 * s:>9.{3 if cuda else 1}f} {ms} {mib:>9.0f} {ratio}"
+                    lines.append(line)
+                    print(line, flush=True)
+            pairs = [("sa", "swa"), ("sa", "flex-sa"), ("swa", "flex-swa")] + [(k, f"base:{k}") for k in BASE_KINDS]
+            for a, b in pairs:
                 if a in res and b in res:
-                    lines.append(f"{'':>8} {'':>6} {f'{a}/{b}':>10} {res[a] / res[b]:>9.2f}x")
+                    lines.append(f"{'':>8} {'':>6} {f'{a}/{b}':>13} {res[a] / res[b]:>9.2f}x")
                     print(lines[-1], flush=True)
     if not rows:
         sys.exit("bench.py: every case failed (see the rows above)")

@@ -50,7 +50,7 @@ def ast_source(fn, dtype, consts):
     from triton.compiler import ASTSource
     names = fn.arg_names
     sig = {n: f"*{dtype}" if n in ("Q", "K", "V", "O", "DO", "DQ", "DK", "DV") else "*fp32" if n in ("LSE", "RowDot")
-           else "*fp32" if n == "R" else "*i64" if n == "Perm"
+           else "*fp32" if n == "R" else "*i64" if n == "Perm" else "*i32" if n == "Spans"
            else "fp32" if n.endswith("scale") or n in ("width", "margin") else "i32" for n in names if n not in consts}
     aligned = [i for i, n in enumerate(names)  # pointers and strides
                if sig.get(n, "")[:1] == "*" or n[:3] in ("sq_", "sk_", "sv_", "so_", "sp_")]
@@ -77,12 +77,13 @@ def compile_all():
         if which.startswith("forward"):
             fn, consts = kernel._attn_fwd, dict(D=D, TILE_M=tiling.tile_m, TILE_N=tiling.tile_n)
         elif which.startswith("backward"):
-            fn, consts = kernel._attn_bwd, dict(D=D, TILE_FIXED=tiling.tile_fixed, TILE_LOOP=tiling.tile_loop)
+            fn, consts = kernel._attn_bwd, dict(D=D, TILE_FIXED=tiling.tile_fixed, TILE_LOOP=tiling.tile_loop,
+                                                DQ_ATOMIC=False)
         else:
             fn, consts = kernel._rowdot, dict(D=D, TILE=tiling.tile_fixed)
         consts.update(HAS_PERM=True)  # as SA launches them: perm, and r for the value rule
-        if fn is not kernel._rowdot:
-            consts.update(HAS_R=which.endswith("value"), PRECISION=tiling.precision)
+        if fn is not kernel._rowdot:  # today's tiling: no variant (kernel.Tiling's switches) on
+            consts.update(HAS_R=which.endswith("value"), PRECISION=tiling.precision, ONE_LOOP=False, SPANS_FIRST=False)
         compiled = triton.compile(ast_source(fn, "bf16", consts), target=GPUTarget("cuda", arch, 32),
                                   options=dict(num_warps=tiling.num_warps, num_stages=tiling.num_stages))
         print(f"sm_{arch} bf16 D={D} {which}: {compiled.metadata.shared / 1024:.1f} KB shared", flush=True)

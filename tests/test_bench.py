@@ -25,7 +25,8 @@ from test_attention import qkv
                                           ("--json_out=results", "json_out='results': it is a directory"),
                                           ("--case=foo", "case='foo': use kind,mode,T"),
                                           ("--case=sa,fwd,x", "case='sa,fwd,x': use kind,mode,T"),
-                                          ("--batch=-1", "batch=-1: use an integer >= 1")])
+                                          ("--batch=-1", "batch=-1: use an integer >= 1"),
+                                          ("--base=/nowhere", "base='/nowhere' holds no attention.py")])
 def test_bad_settings_stop_with_one_line(arg, problem):
     out = subprocess.run([sys.executable, "results/bench.py", arg], capture_output=True, text=True, timeout=120)
     text = out.stdout + out.stderr
@@ -65,8 +66,9 @@ def test_fair_flex_peers_match_the_references(monkeypatch, kind):
     reference, and each query block lists only the key blocks its band reaches (SWA: itself and one
     before; SA: one on each side), so Flex does O(T * window) work. Eager flex_attention here: the
     same BlockMask as compiled, without the minutes of compiling on the CPU."""
-    compile_ = torch.compile  # bench's bare torch.compile(flex_attention) becomes eager; Flex's own calls stay
-    monkeypatch.setattr(torch, "compile", lambda fn, **options: compile_(fn, **options) if options else fn)
+    from torch.nn.attention.flex_attention import flex_attention
+    compile_ = torch.compile  # bench's torch.compile(flex_attention, dynamic=False) becomes eager; Flex's own stay
+    monkeypatch.setattr(torch, "compile", lambda fn, **options: fn if fn is flex_attention else compile_(fn, **options))
     monkeypatch.setattr(bench, "window", 100)
     T = 300
     torch.manual_seed(0)
@@ -91,3 +93,31 @@ def test_same_ops_finds_no_difference_against_itself_and_refuses_a_bad_base(tmp_
     assert r.returncode == 0 and len(rows) == 6 and all(row[-1] == "0" and row[-2] == row[-3] for row in rows), r
     r = subprocess.run([sys.executable, "results/same_ops.py", f"--base={tmp_path}"], capture_output=True, text=True)
     assert r.returncode == 1 and "holds no attention.py" in r.stderr.strip().splitlines()[-1]
+
+
+def test_a_base_checkout_runs_beside_this_one(tmp_path):
+    """bench.Checkout (--base on a GPU: base and this tree alternately in one process): the base's attention.py and its
+    modules, its kernel imported from the base too; this tree's modules untouched before, during and after. In a
+    process of its own: the base's kernel.py re-registers the torch ops of ours."""
+    import shutil
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for name in os.listdir(root):
+        if name.endswith(".py"):
+            shutil.copy(os.path.join(root, name), tmp_path / name)
+    code = f"""if True:
+        import sys, torch
+        sys.path[:0] = [{root!r}, {os.path.join(root, "results")!r}]
+        import attention as A, bench, kernel
+        ours = dict(sys.modules)
+        base = bench.Checkout({str(tmp_path)!r})
+        assert base.A is not A and base.A.__file__ == {str(tmp_path / "attention.py")!r}
+        assert all(sys.modules.get(n) is ours.get(n) for n in base.modules) and "kernel" in base.modules
+        q, k, v = torch.randn(3, 1, 2, 40, 16).unbind()
+        with base as attention:
+            assert sys.modules["kernel"].__file__ == {str(tmp_path / "kernel.py")!r} and attention is base.A
+            got = attention.sliding_window_attention(q, k, v, 8)
+        assert all(sys.modules.get(n) is ours.get(n) for n in base.modules)
+        torch.testing.assert_close(got, A.sliding_window_attention(q, k, v, 8))
+        print("ok")"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stdout + r.stderr

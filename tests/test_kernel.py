@@ -4,6 +4,7 @@ Run: python -m pytest -q tests/test_kernel.py   (add --slow for the compile tabl
 import ast
 import contextlib
 import importlib.util
+import inspect
 import io
 import itertools
 import multiprocessing
@@ -22,6 +23,7 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import attention as A
+import gpu_check
 from guards import checked
 import tiled
 from test_attention import (assert_same, attention_kinds, edge_pairs, out_and_grads, qkv, random_perm,
@@ -29,6 +31,7 @@ from test_attention import (assert_same, attention_kinds, edge_pairs, out_and_gr
 
 triton = pytest.importorskip("triton", reason="triton is not installed: the Triton kernel tests need it")
 import kernel  # noqa: E402  (after the skip)
+import triton.language as tl  # noqa: E402
 
 # the interpreter also computes padding rows past T, which may see no key (0 / 0); they are never stored
 pytestmark = pytest.mark.filterwarnings("ignore:.*encountered in:RuntimeWarning")
@@ -73,7 +76,6 @@ def bf16_dot(monkeypatch):
     to fp32 first, as the GPU's tensor cores effectively do. No-op on a GPU."""
     if KDEV == "cuda":
         return
-    import triton.language as tl
     from triton.runtime import interpreter
     builder, dot = interpreter.interpreter_builder, interpreter.interpreter_builder.create_dot
 
@@ -430,32 +432,47 @@ if "amd" not in triton.backends.backends:
     del TARGETS["gfx942"]
 PTR = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32"}
 KERNELS = ("forward swa", "backward swa", "forward sa", "backward sa", "forward value", "backward value", "rowdot sa")
+FORWARD = ("tile_m", "tile_n", "num_warps", "num_stages", "one_loop", "spans_first")  # kernel.Tiling's fields by kernel
+BACKWARD = ("tile_fixed", "tile_loop", "bwd_warps", "bwd_stages", "one_loop", "dq_atomic", "spans_first")
+
+
+def candidate_kernels(candidate):
+    """The kernels gpu_check.CANDIDATES[candidate] (a tiling, variants) compiles unlike choose_tiling's tiling."""
+    fields = set(gpu_check.CANDIDATES[candidate])
+    rules = ("value",) if fields == {"spans_first"} else ("swa", "sa", "value")  # the switch of the value rule only
+    return [f"{kind} {rule}" for kind, names in (("forward", FORWARD), ("backward", BACKWARD)) if fields & set(names)
+            for rule in rules] + ["spans value"] * ("spans_first" in fields)
 
 
 def compile_kernel(job):
-    """(shared bytes, registers, spilled bytes, seconds) of one kernel compiled for one target.
-    Runs in a fresh process without TRITON_INTERPRET, so that kernel.py's kernels are JIT functions."""
+    """(shared bytes, registers, spilled bytes, seconds) of one kernel compiled for one target, by choose_tiling's
+    tiling or one of gpu_check.CANDIDATES (an index; None: none). Runs in a fresh process without TRITON_INTERPRET, so
+    that kernel.py's kernels are JIT functions."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
-    name, dtype, D, which = job
-    target = TARGETS[name]
-    tiling = kernel.choose_tiling(dtype, D, target)
-    if which.startswith("forward"):
-        fn, consts = kernel._attn_fwd, dict(D=D, TILE_M=tiling.tile_m, TILE_N=tiling.tile_n)
-    elif which.startswith("backward"):
-        fn, consts = kernel._attn_bwd, dict(D=D, TILE_FIXED=tiling.tile_fixed, TILE_LOOP=tiling.tile_loop)
-    else:
-        fn, consts = kernel._rowdot, dict(D=D, TILE=tiling.tile_fixed)
-    # as launched: swa without perm, sa with it, value with perm and r; strides multiples of 16, as Triton's launcher
-    # marks them (the model's are: (T * 3C, hs, 3C) for q, k, v, (T * C, hs, C) for o)
-    consts.update(HAS_PERM=not which.endswith("swa"))
-    if fn is not kernel._rowdot:
-        consts.update(HAS_R=which.endswith("value"), PRECISION=tiling.precision)
-    signature = {n: "constexpr" if n in consts else PTR[dtype] if n in ("Q", "K", "V", "O", "DO", "DQ", "DK", "DV")
-                 else "*fp32" if n in ("LSE", "RowDot", "R") else "*i64" if n == "Perm"
+    name, dtype, D, which, candidate = job
+    (kind, rule), target = which.split(), TARGETS[name]
+    tiling = kernel.choose_tiling(dtype, D, target)._replace(**gpu_check.CANDIDATES[candidate or 0])
+    warps, stages = {"backward": (tiling.bwd_warps or tiling.num_warps, tiling.bwd_stages or tiling.num_stages),
+                     "spans": (1, tiling.num_stages)}.get(kind, (tiling.num_warps, tiling.num_stages))
+    fn, consts = {"forward": (kernel._attn_fwd, dict(TILE_M=tiling.tile_m, TILE_N=tiling.tile_n)),
+                  "backward": (kernel._attn_bwd, dict(TILE_FIXED=tiling.tile_fixed, TILE_LOOP=tiling.tile_loop,
+                                                      DQ_ATOMIC=tiling.dq_atomic)),
+                  "rowdot": (kernel._rowdot, dict(TILE=tiling.tile_fixed)),
+                  "spans": (kernel._value_spans, dict(TILE_FIXED=tiling.tile_fixed, TILE_LOOP=tiling.tile_loop))}[kind]
+    # as launched: swa without perm, sa with it, value with perm and r; T and the strides multiples of 16, as Triton's
+    # launcher marks a model's in training (q, k, v: (T * 3C, hs, 3C); o: (T * C, hs, C)); kernel.ANY's ints unmarked
+    if kind != "spans":
+        consts.update(D=D, HAS_PERM=rule != "swa")
+    if kind in ("forward", "backward"):
+        consts.update(HAS_R=rule == "value", ONE_LOOP=tiling.one_loop, PRECISION=tiling.precision,
+                      SPANS_FIRST=tiling.spans_first and rule == "value")
+    signature = {n: "constexpr" if n in consts else "*fp32" if n == "DQ" and tiling.dq_atomic
+                 else PTR[dtype] if n in ("Q", "K", "V", "O", "DO", "DQ", "DK", "DV")
+                 else "*fp32" if n in ("LSE", "RowDot", "R") else "*i64" if n == "Perm" else "*i32" if n == "Spans"
                  else "fp32" if n.endswith("scale") or n in ("width", "margin") else "i32" for n in fn.arg_names}
     aligned = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
-               if signature[n][0] == "*" or n[:3] in ("sq_", "sk_", "sv_", "so_", "sp_")}
+               if signature[n][0] == "*" or n[:3] in ("sq_", "sk_", "sv_", "so_", "sp_") or n == "T"}
     triton.knobs.nvidia.dump_ptxas_log = True           # ptxas -v's report is printed: registers and spills
     log, start = io.StringIO(), time.perf_counter()
     with tempfile.TemporaryDirectory() as cache, contextlib.redirect_stdout(log):
@@ -463,7 +480,7 @@ def compile_kernel(job):
         warp = 64 if target.platform == "hip" else 32
         compiled = triton.compile(ASTSource(fn, signature, consts, aligned),
                                   target=GPUTarget(target.platform, target.arch, warp),
-                                  options=dict(num_warps=tiling.num_warps, num_stages=tiling.num_stages))
+                                  options=dict(num_warps=warps, num_stages=stages))
     if target.platform == "hip":                        # the code object's metadata; spills counted in 4-byte words
         report = compiled.asm["amdgcn"]
         regs = int(re.search(r"\.vgpr_count:\s+(\d+)", report).group(1))
@@ -476,9 +493,9 @@ def compile_kernel(job):
 
 
 def compile_table(jobs, monkeypatch):
-    """Compile jobs (target name, dtype, D, one of KERNELS) with choose_tiling's tiling, print the table, and assert:
-    within the tiling's min_shared_kb (so within the target's shared memory), no register spills for fp16/bf16. Where
-    choose_tiling declines a target, so does the table."""
+    """Compile jobs (target name, dtype, D, one of KERNELS, a gpu_check.CANDIDATES index or None), print the table,
+    and assert: within the tiling's min_shared_kb (a candidate: within the target's shared memory), no register spills
+    for fp16/bf16. Where choose_tiling declines a target, so does the table."""
     declined = {}
     for job in jobs:
         try:
@@ -491,32 +508,42 @@ def compile_table(jobs, monkeypatch):
     with multiprocessing.get_context("spawn").Pool(os.cpu_count()) as pool:
         results = dict(zip(todo, pool.map(compile_kernel, todo)))
     print(f"\nTriton {triton.__version__}\n{'target':>7} {'dtype':>9} {'D':>4} {'kernel':>14} {'shared KB':>10} "
-          f"{'regs':>5} {'spills B':>9} {'compile s':>10}")
+          f"{'regs':>5} {'spills B':>9} {'compile s':>10}  candidate (gpu_check.CANDIDATES)")
     for job in jobs:
-        name, dtype, D, which = job
+        name, dtype, D, which, candidate = job
         row = f"{name:>7} {str(dtype)[6:]:>9} {D:>4} {which:>14} "
         if job in declined:
             print(row + "torch engine: " + declined[job].split(": ", 1)[-1])
             continue
         shared, regs, spills, seconds = results[job]
-        print(row + f"{shared / 1024:>10.1f} {regs:>5} {spills:>9} {seconds:>10.1f}")
-    for (name, dtype, D, which), (shared, regs, spills, seconds) in results.items():
-        tiling = kernel.choose_tiling(dtype, D, TARGETS[name])
-        assert shared <= tiling.min_shared_kb * 1024, f"{name} {dtype} D={D} {which}: {shared} bytes of shared memory"
-        assert dtype == torch.float32 or spills == 0, f"{name} {dtype} D={D} {which}: {spills} bytes spilled"
+        fields = {} if candidate is None else gpu_check.CANDIDATES[candidate]
+        fields = f"  {candidate}: " + " ".join(f"{k}={v}" for k, v in fields.items()) if fields else ""
+        print(row + f"{shared / 1024:>10.1f} {regs:>5} {spills:>9} {seconds:>10.1f}{fields}")
+    for (name, dtype, D, which, candidate), (shared, regs, spills, seconds) in results.items():
+        tiling, target = kernel.choose_tiling(dtype, D, TARGETS[name]), TARGETS[name]
+        fits = target.max_shared if candidate else tiling.min_shared_kb * 1024
+        assert shared <= fits, f"{name} {dtype} D={D} {which} {candidate}: {shared} bytes of shared memory"
+        assert dtype == torch.float32 or spills == 0, f"{name} {dtype} D={D} {which} {candidate}: {spills} B spilled"
     assert all(name == "sm_75" for name, *_ in declined), declined
 
 
 def test_compiles_for_sm86(monkeypatch):
     """The quick version: bf16 at D=128 (the largest fp16/bf16 tiles) for the 99 KB GPUs (RTX 30xx/40xx, L4),
-    every rule."""
-    compile_table([("sm_86", torch.bfloat16, 128, which) for which in KERNELS], monkeypatch)
+    every rule; and a few of gpu_check's candidates at D=64."""
+    candidates = [(3, "forward sa"), (6, "backward sa"), (8, "backward value"), (8, "spans value")]
+    compile_table([("sm_86", torch.bfloat16, 128, which, None) for which in KERNELS] +
+                  [("sm_86", torch.bfloat16, 64, which, i) for i, which in candidates], monkeypatch)
 
 
 @pytest.mark.slow
 def test_compiles_for_every_target(monkeypatch):
-    compile_table([(name, dtype, D, which) for name in TARGETS for dtype in PTR for D in (64, 128)
-                   for which in KERNELS], monkeypatch)
+    """choose_tiling's tiling for every target, dtype and head dim; gpu_check's candidates (bf16, D=64) on each CUDA
+    target they are swept on."""
+    compile_table([(name, dtype, D, which, None) for name in TARGETS for dtype in PTR for D in (64, 128)
+                   for which in KERNELS] +
+                  [(name, torch.bfloat16, 64, which, i) for name in TARGETS if name not in ("sm_75", "gfx942")
+                   for i in range(1, len(gpu_check.CANDIDATES)) if name == "sm_90" or i not in gpu_check.SM90_ONLY
+                   for which in candidate_kernels(i)], monkeypatch)
 
 
 # -----------------------------------------------------------------------------
@@ -560,9 +587,9 @@ def test_a_correct_kernel_passes_the_self_check(monkeypatch):
 def inject(monkeypatch, fault, dtype=None, per_head=False):
     """One fault in the kernel, for dtype only if given, and only with one perm per head if per_head: the band one key
     too wide, a wrong scale (both forward and backward), dk or dq 10% off (backward only), or a NaN in the output
-    (forward only). Injected below the ops, so that the self-check, which calls them (kernel._fwd, kernel._bwd), meets
-    the fault as a call does."""
-    launch, backward, forward = kernel._launch, kernel._bwd, kernel._attn_fwd
+    (forward only). Injected below the ops, so that the self-check, which calls what they call (kernel._forward,
+    kernel._backward), meets the fault as a call does."""
+    launch, backward, forward = kernel._launch, kernel._backward, kernel._attn_fwd
     hit = lambda q, perm=None: (dtype is None or q.dtype == dtype) and (  # noqa: E731
         not per_head or perm is not None and perm.dim() == 3)
 
@@ -583,7 +610,7 @@ def inject(monkeypatch, fault, dtype=None, per_head=False):
         monkeypatch.setattr(kernel, "LOG2E", kernel.LOG2E * 1.05)
     else:
         monkeypatch.setattr(*{"window": (kernel, "_launch", wide), "nan": (kernel, "_attn_fwd", NanRow()),
-                              "dq": (kernel, "_bwd", off(0)), "dk": (kernel, "_bwd", off(1))}[fault])
+                              "dq": (kernel, "_backward", off(0)), "dk": (kernel, "_backward", off(1))}[fault])
 
 
 @pytest.mark.parametrize("fault, kind", [("window", "swa"), ("scale", "sa"), ("dk", "sa-value"), ("dq", "swa"),
@@ -713,6 +740,178 @@ def test_the_self_check_covers_per_head_permutations(monkeypatch, rule, kind):
     fast, ref = attention_kinds(100, B=1, H=2)[kind]
     with pytest.raises(kernel.Unsupported, match=f"failed its self-check on the CPU interpreter float32 for {rule}"):
         fast(*qkv(1, 2, 100, 16, device=KDEV))
+
+
+# -----------------------------------------------------------------------------
+# The self-check runs the binary training runs (issue 62): Triton specialises T on its divisibility by 16, training's
+# T is a multiple of 16, and at training's tiles (bf16's at head dim 64: BIG) a window of 100 left no interior tile.
+
+BIG = kernel.Tiling(128, 64, 128, 32, num_warps=8, num_stages=3, precision=None, min_shared_kb=0)
+OLD_CHECK = dict(T=300, window=100, B=1)  # 13a6b5a's self-check: T = 300, window 100, B = 1 (H = 2)
+CPU = torch.device("cpu")
+
+
+def every_tiling():
+    """Every tiling choose_tiling gives, any dtype, head dim and GPU (CUDA or AMD's), and the tests' SMALL."""
+    targets = (kernel.INTERPRETER, kernel.Target("hip", "gfx942", 64 * 1024))
+    return list(dict.fromkeys([kernel.choose_tiling(dtype, D, target)._replace(min_shared_kb=0) for target in targets
+                               for dtype in PTR for D in kernel.HEAD_DIMS] + [SMALL]))
+
+
+def test_the_self_check_runs_trainings_specialisation():
+    """Its T is a multiple of 16 (as a block_size is) and of no tile larger, so that its last tile is cut."""
+    for tiling in every_tiling():
+        T, window = kernel.check_size(tiling)
+        assert T % 16 == 0 and T % 32 and window < T, (tiling, T, window)
+
+
+@triton.jit
+def _spans_of(Spans, T, before, after, TILE_FIXED: tl.constexpr, TILE_LOOP: tl.constexpr):
+    """Each program's span of kernel._span, the band's (no r): (lo, mid_lo, mid_hi, hi) at Spans[4 * program]."""
+    lo, mid_lo, mid_hi, hi = kernel._span(tl.program_id(0) * TILE_FIXED, TILE_FIXED, TILE_LOOP, before, after, T, Spans,
+                                          Spans, 0.0, 0.0, False, False)
+    at = Spans + 4 * tl.program_id(0)
+    tl.store(at, lo), tl.store(at + 1, mid_lo), tl.store(at + 2, mid_hi), tl.store(at + 3, hi)
+
+
+def test_the_self_checks_size_meets_every_region_of_every_tiling():
+    """At check_size's T and window, for every tiling choose_tiling gives, some program of each loop (forward; the
+    backward's dK, dV and dQ) meets a left edge, an interior (run unmasked) and a right edge, for SWA and SA's rank
+    rule (the value rule has no interior: all its tiles are masked)."""
+    for tiling in every_tiling():
+        T, window = kernel.check_size(tiling)
+        for rule, (left, right) in (("swa", (window - 1, 0)), ("sa rank", (window - 1, window - 1))):
+            for loop, tiles, before, after in (("forward", tiling[:2], left, right),
+                                               ("dK, dV", tiling[2:4], right, left), ("dQ", tiling[2:4], left, right)):
+                spans = torch.zeros(triton.cdiv(T, tiles[0]), 4, dtype=torch.int32)
+                _spans_of[(len(spans),)](spans, T, before, after, TILE_FIXED=tiles[0], TILE_LOOP=tiles[1])
+                met = [(spans[:, i] < spans[:, i + 1]).any().item() for i in range(3)]
+                assert met == [True] * 3, (tiling, rule, loop, spans.tolist())
+
+
+def faulty_interior(monkeypatch, loop):
+    """kernel's `loop` adds 1 to its first result where it runs interior tiles, and only there."""
+    inner = getattr(kernel, loop)
+    params = list(inspect.signature(inner.fn).parameters)
+
+    def faulty(*args):
+        got, a = inner(*args), dict(zip(params, args))
+        if a["EDGE"] or not a["hi"] > a["lo"]:
+            return got
+        return got + 1 if loop == "_bwd_dq_inner" else (got[0] + 1, *got[1:])
+    monkeypatch.setattr(kernel, loop, faulty)
+
+
+@pytest.mark.parametrize("loop", ["_fwd_inner", "_bwd_dq_inner"])
+def test_the_self_check_catches_a_fault_in_interior_tiles_only(monkeypatch, loop):
+    """A kernel wrong only in its interior tiles (no band mask, no bounds checks), forward or backward, at training's
+    tiles: the self-check catches it; with 13a6b5a's sizes it ran no interior tile there, and passed it."""
+    monkeypatch.setattr(kernel, "choose_tiling", lambda *a: BIG)
+    faulty_interior(monkeypatch, loop)
+    tolerance = kernel.TOLERANCE[torch.float32]
+    assert kernel.self_check(CPU, torch.float32, 16, "swa") > tolerance
+    assert kernel.self_check(CPU, torch.float32, 16, "swa", **OLD_CHECK) <= tolerance
+
+
+def test_the_self_check_catches_a_fault_in_the_binary_of_t_divisible_by_16_only(monkeypatch):
+    """A kernel wrong only where T is a multiple of 16, training's specialisation (here: a band one key too wide): the
+    self-check catches it; 13a6b5a's (T = 300) passed it."""
+    launch = kernel._launch
+
+    def wide(q, k, v, o, perm, r, width, *a):
+        return launch(q, k, v, o, perm, r, width + (q.shape[2] % 16 == 0), *a)
+    monkeypatch.setattr(kernel, "_launch", wide)
+    tolerance = kernel.TOLERANCE[torch.float32]
+    assert kernel.self_check(CPU, torch.float32, 16, "swa") > tolerance
+    assert kernel.self_check(CPU, torch.float32, 16, "swa", **OLD_CHECK) <= tolerance
+
+
+def test_the_grid_folds_batch_and_heads_into_one_dimension(monkeypatch):
+    """A CUDA grid's y dimension stops at 65,535: every launch's grid is 1-D, B * H * tiles programs (tiles fastest),
+    here at B * H = 70,000."""
+    grids = []
+
+    class Stub:
+        def __getitem__(self, grid):
+            return lambda *args, **kw: grids.append(grid)
+    for name in ("_attn_fwd", "_attn_bwd", "_rowdot"):
+        monkeypatch.setattr(kernel, name, Stub())
+    monkeypatch.setattr(kernel, "SELF_CHECK", False)
+    q = torch.zeros(2, 35000, 1, 16, requires_grad=True)
+    torch.autograd.grad(kernel.triton_swa(q, q, q, 4).sum(), q)
+    assert grids == [(70000,)] * 3
+
+
+def test_a_perm_that_is_no_permutation_is_refused_eagerly(monkeypatch):
+    """A compiled call assumes a valid perm (its interior tiles load unmasked; triton_swa's docstring says what it
+    assumes): eagerly attention.py refuses one that is not, before the kernel runs."""
+    monkeypatch.setattr(A, "ENGINE", "triton")
+    q, k, v = qkv(1, 2, 40, 16, device=KDEV)
+    for bad in (torch.zeros(40, dtype=torch.long), torch.arange(40) + 1, torch.arange(40).expand(1, 2, 40) - 1):
+        with pytest.raises(ValueError, match="perm must be a permutation"):
+            A.stochastic_attention(q, k, v, 8, bad.to(KDEV))
+
+
+def test_tuned_tilings_are_chosen_by_length_and_each_self_checked(monkeypatch):
+    """kernel.TUNED (a GPU run's picks): a call runs the first tiling whose longest T reaches its own, else
+    choose_tiling's; the self-check checks every tiling a call may run."""
+    tuned, default = SMALL._replace(one_loop=True), kernel.choose_tiling(torch.float32, 16, kernel.INTERPRETER)
+    monkeypatch.setitem(kernel.TUNED, ("cuda", 80, torch.float32, 16), ((64, tuned),))
+    assert kernel.tilings(torch.float32, 16, kernel.INTERPRETER) == [default, tuned]
+    assert [kernel.tiling_for(torch.float32, 16, kernel.INTERPRETER, T) for T in (64, 65)] == [tuned, default]
+    ran, forward = [], kernel._forward
+    monkeypatch.setattr(kernel, "_forward", lambda *a: ran.append(a[-1]) or forward(*a))
+    assert kernel.self_check(CPU, torch.float32, 16, "swa") < 1e-4 and ran == [default, tuned]
+    monkeypatch.setattr(kernel, "SELF_CHECK", False)  # run just now
+    q, k, v = qkv(1, 2, 50, 16, device=KDEV)
+    assert_same(lambda *x: kernel.triton_swa(*x, 8), q, k, v, reference(8, None))
+    assert ran[-1] == tuned
+
+
+# Kernel variants for a GPU run to choose (kernel.Tiling's switches; gpu_check's sweep times each)
+
+@pytest.mark.parametrize("variant, rule", [("one_loop", "swa"), ("one_loop", "sa rank"), ("dq_atomic", "swa"),
+                                           ("dq_atomic", "sa rank"), ("dq_atomic", "sa value"),
+                                           ("spans_first", "sa value")])
+def test_each_variant_equals_the_dense_reference(monkeypatch, variant, rule):
+    """Each variant against the dense fp32 rule, out and gradients, at T = 100 and window 33 (no multiple of a tile,
+    edge and interior tiles), SA's rules with one permutation and with one per head (self_check's cases)."""
+    monkeypatch.setattr(kernel, "choose_tiling", lambda *a: SMALL._replace(**{variant: True}))
+    assert kernel.self_check(CPU, torch.float32, 16, rule, T=100, window=33) < 1e-4
+
+
+# One line for every refusal on the kernel path
+
+REFUSALS = [("--D=abc", "--D=abc: use a head dim with a kernel: 16, 32, 64, 128"),
+            ("--D=8", "--D=8: use a head dim with a kernel"), ("--check_T=0", "--check_T=0: use lengths >= 1"),
+            ("--B=0", "--B=0: use a whole number >= 1"), ("--check_windows=0", "--check_windows=0: use windows >= 1"),
+            ("--check_windows=-5", "--check_windows=-5: use windows >= 1"),
+            ("--dtypes=bfloat16", "--dtypes=bfloat16: the interpreter's bf16 tl.dot is wrong")]
+
+
+@pytest.mark.skipif(KDEV == "cuda", reason="the interpreter's refusals")
+def test_kernel_check_refuses_each_bad_setting_in_one_line():
+    """`python kernel.py --check` with a bad setting: one line that names it (they once ended in a ValueError,
+    ZeroDivisionError or RuntimeError traceback, or blamed an invalid window on the kernel)."""
+    runs = {arg: subprocess.Popen([sys.executable, "kernel.py", "--check", arg], stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True, env={**os.environ, "TRITON_INTERPRET": "1"})
+            for arg, _ in REFUSALS}
+    for arg, message in REFUSALS:
+        lines = runs[arg].communicate(timeout=300)[0].splitlines()
+        assert runs[arg].returncode == 1 and len(lines) == 1 and lines[0].startswith(f"kernel.py: {message}"), lines
+
+
+def test_check_once_refuses_in_one_line(monkeypatch):
+    """A head dim without a kernel (8: n_embd 32 at n_head 4) names the setting; on the interpreter, bf16 fails its
+    self-check and says why: the interpreter's bf16 dot, not the kernel."""
+    monkeypatch.setattr(kernel, "SELF_CHECKS", {})
+    with pytest.raises(kernel.Unsupported) as e:
+        kernel.check_once(CPU, torch.float32, 8, "swa")
+    assert "\n" not in str(e.value) and "not head dim 8" in str(e.value) and "n_embd / n_head" in str(e.value)
+    if KDEV == "cpu":
+        with pytest.raises(kernel.Unsupported) as e:
+            kernel.check_once(CPU, torch.bfloat16, 16, "swa")
+        assert "\n" not in str(e.value) and "bf16 tl.dot is wrong (triton-lang/triton#11584)" in str(e.value)
 
 
 # -----------------------------------------------------------------------------
