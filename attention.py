@@ -20,7 +20,8 @@ Each public function checks its inputs at the door (guards.check_inputs). perm, 
 or broadcastable to (B, H, T). Every query sees itself, and no query reads a key it may not see, not
 even a NaN or inf in that key's k or v. Two exceptions: compiled, the values are not checked, so a
 non-finite k or v may also make NaN the other queries of its tile; the Triton kernel, likewise for
-a non-finite v.
+a non-finite v. Compiled, check_inputs reads no perm or r either: the kernel then assumes each perm
+a permutation and each r in [0, 1) (it is sorted here), as the model's own draws are (model.sa_draw).
 """
 import functools
 import importlib.util
@@ -40,7 +41,7 @@ from guards import InputError, check_count, check_delta, check_inputs
 # where it passes its checks, else "torch", the plain torch code below; "triton": the kernel (on the
 # CPU under TRITON_INTERPRET=1, for tests); "dense": the band as a dense mask (rule_mask), for a
 # debugger. Full attention is always PyTorch's SDPA.
-ENGINE = "auto"
+ATTN_ENGINE = "auto"
 TILE = 128  # the torch engine's query rows per tile
 # the value rule's key spans reach this far past delta: fp32 rounding of |r_i - r_j| (r < 1)
 VALUE_MARGIN = 1e-6
@@ -104,8 +105,8 @@ def sliding_window_attention(q, k, v, window, pos=None, r=None):
     two_sided = pos is not None  # SA's: the window reaches both ways, causal on pos
     rule_args = dict(window=window) if r is None else dict(delta=window, r=r)
     q, k, v = check_inputs(q, k, v, pos=pos, **rule_args)
-    engine = "torch"  # the CPU's, and "auto"'s where the kernel does not run: support, below
-    if q.is_cuda or ENGINE != "auto":
+    engine = "torch"  # the CPU's; on a GPU, or by ATTN_ENGINE, what _engine (below) picks
+    if q.device.type in KERNEL_DEVICES or ATTN_ENGINE != "auto":
         engine = _engine(q, "swa" if pos is None and r is None else "")
     if engine == "triton" and q.numel():
         return _kernel(q, k, v, float(window))
@@ -118,14 +119,14 @@ def sliding_window_attention(q, k, v, window, pos=None, r=None):
         return masked_attention(q, k, v, rule_mask(slot, pos, width))
     if r is not None and torch.compiler.is_compiling():  # nk is read from r: an op (below)
         return _value_band(q, k, v, window, pos, r)
-    # Queries in tiles of nq slots; each tile's keys are the nk slots its queries' windows can reach.
+    # Queries in tiles of nq slots; a tile's keys are the nk slots its queries' windows can reach.
     # The last tile's qpad slots past T - 1 are padding.
     nq = min(TILE, T)
     nt = math.ceil(T / nq)  # tiles
     qpad = nt * nq - T
     qs = F.pad(q, (0, 0, 0, qpad)).reshape(B, H, nt, nq, D)  # (B, H, nt, nq, D): the query tiles
     qpos = F.pad(pos, (0, qpad), value=T).unflatten(-1, (nt, nq))  # (..., nt, nq)
-    if r is None:  # query i's window: slots i - before ... i + after, views of padded copies of k, v
+    if r is None:  # query i's window: slots i - before ... i + after, views of padded k and v
         before, after = width - 1, width - 1 if two_sided else 0
         nk = before + nq + after
         kp = F.pad(k, (0, 0, before, qpad + after))  # (B, H, before + nt * nq + after, D)
@@ -156,7 +157,7 @@ def sliding_window_attention(q, k, v, window, pos=None, r=None):
         mask[..., -1, nq - qpad:, :] = True
     mask = mask.expand(B, H, nt, nq, nk).flatten(0, 1) if mask.dim() == 5 else mask[None]
     qs, ks, vs = qs.flatten(0, 1), ks.flatten(0, 1), vs.flatten(0, 1)  # (B * H, nt, rows, D)
-    finite = torch.compiler.is_compiling() or bool((k.sum() + v.sum()).isfinite())  # compiled: unchecked
+    finite = torch.compiler.is_compiling() or bool((k.sum() + v.sum()).isfinite())  # compiled: no check
     if finite:  # the tiles as SDPA's heads: softmax(q k^T / sqrt(D), hidden keys -inf) @ v, fused
         y = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask)  # (B * H, nt, nq, D)
     else:  # the same softmax written out: a NaN or inf reaches only the queries that see it
@@ -199,7 +200,8 @@ def stochastic_attention(q, k, v, window, perm):
     1 + 2 (window - 1) i / T); window >= T is full attention. Equals sa_reference. Its last three
     lines are README.md's recipe."""
     q, k, v = check_inputs(q, k, v, window=window, perm=perm)
-    if (q.is_cuda or ENGINE != "auto") and q.numel() and _engine(q, "sa rank") == "triton":
+    maybe_kernel = q.device.type in KERNEL_DEVICES or ATTN_ENGINE != "auto"  # a GPU, or an engine chosen
+    if maybe_kernel and q.numel() and _engine(q, "sa rank") == "triton":
         return _kernel(q, k, v, float(window), perm)  # the three lines below, in one launch
     qs, ks, vs = gather(q, perm), gather(k, perm), gather(v, perm)  # (B, H, T, D) each, in permuted (slot) order
     ys = sliding_window_attention(qs, ks, vs, window, pos=perm)     # SWA there, both ways, causal on true positions
@@ -224,7 +226,8 @@ def stochastic_value_attention(q, k, v, delta, r):
     one run of keys. Equals sa_value_reference."""
     q, k, v = check_inputs(q, k, v, delta=delta, r=r)
     r_sorted, perm = torch.sort(r, dim=-1, stable=True)  # each slot's r, ascending, and its token
-    if (q.is_cuda or ENGINE != "auto") and q.numel() and _engine(q, "sa value") == "triton":
+    maybe_kernel = q.device.type in KERNEL_DEVICES or ATTN_ENGINE != "auto"  # a GPU, or an engine chosen
+    if maybe_kernel and q.numel() and _engine(q, "sa value") == "triton":
         return _kernel(q, k, v, float(delta), perm, r_sorted.float(), VALUE_MARGIN)  # one launch
     qs, ks, vs = gather(q, perm), gather(k, perm), gather(v, perm)  # (B, H, T, D) each, sorted by r
     ys = sliding_window_attention(qs, ks, vs, delta, pos=perm, r=r_sorted)  # |r_i - r_j| < delta
@@ -283,24 +286,25 @@ def _kernel(q, k, v, *args):
 
 
 def _engine(q, rule):
-    """What runs q's band by ENGINE: "triton" (the kernel, for rule "swa", "sa rank" or "sa value";
+    """What runs q's band by ATTN_ENGINE: "triton" (the kernel, for rule "swa", "sa rank", "sa value";
     "" or None: none, e.g. SWA over a given pos), "torch" or "dense"."""
-    if ENGINE not in ("auto", "torch", "triton", "dense"):
-        raise InputError(f"attention.ENGINE must be auto, torch, triton or dense, got {ENGINE!r}")
-    if ENGINE == "triton" and rule:
+    if ATTN_ENGINE not in ("auto", "torch", "triton", "dense"):
+        raise InputError(f"attention.ATTN_ENGINE must be auto, torch, triton or dense, not {ATTN_ENGINE!r}")
+    if ATTN_ENGINE == "triton" and rule:
         if not _has_triton():
             raise InputError("attn_engine 'triton' needs the triton package (pip install triton); "
                              "'auto' or 'torch' runs without it")
         if not q.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
-            raise InputError(f"attn_engine 'triton' runs the Triton kernel on a CUDA GPU, not on {q.device} "
-                             "(or on the CPU under TRITON_INTERPRET=1, for tests): use attn_engine 'auto' or "
-                             "'torch'")
+            raise InputError(f"attn_engine 'triton' runs the Triton kernel on a CUDA GPU, not on "
+                             f"{q.device} (or on the CPU under TRITON_INTERPRET=1, for tests): use "
+                             "attn_engine 'auto' or 'torch'")
         return "triton"
     H, T, D = q.shape[1:]
     # int32 offsets
-    if ENGINE == "auto" and rule and H * T * D < 2**31 and _kernel_ok(q.device, q.dtype, D, rule):
+    small = H * T * D < 2**31  # the kernel's int32 offsets
+    if ATTN_ENGINE == "auto" and rule and small and _kernel_ok(q.device, q.dtype, D, rule):
         return "triton"
-    return "dense" if ENGINE == "dense" else "torch"
+    return "dense" if ATTN_ENGINE == "dense" else "torch"
 
 
 # torch.compile cannot trace the value rule's torch band, whose span length is read from r: it calls
@@ -352,23 +356,25 @@ def _kernel_ok(device, dtype, D, rule):
 
 
 def _refusal(device, dtype, D, rule):
-    """None where "auto" runs the kernel (ENGINE's conditions; kernel.check_once checks the GPU,
-    then self-checks at the first use); else "" (not tried), or why not."""
+    """None where "auto" runs the kernel (kernel.check_once checks the GPU, the head dim and dtype,
+    then self-checks at the first use); else "" (not tried: not a GPU, or no supported Triton), or
+    why not."""
     if device.type not in KERNEL_DEVICES or not _triton_supported():
         return ""
     import kernel
-    if D not in kernel.HEAD_DIMS or dtype not in kernel.SUPPORTED_DTYPES:
-        return ""
     try:
         kernel.check_once(device, dtype, D, rule, VALUE_MARGIN)
     except kernel.CANNOT_RUN as e:
-        # its message's first line
-        return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"
+        return _why(e)
     return None
 
 
-# a constant to torch.compile: torch 2.11's Dynamo breaks the graph at find_spec
-@torch.compiler.assume_constant_result
+def _why(e):
+    """A kernel error in one line: its kind and its message's first line."""
+    return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"
+
+
+@torch.compiler.assume_constant_result  # a constant to torch.compile (Dynamo breaks at find_spec)
 def _has_triton():
     return importlib.util.find_spec("triton") is not None
 
@@ -379,10 +385,11 @@ def _triton_supported():
     if not _has_triton():
         return False
     import triton
-    if TRITON_VERSIONS[0] <= tuple(map(int, triton.__version__.split(".")[:2])) <= TRITON_VERSIONS[1]:
+    version = tuple(map(int, triton.__version__.split(".")[:2]))
+    if TRITON_VERSIONS[0] <= version <= TRITON_VERSIONS[1]:
         return True
-    warnings.warn(f"Triton {triton.__version__} is outside the tested range {TRITON_VERSIONS}: using the "
-                  "torch engine")
+    warnings.warn(f"Triton {triton.__version__} is outside the tested range {TRITON_VERSIONS}: "
+                  "using the torch engine")
     return False
 
 
@@ -392,20 +399,23 @@ def engine_line(device, dtype, head_dim, kinds, sa_rule="rank"):
     training."""
     q = torch.empty(0, 0, 0, head_dim, device=device, dtype=dtype)
     kinds = {kinds} if isinstance(kinds, str) else set(kinds)
-    rules = [r for r, users in (("swa", {"swa", "sa+swa"}), ("sa " + sa_rule, {"sa", "sa+swa"})) if users & kinds]
-    # None: "torch" or "dense", its errors one line
-    engine, start = _engine(q, None), time.perf_counter()
-    why = {rule: _refusal(q.device, dtype, head_dim, rule) for rule in rules} if ENGINE == "auto" else {}
-    # "": "auto" did not try the kernel
-    if not rules or ENGINE not in ("auto", "triton") or "" in why.values():
+    users = {"swa": {"swa", "sa+swa"}, "sa " + sa_rule: {"sa", "sa+swa"}}  # each kernel rule's kinds
+    rules = [rule for rule, kinds_of_rule in users.items() if kinds_of_rule & kinds]
+    engine, start = _engine(q, None), time.perf_counter()  # None: "torch" or "dense"
+    why = {}
+    if ATTN_ENGINE == "auto":
+        why = {rule: _refusal(q.device, dtype, head_dim, rule) for rule in rules}
+    if not rules or ATTN_ENGINE not in ("auto", "triton") or "" in why.values():  # "": not tried
         return f"attention: {f'the {engine} engine' if rules else 'no SWA or SA'} on {q.device}"
-    if ENGINE == "triton":
+    if ATTN_ENGINE == "triton":
         _engine(q, rules[0])  # its one-line refusals, before triton is imported
     import kernel
-    if ENGINE == "triton":
-        for rule in rules:
-            # raises where the kernel cannot run
+    for rule in rules if ATTN_ENGINE == "triton" else ():
+        try:
             kernel.check_once(q.device, dtype, head_dim, rule, VALUE_MARGIN)
+        except kernel.CANNOT_RUN as e:  # the kernel cannot run this case here: one line
+            raise InputError(f"attn_engine 'triton': {_why(e)} ('auto' takes the torch engine)") \
+                from None
     failed = {rule: reason for rule, reason in why.items() if reason}
     where = f"{kernel.where(q.device)} {str(dtype)[6:]}"
     if failed:

@@ -4,7 +4,7 @@ Support, which a first reading skips. nanoGPT's configurator: a script runs
 --key=value then override, left to right, printing what it sets:
     python train.py config/quick.py --attn=swa
 A value must fit its type (where the script annotates the setting, as `window: int | None = None`,
-the annotation's first type or None; else its default's type) and its range (guards.SETTINGS); if
+the annotation's first type or None; else its default's type) and its range (guards.CHECKS); if
 not, the script ends in one line (guards.one_line), as on any InputError, a config file's error or
 Ctrl-C. `setting_names` then names every setting; --help lists them.
 """

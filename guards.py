@@ -71,7 +71,7 @@ def path_problem(path, is_file=False):
         return f"cannot write to {path} ({e.strerror or e} in {d}): choose a writable path"
 
 
-SETTINGS = {
+CHECKS = {
     **dict.fromkeys("eval_interval log_interval eval_iters batch_size gradient_accumulation_steps num_samples seeds "
                     "moba_topk block_size window moba_chunk n_layer n_head n_embd mqar_seq_len mqar_num_pairs "
                     "mqar_num_queries mqar_train_seqs mqar_val_seqs hf_val_docs jobs reps threads heads head_dim "
@@ -106,8 +106,8 @@ SETTINGS = {
 
 
 def setting_problem(name, value, settings=None):
-    """What is wrong with setting name's value (SETTINGS; any number: finite, >= 0 if not named), or None."""
-    rule, why = SETTINGS.get(name, (None, None))
+    """What is wrong with setting name's value (CHECKS; any number: finite, >= 0 if not named), or None."""
+    rule, why = CHECKS.get(name, (None, None))
     number = isinstance(value, (int, float)) and not isinstance(value, bool)
     if number and not math.isfinite(value) or isinstance(value, int) and not -2**63 <= value < 2**63:
         return "use a finite number" + " (an integer within 64 bits)" * isinstance(value, int)
@@ -277,7 +277,7 @@ def check_tokens(idx, config, targets=None, cache=None, draws=None, sampling=Non
         max_new_tokens, temperature, top_k = sampling
         check_count(max_new_tokens, "max_new_tokens", least=0)
         need(isinstance(temperature, numbers.Real) and not isinstance(temperature, bool) and temperature >= 0,
-             f"temperature={temperature!r}: {SETTINGS['temperature'][1]}")  # NaN fails too
+             f"temperature={temperature!r}: {CHECKS['temperature'][1]}")  # NaN fails too
         if top_k is not None:
             check_count(top_k, "top_k (None: sample among all tokens)")
         need(T > 0, f"idx of shape {tuple(idx.shape)}: use a prompt (B, T) of at least one token")

@@ -381,7 +381,7 @@ def tilings(dtype, D, target):
     return list(dict.fromkeys([choose_tiling(dtype, D, target), *(t for _, t in listed)]))
 
 
-def band_edges(window, T, two_sided):  # a copy of tiled.py's (test_kernel.py holds them equal)
+def band_edges(window, T, two_sided):  # attention.py's window, written again (test_kernel.py: the rule's)
     left = min(int(window), T) - 1
     return left, left if two_sided else 0
 
@@ -507,7 +507,7 @@ def triton_swa(q, k, v, width, perm=None, r=None, margin=0.0):
     (else rows are read and written out of bounds: interior tiles load unmasked); r ascending along T (else key spans
     miss keys) and in [0, 1) (margin covers fp32's rounding there). Eagerly attention.py refuses a perm that is no
     permutation (guards.check_inputs) and sorts r; compiled, it checks no value, and the repo's compiled calls pass the
-    model's own draws (GPT.draw_sa: randperm or argsort, r by torch.rand)."""
+    model's own draws (model.sa_draw: randperm or argsort, r by torch.rand)."""
     B, H, T, D = q.shape  # a head dim or dtype without a kernel: Unsupported by check_once
     if any((t.shape, t.dtype, t.device) != (q.shape, q.dtype, q.device) for t in (k, v)):
         raise ValueError(f"q, k, v must share one shape, device and dtype, got "

@@ -486,7 +486,7 @@ def adopt_nanogpt(data_dir, tokenizer_name):
 
 
 if __name__ == "__main__":
-    exec(open("configurator.py").read())  # every setting's type and range (guards.SETTINGS)
+    exec(open("configurator.py").read())  # every setting's type and range (guards.CHECKS)
     name = dataset or (pathlib.Path(input_file).stem if input_file else "pystdlib")
     data_dir = dataset_dir(data_root, name)
     need(adopt or input_file or name in DATASETS, f"unknown dataset {name!r}: choose {', '.join(DATASETS)}, or "

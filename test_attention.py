@@ -267,7 +267,7 @@ def test_moba_memory_is_bounded_at_32k():
 def test_finite_wherever_sdpa_is_finite(monkeypatch, engine, dtype):
     """q, k = 150 * randn at D=64: q.k reaches ~1e6, past fp16's 65504 when computed in fp16; SDPA
     scales first and stays finite. So must every kind, forward and gradients."""
-    monkeypatch.setattr(A, "ENGINE", engine)
+    monkeypatch.setattr(A, "ATTN_ENGINE", engine)
     T, perm = 100, random_perm((), 100)
     kinds = {"full": A.full_attention, "swa": lambda q, k, v: A.sliding_window_attention(q, k, v, 16),
              "sa": lambda q, k, v: A.stochastic_attention(q, k, v, 16, perm),
@@ -477,8 +477,8 @@ def test_bad_inputs_raise_clear_errors(monkeypatch):
         A.stochastic_value_attention(q, k, v, 0.2, [0.5] * 10)
     with pytest.raises(ValueError, match="q, k, v must be tensors, got list"):
         A.sliding_window_attention(q.tolist(), k, v, 4)
-    monkeypatch.setattr(A, "ENGINE", "cuda-magic")
-    with pytest.raises(ValueError, match="ENGINE"):
+    monkeypatch.setattr(A, "ATTN_ENGINE", "cuda-magic")
+    with pytest.raises(ValueError, match="ATTN_ENGINE"):
         A.sliding_window_attention(q, k, v, 4)
 
 
@@ -516,7 +516,7 @@ def test_the_references_check_their_arguments_as_the_fast_paths_do():
 def test_the_triton_engine_on_a_cpu_says_why_in_one_line(monkeypatch):
     """--attn_engine=triton on a CPU used to end in ModuleNotFoundError (no triton) or `0 active drivers`."""
     q, k, v = qkv(1, 2, 10, 8)
-    monkeypatch.setattr(A, "ENGINE", "triton")
+    monkeypatch.setattr(A, "ATTN_ENGINE", "triton")
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     with pytest.raises(ValueError, match="runs the Triton kernel on a CUDA GPU, not on cpu .* use attn_engine 'auto'"):
         A.sliding_window_attention(q, k, v, 4)
@@ -712,7 +712,7 @@ def test_compiled_training_equals_eager(attn, sa_rule, steps=5, T=50):
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the interpreter computes rows past T too (0 / 0), never stored
 def test_the_kernel_route_compiles_as_eager(monkeypatch):
     """The same through the Triton kernel (its interpreter here: short): no graph break, eager's losses."""
-    monkeypatch.setattr(A, "ENGINE", "triton")
+    monkeypatch.setattr(A, "ATTN_ENGINE", "triton")
     test_the_model_compiles_without_graph_breaks("sa+swa", "value", T=20)
     test_compiled_training_equals_eager("sa+swa", "rank", steps=2, T=20)
 

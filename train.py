@@ -87,7 +87,7 @@ device = "cuda" if torch.cuda.is_available() else "cpu"
 # autocast: float32 | bfloat16 | float16 (with loss scaling: GPUs without bf16, a T4)
 dtype = "bfloat16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "float32"
 compile: bool | None = None  # torch.compile; None: on CUDA only (the CPU is slow to compile)
-attn_engine = "auto"  # attention.ENGINE: auto, torch, triton or dense
+attn_engine = "auto"  # attention.ATTN_ENGINE: auto, torch, triton or dense
 backend = ""  # DDP's: "" = nccl on CUDA, gloo on the CPU
 seed = 1337
 # a GPTConfig field not written out above (a new attention's own setting) is a setting too
@@ -261,7 +261,7 @@ if master:
           f"{raw_model.get_num_params() / 1e6:.2f}M parameters, attn={raw_model.config.attn}, "
           f"window={raw_model.config.window}; {tokens_per_iter:,} tokens per iteration ({world_size} x "
           f"{gradient_accumulation_steps} x {batch_size} x {T}) on {device}")
-attention.ENGINE = attn_engine
+attention.ATTN_ENGINE = attn_engine
 c = raw_model.config  # the settings', or a GPT-2's (init_from=gpt2...)
 line = attention.engine_line(device, DTYPES[dtype], c.n_embd // c.n_head, [c.attn], c.sa_rule)
 if master:  # each rank's GPU checked itself
@@ -283,8 +283,8 @@ while True:
             measures = "".join(f", {k} {v:.4f}" for k, v in ev.items() if not k.endswith("_loss"))
             print(f"step {iter_num}: train loss {ev['train_loss']:.4f}, val loss {ev['val_loss']:.4f}{measures}")
             run.log({"iter": iter_num, **ev, "lr": lr, "elapsed_s": round(time.time() - t_start, 2)})
+            improved = ev["val_loss"] <= best_val_loss  # than every eval before
             best_val_loss = min(best_val_loss, ev["val_loss"])
-            improved = ev["val_loss"] <= best_val_loss
             if iter_num > 0 and not eval_only and (always_save_checkpoint or improved):
                 run.save({"model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
                           "scaler": scaler.state_dict(), "model_args": raw_model.model_args(),

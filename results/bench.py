@@ -56,7 +56,7 @@ moba_chunk, moba_topk = 64, 4
 flex_block = 128           # FlexAttention's block size (its default)
 device = "cpu"             # cpu or cuda
 dtype = "float32"          # float32, bfloat16 or float16: the dtype of q, k, v
-attn_engine = "torch"      # attention.ENGINE: "auto" runs the Triton kernel on a GPU
+attn_engine = "torch"      # attention.ATTN_ENGINE: "auto" runs the Triton kernel on a GPU
 json_out = ""              # also write the rows and the table here
 modules = ""               # another checkout whose attention.py to time instead of this one's
 base = ""                  # a change's base checkout: its kinds in BASE_KINDS timed too, alternately with this one's
@@ -155,7 +155,8 @@ def measure(kind, mode, T, A=A):
     on the CPU (so run each case in a fresh process there), torch.cuda's peak allocation on a GPU."""
     torch.set_num_threads(threads)
     torch.manual_seed(0)
-    setattr(A, "ENGINE" if hasattr(A, "ENGINE") else "IMPL", attn_engine)  # a --modules checkout may predate ENGINE
+    name = next(n for n in ("ATTN_ENGINE", "ENGINE", "IMPL") if hasattr(A, n))  # older checkouts' names
+    setattr(A, name, attn_engine)
     fn = attention_fn(kind, T, A)
     shape = (batch, heads, T, head_dim)  # (B, H, T, D)
     q, k, v, dout = (torch.randn(shape, device=device, dtype=getattr(torch, dtype)) for _ in range(4))
@@ -198,7 +199,7 @@ def device_ms(fn, reps=10):
 
 
 def check_settings():
-    """Each setting's rule beyond guards.SETTINGS (which configurator.py checks): one InputError line."""
+    """Each setting's rule beyond guards.CHECKS (which configurator.py checks): one InputError line."""
     bad = next((k for k in kinds.split(",") if k not in KINDS), None)
     need(bad is None, f"kinds={kinds!r}: unknown kind {bad!r} (kinds: {','.join(KINDS)})")
     bad = next((m for m in modes.split(",") if m not in MODES), None)
@@ -219,14 +220,14 @@ def benchmark_generation(lengths=(256, 1024, 4096), new_tokens=(5, 33), vocab_si
     prefill is left out; the median step, to shrug off other processes. new_tokens[use_cache] steps each.
         python results/bench.py --generation=True
     """
-    from model import KINDS, GPT, GPTConfig
+    from model import ATTNS, GPT, GPTConfig
     arch = dict(n_layer=4, n_head=4, n_embd=128, window=64, moba_chunk=64, moba_topk=4,
                 vocab_size=vocab_size, block_size=max(lengths) + max(new_tokens))
     print(f"generate, greedy, batch 1, fp32, {torch.get_num_threads()} threads, torch {torch.__version__}; a random "
           f"GPT {', '.join(f'{k}={v}' for k, v in arch.items())}; median ms per generated token, prefill excluded; "
           f"cache cells per layer: window for swa, block_size for the others")
     print(f"{'attn':>7} {'sa_rule':>7} {'prompt':>6} {'no cache':>9} {'cache':>9} {'speedup':>8}")
-    for attn, rule in [(a, "rank") for a in KINDS] + [("sa", "value"), ("sa+swa", "value")]:
+    for attn, rule in [(a, "rank") for a in ATTNS] + [("sa", "value"), ("sa+swa", "value")]:
         torch.manual_seed(0)
         model = GPT(GPTConfig(attn=attn, sa_rule=rule, **arch)).eval()
         stamps = []
@@ -264,7 +265,7 @@ if __name__ == "__main__":
              if cuda else f"{threads} threads on {os.cpu_count()} CPUs ({os.uname().machine}), peak RSS above "
              f"the inputs, each case in a fresh process with THP_MEM_ALLOC_ENABLE={thp}")
     head = (f"B={batch} H={heads} D={head_dim} {dtype}, window {window}, MoBA chunk {moba_chunk} top_k "
-            f"{moba_topk}, Flex block {flex_block}, attention.ENGINE={attn_engine} of {MODULES}; torch "
+            f"{moba_topk}, Flex block {flex_block}, attention.ATTN_ENGINE={attn_engine} of {MODULES}; torch "
             f"{torch.__version__}; median of {reps} after a warm-up; {where}")
     lines = [head, f"{'mode':>8} {'T':>6} {'kind':>13} {'wall ms':>9} {'device ms':>9} {'peak MiB':>9} "
              f"{'full/this':>10}"]

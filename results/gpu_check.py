@@ -194,7 +194,7 @@ def warm(job):
             sweep_case(tiling, kind, T, 1, 2, D, window, sweep_dtype())
         else:  # the base's attention.py, as bench.py calls it (its kernel may specialise on the heads and window)
             import attention
-            attention.ENGINE = "triton"
+            setattr(attention, "ATTN_ENGINE" if hasattr(attention, "ATTN_ENGINE") else "ENGINE", "triton")
             q, k, v = (torch.randn(1, 12, 2048, 64, device=dev, dtype=torch.bfloat16, requires_grad=True)
                        for _ in range(3))
             perm, r = torch.randperm(2048, device=dev), torch.rand(2048, device=dev)

@@ -45,7 +45,7 @@ plot = ""               # plot coverage against depth here (needs matplotlib)
 # -----------------------------------------------------------------------------
 KINDS = ("swa", "sa", "sa+swa")
 SA_RULES = ("rank", "value")
-SETTINGS = ("causal", "bidirectional")
+CHECKS = ("causal", "bidirectional")
 PIECE_WORDS = 1 << 18   # uint64 words gathered at once (2 MiB: stays in cache for the OR-reduce)
 PROGRESS_BYTES = 1 << 28  # print every layer's progress above this many bytes of bitsets (n > ~46000)
 
@@ -55,8 +55,8 @@ def check(n, window, kind, setting, heads, seeds, max_layers, sa_rule="rank"):
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
     if sa_rule not in SA_RULES:
         raise ValueError(f"sa_rule must be one of {SA_RULES}, got {sa_rule!r}")
-    if setting not in SETTINGS:
-        raise ValueError(f"setting must be one of {SETTINGS}, got {setting!r}")
+    if setting not in CHECKS:
+        raise ValueError(f"setting must be one of {CHECKS}, got {setting!r}")
     if not isinstance(window, int) or window < 2:
         raise ValueError(f"window must be an integer >= 2 (window=1 only sees itself), got {window!r}")
     for name, value, low in (("n", n, 2), ("heads", heads, 1), ("seeds", seeds, 1), ("max_layers", max_layers, 1)):

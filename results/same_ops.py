@@ -31,7 +31,7 @@ def load(path):
     sys.path.insert(0, path)
     module = importlib.import_module("attention")
     sys.path.pop(0)
-    setattr(module, next(n for n in ("ENGINE", "IMPL", "BACKEND") if hasattr(module, n)), "torch")  # older: IMPL...
+    setattr(module, next(n for n in ("ATTN_ENGINE", "ENGINE", "IMPL", "BACKEND") if hasattr(module, n)), "torch")  # older: IMPL...
     return module
 
 

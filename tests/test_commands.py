@@ -144,7 +144,7 @@ def check(command):
                 values[name] = value  # a bare word: a str, as configurator.py reads it
         else:
             values.pop(name, None)
-    numbers = {k: v for k, v in values.items() if type(v) in (int, float)}  # their ranges (guards.SETTINGS)
+    numbers = {k: v for k, v in values.items() if type(v) in (int, float)}  # their ranges (guards.CHECKS)
     return problems + [f"{k}={v!r}: {p}" for k, v in numbers.items() if (p := setting_problem(k, v, values))]
 
 

@@ -198,7 +198,7 @@ def test_memory_estimate_of_the_saved_activations(monkeypatch):
     import attention
     import kernel
     from model import GPT, GPTConfig
-    monkeypatch.setattr(attention, "ENGINE", "triton")
+    monkeypatch.setattr(attention, "ATTN_ENGINE", "triton")
     monkeypatch.setattr(kernel, "SELF_CHECK", False)  # the interpreter's bf16 dot is wrong; bytes are not
     L, C, T, B, V = 3, 128, 256, 2, 1024
     model = GPT(GPTConfig(n_layer=L, n_head=2, n_embd=C, block_size=T, vocab_size=V))

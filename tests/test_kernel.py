@@ -24,8 +24,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import attention as A
 import gpu_check
-from guards import checked
-import tiled
+from guards import InputError, checked
 from test_attention import (assert_same, attention_kinds, edge_pairs, out_and_grads, qkv, random_perm,
                             test_compiled_training_equals_eager, tiny)
 
@@ -108,7 +107,7 @@ def test_triton_swa_default_tiling():
 @pytest.mark.parametrize("perm_shape", [(), (2, 1)])
 def test_stochastic_attention_through_triton(small_blocks, monkeypatch, perm_shape):
     """SA end to end, one launch reading and writing rows through perm == the dense SA reference."""
-    monkeypatch.setattr(A, "ENGINE", "triton")
+    monkeypatch.setattr(A, "ATTN_ENGINE", "triton")
     q, k, v = qkv(2, 2, 100, 16, device=KDEV)
     perm = random_perm(perm_shape, 100, device=KDEV)
     assert_same(lambda *x: A.stochastic_attention(*x, 16, perm), q, k, v, lambda *x: A.sa_reference(*x, 16, perm))
@@ -120,7 +119,7 @@ def test_stochastic_attention_through_triton(small_blocks, monkeypatch, perm_sha
 def test_value_sa_through_triton(small_blocks, bf16_dot, monkeypatch, T, window, r_shape, dtype):
     """SA's value rule end to end: sorted by r, the kernel's per-tile key spans (a bisection of r in the kernel)
     and its |r_i - r_j| < width mask == the dense reference, forward and backward."""
-    monkeypatch.setattr(A, "ENGINE", "triton")
+    monkeypatch.setattr(A, "ATTN_ENGINE", "triton")
     q, k, v = qkv(2, 2, T, 16, dtype=dtype, device=KDEV)
     r = torch.rand(*r_shape, T, generator=torch.Generator().manual_seed(T)).to(KDEV)
     assert_same(lambda *x: A.stochastic_value_attention(*x, window / T, r), q, k, v,
@@ -129,22 +128,23 @@ def test_value_sa_through_triton(small_blocks, bf16_dot, monkeypatch, T, window,
 
 @pytest.mark.parametrize("kind, T", [("sa", 130), ("sa-bht", 17), ("sa-value", 17), ("sa-value-bht", 130)])
 def test_the_fused_kernel_equals_the_recipe(small_blocks, monkeypatch, kind, T):
-    """SA in one launch (ENGINE "triton") against the three-line recipe it replaces (ENGINE "torch": gather, the band,
+    """SA in one launch (ATTN_ENGINE "triton") against the three-line recipe it replaces (ATTN_ENGINE "torch": gather, the band,
     gather back), forward and gradients: both rules, one permutation or r shared and one per head, lengths no multiple
     of a tile."""
     fast = attention_kinds(T, B=2, H=2)[kind][0]
     q, k, v = qkv(2, 2, T, 16, device=KDEV)
-    monkeypatch.setattr(A, "ENGINE", "torch")
+    monkeypatch.setattr(A, "ATTN_ENGINE", "torch")
     want = out_and_grads(fast, q, k, v)
-    monkeypatch.setattr(A, "ENGINE", "triton")
+    monkeypatch.setattr(A, "ATTN_ENGINE", "triton")
     for name, got, expected in zip(("out", "dq", "dk", "dv"), out_and_grads(fast, q, k, v), want):
         torch.testing.assert_close(got, expected, atol=2e-5, rtol=1e-4, msg=lambda m: f"{name}: {m}")
 
 
 def test_check_once_refuses_a_head_dim_it_has_no_kernel_for(monkeypatch):
-    """engine_line under ENGINE "triton" at head dim 24: Unsupported naming the head dims, not a Triton traceback."""
-    monkeypatch.setattr(A, "ENGINE", "triton")
-    with pytest.raises(kernel.Unsupported, match="head dims"):
+    """engine_line under ATTN_ENGINE "triton" at head dim 24: one line (an InputError) naming the head dims, not a Triton
+    traceback nor kernel.Unsupported's."""
+    monkeypatch.setattr(A, "ATTN_ENGINE", "triton")
+    with pytest.raises(InputError, match="attn_engine 'triton': Unsupported: .*head dim"):
         A.engine_line(KDEV, torch.float32, 24, ["swa"])
 
 
@@ -210,7 +210,7 @@ def assert_finite_like_sdpa(fn, q, k, v, mask):
 def test_kernel_under_autocast(small_blocks, bf16_dot, monkeypatch, kind, dtype):
     """fp32 inputs under torch.autocast through the kernel: SDPA's output dtype, forward and backward
     equal to the reference under the same autocast."""
-    monkeypatch.setattr(A, "ENGINE", "triton")
+    monkeypatch.setattr(A, "ATTN_ENGINE", "triton")
     fast, ref = attention_kinds(100, B=2, H=2)[kind]
     q, k, v = qkv(2, 2, 100, 16, device=KDEV)
     with torch.autocast(KDEV, dtype=dtype):
@@ -222,7 +222,7 @@ def test_kernel_under_autocast(small_blocks, bf16_dot, monkeypatch, kind, dtype)
 
 @pytest.mark.parametrize("kind", ["swa", "sa", "sa-value"])
 def test_kernel_nan_key_reaches_only_the_queries_that_see_it(small_blocks, monkeypatch, kind):
-    monkeypatch.setattr(A, "ENGINE", "triton")
+    monkeypatch.setattr(A, "ATTN_ENGINE", "triton")
     fast, ref = attention_kinds(100, window=4, B=1, H=2)[kind]
     q, k, v = (t.detach() for t in qkv(1, 2, 100, 16, device=KDEV))
     k[:, :, 70] = float("nan")
@@ -235,7 +235,7 @@ def test_kernel_nan_key_reaches_only_the_queries_that_see_it(small_blocks, monke
 def test_kernel_bad_value_reaches_every_query_that_sees_it(small_blocks, monkeypatch, kind):
     """A NaN or inf in v[j, d] makes out[i, d] non-finite wherever query i sees key j; the kernel keeps no more (a
     check would wait for the GPU): other queries of its tiles may meet it too (0 * NaN = NaN), as SDPA's do."""
-    monkeypatch.setattr(A, "ENGINE", "triton")
+    monkeypatch.setattr(A, "ATTN_ENGINE", "triton")
     fast, ref = attention_kinds(100, window=4, B=1, H=2)[kind]
     q, k, v = (t.detach() for t in qkv(1, 2, 100, 16, device=KDEV))
     for j, bad in itertools.product((0, 50, 99), (float("nan"), float("inf"))):
@@ -246,15 +246,15 @@ def test_kernel_bad_value_reaches_every_query_that_sees_it(small_blocks, monkeyp
 
 
 # -----------------------------------------------------------------------------
-# Where the kernel runs: ENGINE="auto" decides once per (device, dtype, head dim, rule), before any call, from the
+# Where the kernel runs: ATTN_ENGINE="auto" decides once per (device, dtype, head dim, rule), before any call, from the
 # kernel's checks (check_once), so that a compiled graph never holds a kernel that refuses; where they fail it warns
-# once and takes the torch engine. ENGINE="triton" raises. A bug in the kernel raises under both. Here the interpreter
+# once and takes the torch engine. ATTN_ENGINE="triton" raises. A bug in the kernel raises under both. Here the interpreter
 # plays a GPU (plays_a_gpu).
 
 def play_a_gpu(monkeypatch):
-    """ENGINE "auto" as on a GPU: the interpreter runs the kernel, from a fresh self-check."""
+    """ATTN_ENGINE "auto" as on a GPU: the interpreter runs the kernel, from a fresh self-check."""
     monkeypatch.setattr(A, "KERNEL_DEVICES", ("cuda", "cpu"))
-    monkeypatch.setattr(A, "ENGINE", "auto")
+    monkeypatch.setattr(A, "ATTN_ENGINE", "auto")
     monkeypatch.setattr(kernel, "SELF_CHECKS", {})
 
 
@@ -284,7 +284,7 @@ def test_auto_falls_back_to_torch(monkeypatch, plays_a_gpu, cause, match):
                        lambda *x: A.sa_value_reference(*x, 0.2, r))):
         with pytest.warns(UserWarning, match=f"torch engine instead: .*{match}"):
             assert_same(fast, q, k, v, ref)
-    monkeypatch.setattr(A, "ENGINE", "triton")
+    monkeypatch.setattr(A, "ATTN_ENGINE", "triton")
     with pytest.raises(Exception, match=match):
         A.stochastic_attention(q, k, v, 8, perm)
 
@@ -361,11 +361,15 @@ def test_kernel_imports_nothing_from_the_repo():
     assert {"torch", "triton", "os", "numpy"} <= imported and not imported & repo_modules, imported
 
 
-def test_kernel_copy_equals_tiled():
-    """kernel.py keeps its own copy of the band's edges (it imports nothing from the repo): tiled.py's, edge cases
-    included."""
+def test_the_kernels_band_edges_are_the_rule():
+    """kernel.py keeps its own band edges (it imports nothing from the repo): slots i - left ... i + right are those
+    that attention.rule_mask's |i - j| < window keeps, both ways (SA) or, causal SWA, back only; edge cases included."""
     for window, T, two_sided in itertools.product((1, 5, 100, 300), (1, 7, 100), (False, True)):
-        assert kernel.band_edges(float(window), T, two_sided) == tiled.band_edges(float(window), T, two_sided)
+        left, right = kernel.band_edges(float(window), T, two_sided)
+        i = torch.arange(T)
+        pos = torch.zeros(T, dtype=torch.long) if two_sided else i  # equal positions: no causal cut
+        band = (i[None, :] >= i[:, None] - left) & (i[None, :] <= i[:, None] + right)  # (T, T): query i, key j
+        assert torch.equal(band, A.rule_mask(i, pos, min(window, T))), (window, T, two_sided)
 
 
 class FakeCudaTensor:
@@ -387,7 +391,7 @@ def test_choosing_the_kernel_adds_no_graph_break(monkeypatch, plays_a_gpu, trito
     find_spec = torch.compiler.disable(importlib.util.find_spec)
     monkeypatch.setattr(A, "importlib", types.SimpleNamespace(util=types.SimpleNamespace(find_spec=find_spec)))
     for engine in ("auto", "triton"):
-        monkeypatch.setattr(A, "ENGINE", engine)
+        monkeypatch.setattr(A, "ATTN_ENGINE", engine)
         torch._dynamo.reset()
         with warnings.catch_warnings():
             warnings.simplefilter("error", UserWarning)  # and no warning (the interpreter's numpy ones aside)
@@ -398,7 +402,7 @@ def test_choosing_the_kernel_adds_no_graph_break(monkeypatch, plays_a_gpu, trito
 @pytest.mark.parametrize("version, supported", [("3.2.0", True), ("3.6.0", True), ("3.9.1", True), ("3.1.0", False),
                                                 ("2.3.1", False), ("3.10.0", False), ("4.0.0", False)])
 def test_auto_uses_the_kernel_only_with_a_tested_triton(monkeypatch, triton_read_anew, version, supported):
-    """attention.ENGINE = "auto" on a CUDA tensor: the kernel with a Triton in attention.TRITON_VERSIONS; otherwise
+    """attention.ATTN_ENGINE = "auto" on a CUDA tensor: the kernel with a Triton in attention.TRITON_VERSIONS; otherwise
     the torch engine and one warning (the version is read once, not per call)."""
     monkeypatch.setattr(triton, "__version__", version)
     monkeypatch.setattr(kernel, "check_once", lambda *a: None)  # no CUDA here to check
@@ -573,7 +577,7 @@ def test_a_correct_kernel_passes_the_self_check(monkeypatch):
     monkeypatch.setattr(kernel, "SELF_CHECKS", {})
     assert A.engine_line("cpu", torch.float32, 16, ["sa+swa"]) == "attention: the torch engine on cpu"
     assert kernel.SELF_CHECKS == {}
-    monkeypatch.setattr(A, "ENGINE", "triton")
+    monkeypatch.setattr(A, "ATTN_ENGINE", "triton")
     for kinds, rule in ((["sa+swa"], "rank"), (["sa", "full"], "value")):
         line = A.engine_line("cpu", torch.float32, 16, kinds, rule)
         assert re.fullmatch(r"attention: Triton kernel, self-check passed on the CPU interpreter float32 "
@@ -623,7 +627,7 @@ def test_the_self_check_catches_a_faulty_kernel(monkeypatch, fault, kind):
     q, k, v = qkv(1, 2, 100, 16, device=KDEV)
     inject(monkeypatch, fault)
     monkeypatch.setattr(kernel, "SELF_CHECKS", {})
-    monkeypatch.setattr(A, "ENGINE", "triton")
+    monkeypatch.setattr(A, "ATTN_ENGINE", "triton")
     rule = {"swa": "swa", "sa": "sa rank", "sa-value": "sa value"}[kind]
     message = f"failed its self-check on the CPU interpreter float32 for {rule} .*against the dense fp32 reference"
     with pytest.raises(kernel.Unsupported, match=message):
@@ -650,7 +654,7 @@ def test_a_compiled_model_runs_the_self_check(monkeypatch, fault):
     calls, check = [], kernel.self_check
     monkeypatch.setattr(kernel, "self_check", lambda *a, **kw: calls.append(a[3]) or check(*a, **kw))
     monkeypatch.setattr(kernel, "SELF_CHECKS", {})
-    monkeypatch.setattr(A, "ENGINE", "triton")
+    monkeypatch.setattr(A, "ATTN_ENGINE", "triton")
     if fault:
         inject(monkeypatch, fault)
     q, k, v = qkv(1, 2, 50, 16, device=KDEV)
@@ -670,7 +674,7 @@ def test_the_self_check_runs_once_per_key(monkeypatch):
     check = kernel.self_check
     monkeypatch.setattr(kernel, "self_check", lambda *a, **kw: calls.append(a[1:4]) or check(*a, **kw))
     monkeypatch.setattr(kernel, "SELF_CHECKS", {})
-    monkeypatch.setattr(A, "ENGINE", "triton")
+    monkeypatch.setattr(A, "ATTN_ENGINE", "triton")
     q, k, v = qkv(1, 2, 50, 16, device=KDEV)
     perm = random_perm((), 50, device=KDEV)
     for _ in range(3):
@@ -705,7 +709,7 @@ def test_triton_swa_two_sided_band_one_short_of_a_key_tile(small_blocks):
 
 def test_value_sa_through_triton_hides_keys_at_exactly_delta(small_blocks, monkeypatch):
     """r multiples of 1/64, delta = 1/8: pairs at exactly delta in fp32, which the kernel's strict < hides."""
-    monkeypatch.setattr(A, "ENGINE", "triton")
+    monkeypatch.setattr(A, "ATTN_ENGINE", "triton")
     T, delta = 64, 0.125
     r = random_perm((), T, device=KDEV).float() / T
     q, k, v = qkv(1, 2, T, 16, device=KDEV)
@@ -736,7 +740,7 @@ def test_the_self_check_covers_per_head_permutations(monkeypatch, rule, kind):
     runs that case too (it ran one shared permutation only), so "triton" refuses it at the first call."""
     inject(monkeypatch, "window", per_head=True)
     monkeypatch.setattr(kernel, "SELF_CHECKS", {})
-    monkeypatch.setattr(A, "ENGINE", "triton")
+    monkeypatch.setattr(A, "ATTN_ENGINE", "triton")
     fast, ref = attention_kinds(100, B=1, H=2)[kind]
     with pytest.raises(kernel.Unsupported, match=f"failed its self-check on the CPU interpreter float32 for {rule}"):
         fast(*qkv(1, 2, 100, 16, device=KDEV))
@@ -845,7 +849,7 @@ def test_the_grid_folds_batch_and_heads_into_one_dimension(monkeypatch):
 def test_a_perm_that_is_no_permutation_is_refused_eagerly(monkeypatch):
     """A compiled call assumes a valid perm (its interior tiles load unmasked; triton_swa's docstring says what it
     assumes): eagerly attention.py refuses one that is not, before the kernel runs."""
-    monkeypatch.setattr(A, "ENGINE", "triton")
+    monkeypatch.setattr(A, "ATTN_ENGINE", "triton")
     q, k, v = qkv(1, 2, 40, 16, device=KDEV)
     for bad in (torch.zeros(40, dtype=torch.long), torch.arange(40) + 1, torch.arange(40).expand(1, 2, 40) - 1):
         with pytest.raises(ValueError, match="perm must be a permutation"):
@@ -941,7 +945,7 @@ def stubbed_launches(monkeypatch):
     for name in ("_attn_fwd", "_attn_bwd", "_rowdot"):
         monkeypatch.setattr(kernel, name, Stub())
     monkeypatch.setattr(kernel, "SELF_CHECK", False)
-    monkeypatch.setattr(A, "ENGINE", "triton")
+    monkeypatch.setattr(A, "ATTN_ENGINE", "triton")
 
 
 def test_an_sa_forward_dispatches_two_ops_and_no_sync(stubbed_launches):

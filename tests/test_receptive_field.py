@@ -37,7 +37,7 @@ def attention_mask(n, window, kind, setting, draws, sa_rule):
 
 
 @pytest.mark.parametrize("sa_rule", rf.SA_RULES)
-@pytest.mark.parametrize("setting", rf.SETTINGS)
+@pytest.mark.parametrize("setting", rf.CHECKS)
 @pytest.mark.parametrize("kind", rf.KINDS)
 def test_layers_follow_attention_rules(kind, setting, sa_rule, monkeypatch):
     """One layer's graph is attention.py's mask; L layers compose to the boolean product of the masks.
@@ -56,7 +56,7 @@ def test_layers_follow_attention_rules(kind, setting, sa_rule, monkeypatch):
         assert np.array_equal(dense(R, n), want), f"layer {layer + 1}"
 
 
-@pytest.mark.parametrize("setting", rf.SETTINGS)
+@pytest.mark.parametrize("setting", rf.CHECKS)
 @pytest.mark.parametrize("n,window", [(2, 2), (10, 3), (64, 8), (65, 8), (100, 7), (257, 16), (300, 64), (50, 64)])
 def test_swa_needs_exactly_ceil_n_minus_1_over_w_minus_1_layers(n, window, setting):
     res = rf.measure(n, window, "swa", setting, max_layers=500)
