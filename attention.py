@@ -7,21 +7,18 @@ position per token:
 
 SWA: slot = pos = the index, width = window: query i sees keys i - window + 1 ... i, itself
 included. SA, the rank rule (the paper's): gather q, k, v by a random permutation perm (slot s holds
-token perm[s]), run the window there with pos = perm (so it reaches both ways over slots, and keeps
-the earlier tokens), gather the output back: tokens a >= b interact iff their slots are less than
-`window` apart. SA, the value rule: each token draws a number r in [0, 1);
-slot = r, width = delta: a >= b interact iff |r_a - r_b| < delta. That depends on r_a and r_b alone,
-so a KV cache can decode it (kv_cache.py). MoBA: query i sees its own chunk (j <= i) and the
-moba_topk - 1 past chunks of largest q_i . mean(K_chunk).
+token perm[s]), run the window there with pos = perm (it reaches both ways over slots, and keeps the
+earlier tokens), gather the output back: tokens a >= b interact iff their slots are less than
+`window` apart. SA, the value rule: each token draws a number r in [0, 1), slot = r, width = delta:
+a >= b interact iff |r_a - r_b| < delta, by r_a and r_b alone, so a KV cache decodes it. MoBA: query
+i sees its own chunk (j <= i) and the moba_topk - 1 past chunks of largest q_i . mean(K_chunk).
 
-Each kind has a dense reference, O(T^2), beside its fast function (SWA's and SA's: O(T * window));
-the tests hold every fast function to its reference, forward and gradients (test_attention.py).
-Each public function checks its inputs at the door (guards.check_inputs). perm, pos and r are (T,),
-or broadcastable to (B, H, T). Every query sees itself, and no query reads a key it may not see, not
-even a NaN or inf in that key's k or v. Two exceptions: compiled, the values are not checked, so a
-non-finite k or v may also make NaN the other queries of its tile; the Triton kernel, likewise for
-a non-finite v. Compiled, check_inputs reads no perm or r either: the kernel then assumes each perm
-a permutation and each r in [0, 1) (it is sorted here), as the model's own draws are (model.sa_draw).
+Each kind's dense reference, O(T^2), is beside its fast function; the tests hold them equal, forward
+and gradients. Each public function checks its inputs (guards.check_inputs); perm, pos and r are
+(T,) or broadcastable to (B, H, T). Every query sees itself, and no query reads a key it may not
+see, not even a NaN or inf in its k or v; but compiled, or in the Triton kernel, a non-finite v (and
+compiled, k) may also make NaN its tile's other queries. Compiled, no perm or r is read either: the
+kernel assumes perm a permutation and r in [0, 1), as the model's own draws are (model.sa_draw).
 """
 import functools
 import importlib.util
@@ -29,7 +26,6 @@ import math
 import os
 import time
 import warnings
-from typing import List
 
 import torch
 import torch.nn.functional as F
@@ -37,10 +33,9 @@ import torch.nn.functional as F
 import moba
 from guards import InputError, check_count, check_delta, check_inputs
 
-# What runs SWA's and SA's band (train.py's attn_engine): "auto": the Triton kernel on a CUDA GPU
-# where it passes its checks, else "torch", the plain torch code below; "triton": the kernel (on the
-# CPU under TRITON_INTERPRET=1, for tests); "dense": the band as a dense mask (rule_mask), for a
-# debugger. Full attention is always PyTorch's SDPA.
+# What runs SWA's and SA's band (train.py's attn_engine): "auto": the Triton kernel on a GPU where
+# it passes its checks, else "torch", the torch code below; "triton": the kernel (on the CPU under
+# TRITON_INTERPRET=1); "dense": a dense mask (rule_mask), for a debugger. Full attention is SDPA.
 ATTN_ENGINE = "auto"
 TILE = 128  # the torch engine's query rows per tile
 # the value rule's key spans reach this far past delta: fp32 rounding of |r_i - r_j| (r < 1)
@@ -157,7 +152,7 @@ def sliding_window_attention(q, k, v, window, pos=None, r=None):
         mask[..., -1, nq - qpad:, :] = True
     mask = mask.expand(B, H, nt, nq, nk).flatten(0, 1) if mask.dim() == 5 else mask[None]
     qs, ks, vs = qs.flatten(0, 1), ks.flatten(0, 1), vs.flatten(0, 1)  # (B * H, nt, rows, D)
-    finite = torch.compiler.is_compiling() or bool((k.sum() + v.sum()).isfinite())  # compiled: no check
+    finite = torch.compiler.is_compiling() or bool((k.sum() + v.sum()).isfinite())  # compiled: skip
     if finite:  # the tiles as SDPA's heads: softmax(q k^T / sqrt(D), hidden keys -inf) @ v, fused
         y = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask)  # (B * H, nt, nq, D)
     else:  # the same softmax written out: a NaN or inf reaches only the queries that see it
@@ -168,8 +163,7 @@ def sliding_window_attention(q, k, v, window, pos=None, r=None):
 def value_spans(r, delta, first, last):
     """The value rule's key spans for the query tiles of slots first[t] ... last[t]: (start, nk),
     key slots start[..., t] ... start[..., t] + nk - 1 hold every key within delta (plus
-    VALUE_MARGIN, for fp32 rounding) of the tile's queries, and the tile's own slots; r (T,) or
-    (B, H, T), ascending."""
+    VALUE_MARGIN: fp32 rounding) of the tile's queries, and its own; r (T,) or (B, H, T), ascending."""
     start = torch.searchsorted(r, r[..., first] - delta - VALUE_MARGIN)  # (..., nt)
     end = torch.searchsorted(r, r[..., last] + delta + VALUE_MARGIN).maximum(last + 1)
     return start, int((end - start).max())  # the longest span: every tile's, padded
@@ -188,8 +182,7 @@ def swa_reference(q, k, v, window, pos=None):
 
 
 def gather(t, perm):
-    """t (B, H, T, D) in slot order: slot s holds token perm[..., s]. gather(t_slots,
-    perm.argsort(-1)) undoes it."""
+    """t (B, H, T, D) in slot order: slot s holds token perm[..., s] (perm.argsort(-1): back)."""
     if perm.dim() == 1:
         return t.index_select(2, perm)  # (B, H, T, D)
     return t.gather(2, perm.expand(*t.shape[:3])[..., None].expand(t.shape))  # (B, H, T, D)
@@ -300,53 +293,42 @@ def _engine(q, rule):
                              "attn_engine 'auto' or 'torch'")
         return "triton"
     H, T, D = q.shape[1:]
-    # int32 offsets
     small = H * T * D < 2**31  # the kernel's int32 offsets
     if ATTN_ENGINE == "auto" and rule and small and _kernel_ok(q.device, q.dtype, D, rule):
         return "triton"
     return "dense" if ATTN_ENGINE == "dense" else "torch"
 
 
-# torch.compile cannot trace the value rule's torch band, whose span length is read from r: it calls
-# these ops instead, which run sliding_window_attention eagerly (the backward recomputes the forward
-# and differentiates it)
+# torch.compile cannot trace the value rule's torch band, whose nk is read from r: it calls this op
+# instead, which runs sliding_window_attention eagerly (its backward recomputes and differentiates)
 
-@torch.library.custom_op("sa::value_band", mutates_args=())
-def _value_band(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, delta: float, pos: torch.Tensor,
-                r: torch.Tensor) -> torch.Tensor:
+def _band(q, k, v, delta, pos, r):
     return sliding_window_attention(q, k, v, delta, pos, r).contiguous()
 
 
-@torch.library.custom_op("sa::value_band_backward", mutates_args=())
-def _value_band_backward(dy: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                         delta: float, pos: torch.Tensor, r: torch.Tensor) -> List[torch.Tensor]:
-    def band(q, k, v):
-        return sliding_window_attention(q, k, v, delta, pos, r)
-    return list(torch.func.vjp(band, q, k, v)[1](dy))  # dq, dk, dv
+def _band_vjp(dy, q, k, v, delta, pos, r):
+    return list(torch.func.vjp(lambda q, k, v: _band(q, k, v, delta, pos, r), q, k, v)[1](dy))
 
 
-def _save_value_band(ctx, inputs, output):
-    q, k, v, ctx.delta, pos, r = inputs
-    ctx.save_for_backward(q, k, v, pos, r)
-
-
-def _value_band_grads(ctx, dy):
-    q, k, v, pos, r = ctx.saved_tensors
-    return *_value_band_backward(dy, q, k, v, ctx.delta, pos, r), None, None, None
-
-
+QKV = "Tensor q, Tensor k, Tensor v, float delta, Tensor pos, Tensor r"
+_value_band = torch.library.custom_op("sa::value_band", _band, mutates_args=(),
+                                      schema=f"({QKV}) -> Tensor")
+_value_band_vjp = torch.library.custom_op("sa::value_band_vjp", _band_vjp, mutates_args=(),
+                                          schema=f"(Tensor dy, {QKV}) -> Tensor[]")
 _value_band.register_fake(lambda q, *_: torch.empty_like(q))
-_value_band_backward.register_fake(lambda dy, q, k, v, *_: [torch.empty_like(t) for t in (q, k, v)])
-_value_band.register_autograd(_value_band_grads, setup_context=_save_value_band)
+_value_band_vjp.register_fake(lambda dy, q, k, v, *_: [torch.empty_like(t) for t in (q, k, v)])
+_value_band.register_autograd(
+    lambda ctx, dy: (*_value_band_vjp(dy, *ctx.saved_tensors[:3], ctx.delta, *ctx.saved_tensors[3:]),
+                     None, None, None),
+    setup_context=lambda ctx, inputs, output: (ctx.save_for_backward(*inputs[:3], *inputs[4:]),
+                                               setattr(ctx, "delta", inputs[3])))
 
 
-# where "auto" may run the kernel (a test adds "cpu": the interpreter plays a GPU)
-KERNEL_DEVICES = ("cuda",)
+KERNEL_DEVICES = ("cuda",)  # where "auto" may run the kernel (a test adds "cpu": the interpreter)
 TRITON_VERSIONS = ((3, 2), (3, 9))  # Triton minors tested: results/kernel_triton_versions.txt
 
 
-# decided before tracing: a compiled graph never holds a kernel that refuses
-@torch.compiler.assume_constant_result
+@torch.compiler.assume_constant_result  # decided before tracing: no compiled graph holds a refusal
 def _kernel_ok(device, dtype, D, rule):
     """Whether "auto" runs the kernel (_refusal); one warning where it failed a check."""
     why = _refusal(device, dtype, D, rule)
@@ -358,20 +340,15 @@ def _kernel_ok(device, dtype, D, rule):
 def _refusal(device, dtype, D, rule):
     """None where "auto" runs the kernel (kernel.check_once checks the GPU, the head dim and dtype,
     then self-checks at the first use); else "" (not tried: not a GPU, or no supported Triton), or
-    why not."""
-    if device.type not in KERNEL_DEVICES or not _triton_supported():
+    why not, in one line."""
+    if device.type not in KERNEL_DEVICES or not _has_triton() or not _triton_supported():
         return ""
     import kernel
     try:
         kernel.check_once(device, dtype, D, rule, VALUE_MARGIN)
     except kernel.CANNOT_RUN as e:
-        return _why(e)
+        return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"
     return None
-
-
-def _why(e):
-    """A kernel error in one line: its kind and its message's first line."""
-    return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"
 
 
 @torch.compiler.assume_constant_result  # a constant to torch.compile (Dynamo breaks at find_spec)
@@ -382,11 +359,8 @@ def _has_triton():
 @functools.cache  # read once (Dynamo never traces it: _kernel_ok is a constant)
 def _triton_supported():
     """Whether Triton is installed and in TRITON_VERSIONS (outside them: one warning)."""
-    if not _has_triton():
-        return False
-    import triton
-    version = tuple(map(int, triton.__version__.split(".")[:2]))
-    if TRITON_VERSIONS[0] <= version <= TRITON_VERSIONS[1]:
+    import triton  # installed: _has_triton
+    if TRITON_VERSIONS[0] <= tuple(map(int, triton.__version__.split(".")[:2])) <= TRITON_VERSIONS[1]:
         return True
     warnings.warn(f"Triton {triton.__version__} is outside the tested range {TRITON_VERSIONS}: "
                   "using the torch engine")
@@ -395,16 +369,14 @@ def _triton_supported():
 
 def engine_line(device, dtype, head_dim, kinds, sa_rule="rank"):
     """The line train.py, sample.py and eval.py print: what runs the SWA and SA of kinds (a list, or
-    one) in dtype on device. On a GPU, the kernel's checks for each rule run now, before any
-    training."""
+    one) in dtype on device. On a GPU, the kernel's checks of each rule run now, before training."""
     q = torch.empty(0, 0, 0, head_dim, device=device, dtype=dtype)
     kinds = {kinds} if isinstance(kinds, str) else set(kinds)
     users = {"swa": {"swa", "sa+swa"}, "sa " + sa_rule: {"sa", "sa+swa"}}  # each kernel rule's kinds
     rules = [rule for rule, kinds_of_rule in users.items() if kinds_of_rule & kinds]
     engine, start = _engine(q, None), time.perf_counter()  # None: "torch" or "dense"
-    why = {}
-    if ATTN_ENGINE == "auto":
-        why = {rule: _refusal(q.device, dtype, head_dim, rule) for rule in rules}
+    auto = ATTN_ENGINE == "auto"
+    why = {rule: _refusal(q.device, dtype, head_dim, rule) for rule in rules} if auto else {}
     if not rules or ATTN_ENGINE not in ("auto", "triton") or "" in why.values():  # "": not tried
         return f"attention: {f'the {engine} engine' if rules else 'no SWA or SA'} on {q.device}"
     if ATTN_ENGINE == "triton":
@@ -414,8 +386,8 @@ def engine_line(device, dtype, head_dim, kinds, sa_rule="rank"):
         try:
             kernel.check_once(q.device, dtype, head_dim, rule, VALUE_MARGIN)
         except kernel.CANNOT_RUN as e:  # the kernel cannot run this case here: one line
-            raise InputError(f"attn_engine 'triton': {_why(e)} ('auto' takes the torch engine)") \
-                from None
+            reason = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"
+            raise InputError(f"attn_engine 'triton': {reason} ('auto' takes the torch engine)") from None
     failed = {rule: reason for rule, reason in why.items() if reason}
     where = f"{kernel.where(q.device)} {str(dtype)[6:]}"
     if failed:
