@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 import eval as ev
+import tasks
 import hf
 
 import prepare_data
@@ -49,7 +50,7 @@ class SuccessorLM:
     """Byte-level: after a character of CYCLE it predicts the next one (after z: space),
     after any other character a space, with logit HI against 0 for the other 255 bytes."""
     block_size, device = 64, "cpu"
-    tok = ev.Tokenizer("bytes", lambda s: list(s.encode()), lambda ids: bytes(ids).decode(), None,
+    tok = tasks.Tokenizer("bytes", lambda s: list(s.encode()), lambda ids: bytes(ids).decode(), None,
                           lambda s: list(s.encode()))
 
     def logits(self, idx, lengths=None):
@@ -74,13 +75,13 @@ def test_multiple_choice_acc_and_acc_norm(tmp_path):
         {"context": "Question: b\nAnswer:", "choices": ["abc", "zzz"], "label": 0},   # both right
         {"context": "x", "choices": ["xyz", "abc"], "label": 0},                     # both wrong
     ]
-    name, kind, loaded = ev.load_task_file(write_jsonl(tmp_path / "mc.jsonl", docs))
+    name, kind, loaded = tasks.load_task_file(write_jsonl(tmp_path / "mc.jsonl", docs))
     assert (name, kind, loaded) == ("mc", "choice", docs)
     lm = SuccessorLM()
-    (ll_b, greedy_b), (ll_long, _) = ev.loglikelihoods(lm, ev.requests_of(kind, docs[0]), batch_size=2)
+    (ll_b, greedy_b), (ll_long, _) = tasks.loglikelihoods(lm, tasks.requests_of(kind, docs[0]), batch_size=2)
     assert ll_b == pytest.approx(HIT + MISS) and not greedy_b
     assert ll_long == pytest.approx(28 * HIT + 2 * MISS)
-    m = ev.evaluate_task(lm, name, kind, loaded, batch_size=4)
+    m = tasks.evaluate_task(lm, name, kind, loaded, batch_size=4)
     assert m["acc"][0] == pytest.approx(1 / 3) and m["acc_norm"][0] == pytest.approx(2 / 3)
     # the harness's stderr: sample std / sqrt(n); [0, 1, 0] and [1, 1, 0] both give sqrt(1/3) / sqrt(3)
     assert m["acc"][1] == pytest.approx(math.sqrt(1 / 3) / math.sqrt(3))
@@ -91,10 +92,10 @@ def test_partial_scoring_shares_the_continuation(tmp_path):
     # " abc" after z: 4 HIT; after o: MISS + 3 HIT
     docs = [{"contexts": ["xyz", "hello"], "continuation": "abc", "label": 0},
             {"contexts": ["xyz", "hello"], "continuation": "abc", "label": 1}]
-    name, kind, loaded = ev.load_task_file(write_jsonl(tmp_path / "wino.jsonl", docs))
+    name, kind, loaded = tasks.load_task_file(write_jsonl(tmp_path / "wino.jsonl", docs))
     assert kind == "partial"
-    assert ev.requests_of(kind, docs[0]) == [("xyz", " abc"), ("hello", " abc")]
-    m = ev.evaluate_task(SuccessorLM(), name, kind, loaded, batch_size=3)
+    assert tasks.requests_of(kind, docs[0]) == [("xyz", " abc"), ("hello", " abc")]
+    m = tasks.evaluate_task(SuccessorLM(), name, kind, loaded, batch_size=3)
     assert m["acc"][0] == 0.5 and "acc_norm" not in m
 
 
@@ -102,37 +103,37 @@ def test_lambada_greedy_accuracy_and_perplexity(tmp_path):
     docs = [{"text": "xyz abc"},     # " abc": all four bytes predicted: correct
             {"text": "xyz abd"},     # the last byte is not the argmax: wrong
             {"text": "hello cde"}]   # MISS, MISS, HIT, HIT: wrong
-    name, kind, loaded = ev.load_task_file(write_jsonl(tmp_path / "lambada.jsonl", docs))
-    assert ev.requests_of(kind, docs[2]) == [("hello", " cde")]
-    m = ev.evaluate_task(SuccessorLM(), name, kind, loaded, batch_size=2)
+    name, kind, loaded = tasks.load_task_file(write_jsonl(tmp_path / "lambada.jsonl", docs))
+    assert tasks.requests_of(kind, docs[2]) == [("hello", " cde")]
+    m = tasks.evaluate_task(SuccessorLM(), name, kind, loaded, batch_size=2)
     assert m["acc"][0] == pytest.approx(1 / 3)
     assert m["ppl"][0] == pytest.approx(math.exp(-(4 * HIT + (3 * HIT + MISS) + (2 * HIT + 2 * MISS)) / 3))
 
 
 def test_tokens_split_and_left_truncation():
     tok = SuccessorLM.tok
-    assert ev.encode_pair(tok, "ab ", "c") == ([97, 98], [32, 99])  # the context's trailing space moves over
+    assert tasks.encode_pair(tok, "ab ", "c") == ([97, 98], [32, 99])  # the context's trailing space moves over
     lm = SuccessorLM()
     lm.block_size = 6  # "Question: b\nAnswer:" + " abc" is 23 bytes: the model sees the last 6 inputs only
-    short = ev.loglikelihoods(lm, [("Question: b\nAnswer:", " abc")], batch_size=1)
+    short = tasks.loglikelihoods(lm, [("Question: b\nAnswer:", " abc")], batch_size=1)
     assert short == [(pytest.approx(4 * HIT), True)]
     with pytest.raises(ValueError, match="block_size"):
-        ev.loglikelihoods(lm, [("x", " abcdefgh")], batch_size=1)
+        tasks.loglikelihoods(lm, [("x", " abcdefgh")], batch_size=1)
     with pytest.raises(ValueError, match="end-of-text"):
-        ev.encode_pair(tok, "", "abc")
+        tasks.encode_pair(tok, "", "abc")
 
 
 def test_harness_prompt_formats():
-    hs = ev.hellaswag_doc({"activity_label": "Baking", "ctx_a": "A man [header] mixes flour.", "ctx_b": "then he",
+    hs = tasks.hellaswag_doc({"activity_label": "Baking", "ctx_a": "A man [header] mixes flour.", "ctx_b": "then he",
                            "endings": ["bakes it [title] well.", "eats it."], "label": "1"})
     assert hs == {"context": "Baking: A man mixes flour. Then he", "choices": ["bakes it. well.", "eats it."],
                   "label": 1}
-    arc = ev.arc_doc({"question": "Why?", "choices": {"text": ["a", "b", "c"], "label": ["A", "B", "C"]},
+    arc = tasks.arc_doc({"question": "Why?", "choices": {"text": ["a", "b", "c"], "label": ["A", "B", "C"]},
                          "answerKey": "C"})
     assert arc == {"context": "Question: Why?\nAnswer:", "choices": ["a", "b", "c"], "label": 2}
-    piqa = ev.TASKS["piqa"][3]({"goal": "Open a jar", "sol1": "twist", "sol2": "pull", "label": 0})
+    piqa = tasks.TASKS["piqa"][3]({"goal": "Open a jar", "sol1": "twist", "sol2": "pull", "label": 0})
     assert piqa == {"context": "Question: Open a jar\nAnswer:", "choices": ["twist", "pull"], "label": 0}
-    wino = ev.winogrande_doc({"sentence": "Sam thanked Tom because _ helped him.", "option1": "Sam",
+    wino = tasks.winogrande_doc({"sentence": "Sam thanked Tom because _ helped him.", "option1": "Sam",
                               "option2": "Tom", "answer": "2"})
     assert wino == {"contexts": ["Sam thanked Tom because Sam", "Sam thanked Tom because Tom"],
                     "continuation": "helped him.", "label": 1}
@@ -140,23 +141,23 @@ def test_harness_prompt_formats():
 
 def test_task_file_errors(tmp_path):
     with pytest.raises(ValueError, match="not found"):
-        ev.load_task_file(str(tmp_path / "nope.jsonl"))
+        tasks.load_task_file(str(tmp_path / "nope.jsonl"))
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"text": "one two"}\n\n{"text": "three four"\n')
     with pytest.raises(ValueError, match=r"bad.jsonl:3: malformed"):
-        ev.load_task_file(str(bad))
+        tasks.load_task_file(str(bad))
     for line, why in [('{"context": "q", "choices": ["a", "b"], "label": 2}', "label"),
                       ('{"context": "q", "choices": ["a"], "label": 0}', "at least two"),
                       ('{"question": "q"}', "expected"),
                       ('[1, 2]', "JSON object")]:
         bad.write_text('{"context": "q", "choices": ["a", "b"], "label": 0}\n' + line + "\n")
         with pytest.raises(ValueError, match=f"bad.jsonl:2: malformed.*{why}"):
-            ev.load_task_file(str(bad))
+            tasks.load_task_file(str(bad))
     bad.write_text('{"context": "q", "choices": ["a", "b"], "label": 0}\n{"text": "one two"}\n')
     with pytest.raises(ValueError, match="bad.jsonl:2: a lambada line in a file of choice lines"):
-        ev.load_task_file(str(bad))
+        tasks.load_task_file(str(bad))
     with pytest.raises(ValueError, match="mean_stderr of no values"):  # was (nan, None), a mean of nothing
-        ev.mean_stderr([])
+        tasks.mean_stderr([])
     with pytest.raises(ValueError, match="tasks='hellaswagg': unknown 'hellaswagg': choose from ppl, lambada"):
         ev.run({"tasks": "hellaswagg"})
 
@@ -166,7 +167,7 @@ def test_a_task_file_that_is_not_utf8_is_named(tmp_path):
     bad.write_bytes(b'{"text": "one two"}\n' + '{"text": "caf\xe9 au lait"}\n'.encode("latin-1"))
     with pytest.raises(ValueError, match=rf"^{re.escape(str(bad))}:2: not UTF-8 text \(byte 0xe9 at column 14\): "
                                          "save it as UTF-8$"):
-        ev.load_task_file(str(bad))
+        tasks.load_task_file(str(bad))
 
 
 # -----------------------------------------------------------------------------
@@ -439,7 +440,7 @@ def test_missing_packages_are_clear_errors(monkeypatch):
     with pytest.raises(ValueError, match="pip install transformers"):
         ev.run({"init_from": "Qwen/Qwen3-0.6B", "tasks": "ppl"})
     with pytest.raises(ValueError, match="pip install datasets, or pass hellaswag as --task_file"):
-        ev.load_task("hellaswag")
+        tasks.load_task("hellaswag")
 
 
 # -----------------------------------------------------------------------------
@@ -585,13 +586,13 @@ def test_hf_tokens_get_the_tokenizers_bos(bos_model_dir):
     lm = load_hf(bos_model_dir)
     ids, BOS = lm.tok.encode, 256
     # the tokenizer's default special tokens: BOS before every non-empty context
-    assert ev.encode_pair(lm.tok, "ab ", "cd") == ([BOS] + ids("ab"), ids(" cd"))
-    assert ev.encode_pair(lm.tok, "<s>ab", " c") == ([BOS] + ids("ab"), ids(" c"))  # no second BOS
+    assert tasks.encode_pair(lm.tok, "ab ", "cd") == ([BOS] + ids("ab"), ids(" cd"))
+    assert tasks.encode_pair(lm.tok, "<s>ab", " c") == ([BOS] + ids("ab"), ids(" c"))  # no second BOS
     # empty context: the prefix token (BOS), then the continuation with no special tokens; a
     # whitespace-only context is scored the same way (lm-eval 0.4.13 gives [BOS] and whole[1:] there too)
-    assert ev.encode_pair(lm.tok, "", " cd") == ([BOS], ids(" cd"))
-    assert ev.encode_pair(lm.tok, "  ", "cd") == ([BOS], ids("  cd"))
-    (ll, _), = ev.loglikelihoods(lm, [("ab", " cd")], batch_size=1)
+    assert tasks.encode_pair(lm.tok, "", " cd") == ([BOS], ids(" cd"))
+    assert tasks.encode_pair(lm.tok, "  ", "cd") == ([BOS], ids("  cd"))
+    (ll, _), = tasks.loglikelihoods(lm, [("ab", " cd")], batch_size=1)
     x = torch.tensor([[BOS] + ids("ab cd")])
     with torch.no_grad():
         logp = lm.model(x).logits[0, :-1].log_softmax(-1)          # (T-1, vocab)
@@ -599,8 +600,8 @@ def test_hf_tokens_get_the_tokenizers_bos(bos_model_dir):
 
 
 def test_whitespace_only_context_is_scored_after_end_of_text():
-    tok = ev.Tokenizer("t", lambda s: list(s.encode()), None, 0, lambda s: list(s.encode()))
-    assert ev.encode_pair(tok, " \n", "ab") == ([0], list(b" \nab"))  # lm-eval 0.4.13 asserts here
+    tok = tasks.Tokenizer("t", lambda s: list(s.encode()), None, 0, lambda s: list(s.encode()))
+    assert tasks.encode_pair(tok, " \n", "ab") == ([0], list(b" \nab"))  # lm-eval 0.4.13 asserts here
 
 
 def lm_eval_bootstrap_stderr(f, xs, iters):
@@ -616,13 +617,13 @@ def lm_eval_bootstrap_stderr(f, xs, iters):
 
 def test_lambada_ppl_stderr_is_lm_evals_bootstrap(tmp_path):
     docs = [{"text": t} for t in ("xyz abc", "xyz abd", "hello cde", "a bcd", "q rst")]
-    name, kind, loaded = ev.load_task_file(write_jsonl(tmp_path / "lambada.jsonl", docs))
-    m = ev.evaluate_task(SuccessorLM(), name, kind, loaded, batch_size=2, bootstrap_iters=2000)
-    lls = [ll for ll, _ in ev.loglikelihoods(SuccessorLM(), [ev.requests_of(kind, d)[0] for d in docs], 2)]
+    name, kind, loaded = tasks.load_task_file(write_jsonl(tmp_path / "lambada.jsonl", docs))
+    m = tasks.evaluate_task(SuccessorLM(), name, kind, loaded, batch_size=2, bootstrap_iters=2000)
+    lls = [ll for ll, _ in tasks.loglikelihoods(SuccessorLM(), [tasks.requests_of(kind, d)[0] for d in docs], 2)]
     perplexity = lambda items: math.exp(-sum(items) / len(items))   # lm-eval's perplexity aggregation
     want = lm_eval_bootstrap_stderr(perplexity, lls, 2000)
     assert want > 0 and m["ppl"][1] == pytest.approx(want, rel=1e-9)
-    assert ev.evaluate_task(SuccessorLM(), name, kind, loaded, batch_size=2, bootstrap_iters=0)["ppl"][1] is None
+    assert tasks.evaluate_task(SuccessorLM(), name, kind, loaded, batch_size=2, bootstrap_iters=0)["ppl"][1] is None
 
 
 # -----------------------------------------------------------------------------
@@ -691,14 +692,14 @@ def test_hf_attention_honours_left_and_right_padding(qwen):
 @needs_transformers
 def test_sa_score_does_not_depend_on_the_batch(qwen):
     """eval.py's own scoring: one document scored alone and right-padded in a batch, same SA seed."""
-    tok = ev.Tokenizer("ids", lambda s: [int(t) for t in s.split()], None, 0, lambda s: [int(t) for t in s.split()])
+    tok = tasks.Tokenizer("ids", lambda s: [int(t) for t in s.split()], None, 0, lambda s: [int(t) for t in s.split()])
     lm = hf.HFLM(qwen, tok, block_size=None, device="cpu")
     lm.use({"attn": "sa", "window": 2})
     short, long = ("5 6 7 8 9 10", " 11 12"), (" ".join(str(i) for i in range(20, 50)), " 51 52")
     lm.seed(0)
-    alone = ev.loglikelihoods(lm, [short], batch_size=2)[0][0]
+    alone = tasks.loglikelihoods(lm, [short], batch_size=2)[0][0]
     lm.seed(0)
-    batched = ev.loglikelihoods(lm, [short, long], batch_size=2)[0][0]
+    batched = tasks.loglikelihoods(lm, [short, long], batch_size=2)[0][0]
     assert batched == pytest.approx(alone, abs=1e-4)
     qwen.set_attn_implementation("sdpa")
 

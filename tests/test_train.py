@@ -40,6 +40,7 @@ import torch
 import torch.nn.functional as F
 
 import eval as ev
+import tasks
 import prepare_data as P
 
 from checkpoint import from_gpt2, load_checkpoint, save_checkpoint
@@ -1125,7 +1126,7 @@ def test_api_loaders_take_only_what_they_can_use(trained, tmp_path):
     task = tmp_path / "t.jsonl"
     task.write_text('{"context": "a", "choices": ["b", "c"], "label": 0}\n')
     with pytest.raises(ValueError, match="limit=-1: use an integer >= 0"):
-        ev.load_task_file(str(task), -1)
+        tasks.load_task_file(str(task), -1)
     with pytest.raises(ValueError, match="device='gpu': use cpu, cuda or cuda:N"):
         load_checkpoint(str(trained / "ckpt.pt"), "gpu")
 
