@@ -1,13 +1,11 @@
-"""Support, which a first reading skips past _fwd_inner. Sliding-window attention in Triton, forward and backward, with
-SA's permutation inside: triton_swa(q, k, v, width, perm, r).
+"""Sliding-window attention in Triton, forward and backward, with SA's permutation inside: triton_swa(q, k, v,
+width, perm, r). The support comes first: a first reading may start at _fwd_inner.
 
 As in Triton's fused-attention tutorial, a forward program streams the key tiles its TILE_M query slots' band reaches,
 online softmax in fp32: O(T * w). The programs read q, k, v and write out, dq, dk, dv through perm: SA is one launch
 forward and two backward, no copy in slot order. No repo imports. The rules are attention.py's, each checked against a
-dense one at its first use on a device, dtype and head dim (check_once), by the binary training runs. Variants (Tiling's
-switches: one masked loop, FlashAttention-2's backward, the value rule's spans found first) wait for a GPU run to pick
-them (results/gpu_check.py's sweep, then TUNED); today's tiling runs until then.
-"""
+dense one at its first use on a device, dtype and head dim (check_once), by the binary training runs. Variants
+(Tiling's switches) wait for a GPU run to pick them (results/gpu_check.py's sweep, then TUNED)."""
 import functools
 import math
 from typing import NamedTuple, Optional
@@ -86,9 +84,8 @@ def _tokens(Perm, slots, T, HAS_PERM: tl.constexpr):
 
 @triton.jit
 def _rows(X, tokens, slots, stride, T, D: tl.constexpr, EDGE: tl.constexpr):
-    """X's rows (len(slots), D) of the tokens at these slots; slots past T (only at an edge) read as 0. Offsets within
-    a head are int32 (triton_swa keeps T * stride below 2**31): here int64 spilled registers, while _attn_fwd's store
-    spilled with int32 and uses int64 (AOT compiles, kernel_compile.txt)."""
+    """X's rows (len(slots), D) of the tokens at these slots; slots past T (at an edge only) read as 0. Row offsets are
+    int32 (triton_swa keeps T * stride < 2**31): int64 spilled here, int32 in _attn_fwd's store (kernel_compile.txt)."""
     ptrs = X + tokens[:, None] * stride + tl.arange(0, D)[None, :]
     if EDGE:
         return tl.load(ptrs, mask=slots[:, None] < T, other=0.0)
@@ -179,8 +176,7 @@ def _attn_fwd(Q, K, V, O, LSE, Perm, R, Spans, sq_b, sq_h, sq_t, sk_b, sk_h, sk_
     # 2. online softmax over the key tiles the band reaches
     acc = tl.zeros([TILE_M, D], dtype=tl.float32)
     l_i, m_i = tl.zeros([TILE_M], dtype=tl.float32), tl.zeros([TILE_M], dtype=tl.float32) + float("-inf")
-    lo, mid_lo, mid_hi, hi = _span(start_m, TILE_M, TILE_N, left, right, T, R, Spans, width, margin, HAS_R,
-                                   SPANS_FIRST)
+    lo, mid_lo, mid_hi, hi = _span(start_m, TILE_M, TILE_N, left, right, T, R, Spans, width, margin, HAS_R, SPANS_FIRST)
     for region in tl.static_range(1 if ONE_LOOP else 3):  # left edge, interior (no band mask or bounds checks), right
         first, end = _region(region, lo, mid_lo, mid_hi, hi, ONE_LOOP)
         acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, offs_m, tok_m, r_m, K, V, Perm, R, sk_t, sv_t, first, end,
@@ -188,7 +184,7 @@ def _attn_fwd(Q, K, V, O, LSE, Perm, R, Spans, sq_b, sq_h, sq_t, sk_b, sk_h, sk_
                                    HAS_R, PRECISION)
     # 3. the output, and each slot's log2-sum-exp2 for the backward
     tl.store(LSE + offs_m, m_i + tl.math.log2(l_i), mask=offs_m < T)
-    tl.store(O + tok_m.to(tl.int64)[:, None] * so_t + tl.arange(0, D)[None, :],  # int64: see _rows
+    tl.store(O + tok_m.to(tl.int64)[:, None] * so_t + tl.arange(0, D)[None, :],  # int64: int32 spilled here (_rows)
              (acc / l_i[:, None]).to(O.dtype.element_ty), mask=offs_m[:, None] < T)
 
 
@@ -247,6 +243,7 @@ def _bwd_dkdv_inner(dk, dv, k, v, offs_n, tok_n, r_n, Q, DO, DQ, LSE, RowDot, Pe
 def _bwd_dq_inner(dq, q, do, lse, rowdot, offs_m, tok_m, r_m, K, V, Perm, R, sk_t, sv_t, lo, hi, left, right, width,
                   T, qk_scale, D: tl.constexpr, TILE_N: tl.constexpr, EDGE: tl.constexpr, HAS_PERM: tl.constexpr,
                   HAS_R: tl.constexpr, PRECISION: tl.constexpr):
+    """Fixed query tile, moving key tiles: dQ, added to dq (fp32) tile by tile."""
     for start_n in range(lo, hi, TILE_N):
         k, v, s = _key_tile(q, offs_m, tok_m, r_m, start_n, K, V, Perm, R, sk_t, sv_t, left, right, width, T,
                             qk_scale, D, TILE_N, EDGE, HAS_PERM, HAS_R, PRECISION)
@@ -274,7 +271,6 @@ def _attn_bwd(Q, K, V, DO, DQ, DK, DV, LSE, RowDot, Perm, R, Spans, sq_b, sq_h, 
     slots = start + tl.arange(0, TILE_FIXED)
     tok = _tokens(Perm, slots, T, HAS_PERM)
     r = tl.load(R + slots, mask=slots < T, other=0.0) if HAS_R else tl.zeros([TILE_FIXED], dtype=tl.float32)
-
     # 1. dK, dV: query x reaches key y iff y - right <= x <= y + left
     k, v = _rows(K, tok, slots, sk_t, T, D, True), _rows(V, tok, slots, sv_t, T, D, True)
     dk, dv = tl.zeros([TILE_FIXED, D], dtype=tl.float32), tl.zeros([TILE_FIXED, D], dtype=tl.float32)
@@ -288,7 +284,6 @@ def _attn_bwd(Q, K, V, DO, DQ, DK, DV, LSE, RowDot, Perm, R, Spans, sq_b, sq_h, 
     at = tok[:, None] * so_t + tl.arange(0, D)[None, :]  # (TILE_FIXED, D): their rows in DK, DV, DQ
     tl.store(DK + at, (dk * sm_scale).to(DK.dtype.element_ty), mask=slots[:, None] < T)
     tl.store(DV + at, dv.to(DV.dtype.element_ty), mask=slots[:, None] < T)
-
     # 2. dQ of the same slots as queries: key y reaches query x iff x - left <= y <= x + right
     if not DQ_ATOMIC:
         q, do = _rows(Q, tok, slots, sq_t, T, D, True), _rows(DO, tok, slots, so_t, T, D, True)
@@ -431,10 +426,8 @@ def _backward(dout, q, k, v, out, lse, perm, r, width, margin, tiling):
     B, H, T, D = q.shape
     if dout.stride() != out.stride():  # the kernels read dO with O's strides
         dout = torch.empty_like(out).copy_(dout)
-    dq, dk, dv = (torch.empty_like(out) for _ in range(3))  # token-major, as out
-    if tiling.dq_atomic:  # added to by atomics: fp32, zeroed
-        dq = torch.zeros_like(out, dtype=torch.float32)
-    rowdot = torch.empty_like(lse)
+    dq = torch.zeros_like(out, dtype=torch.float32) if tiling.dq_atomic else torch.empty_like(out)  # atomics add to it
+    dk, dv, rowdot = torch.empty_like(out), torch.empty_like(out), torch.empty_like(lse)  # token-major, as out
     grid = (triton.cdiv(T, tiling.tile_fixed) * B * H,)
     with torch.cuda.device(q.device if q.is_cuda else -1):
         args, options = _launch(q, k, v, out, perm, r, width, margin, tiling, (tiling.tile_fixed, tiling.tile_loop))
@@ -443,8 +436,7 @@ def _backward(dout, q, k, v, out, lse, perm, r, width, margin, tiling):
         options.update(num_warps=tiling.bwd_warps or tiling.num_warps,
                        num_stages=tiling.bwd_stages or tiling.num_stages)
         _attn_bwd[grid](q, k, v, dout, dq, dk, dv, lse, rowdot, *args, LOG2E / math.sqrt(D), 1 / math.sqrt(D),
-                        TILE_FIXED=tiling.tile_fixed, TILE_LOOP=tiling.tile_loop, DQ_ATOMIC=tiling.dq_atomic,
-                        **options)
+                        TILE_FIXED=tiling.tile_fixed, TILE_LOOP=tiling.tile_loop, DQ_ATOMIC=tiling.dq_atomic, **options)
     return dq.to(q.dtype), dk, dv
 
 
@@ -452,11 +444,10 @@ def _tiling(q):
     return tiling_for(q.dtype, q.shape[-1], device_target(q.device), q.shape[2])
 
 
-def _fwd(q: Tensor, k: Tensor, v: Tensor, perm: Optional[Tensor], r: Optional[Tensor], width: float, margin: float,
-         check: bool) -> tuple[Tensor, Tensor]:
-    """_forward by the tiling for q's GPU and length; check: check_once first."""
-    if check:
-        check_once(q.device, q.dtype, q.shape[-1], RULES[(perm is not None) + (r is not None)], margin)
+def _fwd(q: Tensor, k: Tensor, v: Tensor, perm: Optional[Tensor], r: Optional[Tensor], width: float,
+         margin: float) -> tuple[Tensor, Tensor]:
+    """check_once, then _forward by the tiling for q's GPU and length."""
+    check_once(q.device, q.dtype, q.shape[-1], RULES[(perm is not None) + (r is not None)], margin)
     return _forward(q, k, v, perm, r, width, margin, _tiling(q))
 
 
@@ -465,15 +456,20 @@ def _bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor
     return _backward(dout, q, k, v, out, lse, perm, r, width, margin, _tiling(q))
 
 
+def _save(ctx, inputs, output):
+    """Both autograds keep _fwd's inputs (q, k, v, perm, r, width, margin) and outputs as _bwd reads them."""
+    ctx.save_for_backward(*inputs[:3], *output, *inputs[3:5])  # _bwd's q .. r
+    ctx.scalars = inputs[5:7]
+
+
 class _Band(torch.autograd.Function):
     """Eager autograd: 5 us of host time a forward, where the op below takes 36 (a 2-core EPYC)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, perm, r, width, margin):
-        out, lse = _fwd(q, k, v, perm, r, width, margin, True)
-        ctx.save_for_backward(q, k, v, out, lse, perm, r)
-        ctx.scalars = width, margin
-        return out
+    def forward(ctx, *inputs):
+        output = _fwd(*inputs)
+        _save(ctx, inputs, output)
+        return output[0]
 
     @staticmethod
     def backward(ctx, dout):
@@ -485,14 +481,7 @@ _fwd_op = torch.library.custom_op("sa::triton_swa", _fwd, mutates_args=())
 _bwd_op = torch.library.custom_op("sa::triton_swa_backward", _bwd, mutates_args=())
 _fwd_op.register_fake(lambda q, *_: (_token_major(q), q.new_empty(q.shape[:3], dtype=torch.float32)))
 _bwd_op.register_fake(lambda dout, q, k, v, out, *_: tuple(torch.empty_like(out) for _ in range(3)))
-
-
-def _save(ctx, inputs, output):
-    ctx.save_for_backward(*inputs[:3], *output, *inputs[3:5])  # _bwd's q .. r
-    ctx.scalars = inputs[5:7]
-
-
-_fwd_op.register_autograd(lambda ctx, dout, _: (*_bwd_op(dout, *ctx.saved_tensors, *ctx.scalars), *[None] * 5),
+_fwd_op.register_autograd(lambda ctx, dout, _: (*_bwd_op(dout, *ctx.saved_tensors, *ctx.scalars), *[None] * 4),
                           setup_context=_save)
 
 RULES = ("swa", "sa rank", "sa value")  # no perm (causal SWA); perm; perm and r
@@ -502,12 +491,11 @@ def triton_swa(q, k, v, width, perm=None, r=None, margin=0.0):
     """(B, H, T, D) -> (B, H, T, D), laid out as (B, T, H, D). Without perm: key j is visible to query i iff
     i - width < j <= i. With perm (T,) or broadcastable to (B, H, T), slot s holding token perm[s]: token perm[t] is
     visible to token perm[s] iff perm[t] <= perm[s] and |s - t| < width, or with r (fp32, perm's shape: slot s's value)
-    |r[s] - r[t]| < width, key spans `margin` wider.
-    Every call assumes, unchecked here (a check would wait for the GPU): perm a permutation of range(T) in each row
-    (else rows are read and written out of bounds: interior tiles load unmasked); r ascending along T (else key spans
-    miss keys) and in [0, 1) (margin covers fp32's rounding there). Eagerly attention.py refuses a perm that is no
-    permutation (guards.check_inputs) and sorts r; compiled, it checks no value, and the repo's compiled calls pass the
-    model's own draws (model.sa_draw: randperm or argsort, r by torch.rand)."""
+    |r[s] - r[t]| < width, key spans `margin` wider. Every call assumes (unchecked: a check would wait for the GPU):
+    perm a permutation of range(T) in each row (else interior tiles, loaded unmasked, read and write out of bounds); r
+    ascending along T (else key spans miss keys) and in [0, 1) (margin covers fp32's rounding there). Eagerly
+    attention.py refuses a perm that is no permutation (guards.check_inputs) and sorts r; compiled, it checks no value,
+    and the repo's compiled calls pass the model's own draws (model.sa_draw: randperm or argsort, r by torch.rand)."""
     B, H, T, D = q.shape  # a head dim or dtype without a kernel: Unsupported by check_once
     if any((t.shape, t.dtype, t.device) != (q.shape, q.dtype, q.device) for t in (k, v)):
         raise ValueError(f"q, k, v must share one shape, device and dtype, got "
@@ -527,7 +515,7 @@ def triton_swa(q, k, v, width, perm=None, r=None, margin=0.0):
     if r is not None and r.stride() != perm.stride():  # the kernels read r with perm's strides
         perm, r = perm.contiguous(), r.contiguous()
     if torch.compiler.is_compiling():  # an op torch.compile keeps whole
-        return _fwd_op(q, k, v, perm, r, float(width), float(margin), True)[0]
+        return _fwd_op(q, k, v, perm, r, float(width), float(margin))[0]
     return _Band.apply(q, k, v, perm, r, float(width), float(margin))
 
 
@@ -562,11 +550,10 @@ def check_size(tiling):
 
 
 def self_check(device, dtype, D, rule, T=None, window=None, B=2, H=2, margin=0.0, seed=0):
-    """Max |error| of the kernel's out, dq, dk, dv / max(1, |dense's|) on random input laid out as a model's, by every
-    tiling a call may run (tilings), at check_size's T and window unless given; SA's rules with one perm for all heads
-    and with one per head. NaN counts as inf."""
-    g = torch.Generator().manual_seed(seed)
-    errors = []
+    """Max |error| of the kernel's out, dq, dk, dv / max(1, |dense's|), NaN as inf, on random input laid out as a
+    model's, by every tiling a call may run, at check_size's T and window unless given; SA's rules with one perm for
+    all heads and with one per head."""
+    g, errors = torch.Generator().manual_seed(seed), []
     for tiling in tilings(dtype, D, device_target(device)):
         n, w = (T, window) if T else check_size(tiling)
         q, k, v = torch.randn(B, n, 3, H, D, generator=g).to(device, dtype).permute(2, 0, 3, 1, 4)  # (B, H, n, D) each
@@ -599,49 +586,46 @@ def check_once(device, dtype, D, rule, margin=0.0):
         with torch.autocast(device.type, enabled=False):
             SELF_CHECKS[case] = self_check(*case, margin=margin)
     if not SELF_CHECKS.get(case, 0.0) <= TOLERANCE[dtype]:  # NaN fails too; SELF_CHECK off: no entry
-        interpreted = device.type != "cuda" and dtype == torch.bfloat16
         raise Unsupported(f"the Triton kernel failed its self-check on {where(device)} {str(dtype)[6:]} for {rule} "
                           f"(head dim {D}): max error {SELF_CHECKS[case]:.1e} against the dense fp32 reference"
                           + "; the interpreter's bf16 tl.dot is wrong (triton-lang/triton#11584): use float32 under "
-                          "TRITON_INTERPRET=1" * interpreted)
+                          "TRITON_INTERPRET=1" * (device.type != "cuda" and dtype == torch.bfloat16))
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # the self-check at other sizes: python kernel.py --check [--B=1 ...], as below
     import itertools
     import os
     import sys
     cuda = torch.cuda.is_available()
-    settings = dict(B="1", H="16", D="64", check_T="1008,4099", check_windows="1,64,300",  # 1008 = 16 * 63: training's
-                    dtypes="bfloat16,float32" if cuda else "float32")  # specialisation; 4099: the other; no tile's
+    SETTINGS = dict(  # each: its default, how a comma-separated value is read, its test, and the rule a bad one is told
+        B=("1", int, lambda x: x >= 1, "a whole number >= 1"), H=("16", int, lambda x: x >= 1, "a whole number >= 1"),
+        D=("64", int, HEAD_DIMS.__contains__, f"a head dim with a kernel: {', '.join(map(str, HEAD_DIMS))}"),
+        check_T=("1008,4099", int, lambda x: x >= 1, "lengths >= 1, comma separated"),  # 1008 = 16 * 63: training's
+        check_windows=("1,64,300", int, lambda x: x >= 1, "windows >= 1, comma separated"),  # specialisation
+        dtypes=("bfloat16,float32" if cuda else "float32", lambda x: getattr(torch, x), SUPPORTED_DTYPES.__contains__,
+                "float16, bfloat16 or float32, comma separated"))
     args = dict(a[2:].partition("=")[::2] for a in sys.argv[1:])  # --B=2: B, 2
-    if "check" not in args or set(args) - {"check", *settings} or not (
-            cuda or os.environ.get("TRITON_INTERPRET") == "1"):
-        raise SystemExit(f"usage: python kernel.py --check [{' '.join(f'--{k}=' for k in settings)}] on a CUDA GPU, "
+    runs_here = cuda or os.environ.get("TRITON_INTERPRET") == "1"
+    if "check" not in args or set(args) - {"check", *SETTINGS} or not runs_here:
+        raise SystemExit(f"usage: python kernel.py --check [{' '.join(f'--{k}=' for k in SETTINGS)}] on a CUDA GPU, "
                          "or on the CPU with TRITON_INTERPRET=1")
-    settings.update({k: v for k, v in args.items() if k != "check"})
-
-    def setting(name, rule, parse, ok, one=False):
-        """The setting's values, comma separated, each parse(text) and ok; else one line that names it."""
+    values = {}
+    for name, (default, parse, ok, rule) in SETTINGS.items():
+        text = args.get(name, default)
         try:
-            values = [parse(x) for x in settings[name].split(",")]
+            values[name] = [parse(x) for x in text.split(",")]
         except (ValueError, AttributeError):
-            values = []
-        if not values or not all(map(ok, values)) or one and len(values) > 1:
-            raise SystemExit(f"kernel.py: --{name}={settings[name]}: use {rule}")
-        return values[0] if one else values
-    B, H = (setting(n, "a whole number >= 1", int, lambda x: x >= 1, one=True) for n in "BH")
-    D = setting("D", f"a head dim with a kernel: {', '.join(map(str, HEAD_DIMS))}", int, HEAD_DIMS.__contains__, True)
-    Ts = setting("check_T", "lengths >= 1, comma separated", int, lambda x: x >= 1)
-    windows = setting("check_windows", "windows >= 1, comma separated", int, lambda x: x >= 1)
-    dtypes = setting("dtypes", "float16, bfloat16 or float32, comma separated", lambda x: getattr(torch, x),
-                     SUPPORTED_DTYPES.__contains__)
+            values[name] = []
+        if not values[name] or not all(map(ok, values[name])) or name in ("B", "H", "D") and len(values[name]) > 1:
+            raise SystemExit(f"kernel.py: --{name}={text}: use {rule}")
+    (B,), (H,), (D,), dtypes = values["B"], values["H"], values["D"], values["dtypes"]
     if not cuda and torch.bfloat16 in dtypes:
-        raise SystemExit(f"kernel.py: --dtypes={settings['dtypes']}: the interpreter's bf16 tl.dot is wrong "
+        raise SystemExit(f"kernel.py: --dtypes={args['dtypes']}: the interpreter's bf16 tl.dot is wrong "
                          "(triton-lang/triton#11584): use float32 or float16 under TRITON_INTERPRET=1")
     device, failed = torch.device("cuda" if cuda else "cpu"), 0
     __import__("numpy").seterr(all="ignore")  # interpreter: rows past T (0 / 0)
     print(f"B={B} H={H} D={D} on {where(device)}: max |error| of out, dq, dk, dv / max(1, |dense fp32|)")
-    for dtype, T, window, rule in itertools.product(dtypes, Ts, windows, RULES):
+    for dtype, T, window, rule in itertools.product(dtypes, values["check_T"], values["check_windows"], RULES):
         err, tol = self_check(device, dtype, D, rule, T, window, B, H, seed=T + window), TOLERANCE[dtype]
         failed += not (ok := err <= tol)
         print(f"{rule:>8} {str(dtype)[6:]:>8} T={T:<6} window={window:<5} max err {err:.1e} (tol {tol:.0e}) "
